@@ -1,0 +1,337 @@
+"""The wire codec: FIFO lines in, requests out; requests in, lines out. Pure: no I/O.
+
+The line format is torch's (``torch.distributed.elastic.timer.FileTimerRequest``): one
+JSON object per ``\\n``-terminated line, written with one ``write(2)`` of at most
+``PIPE_BUF`` bytes *including* the newline::
+
+    {"version": 1, "pid": 4242, "scope_id": "a.py#4", "expiration_time": 1763712000.5, "signal": 9}
+    {"version": 1, "pid": 4242, "scope_id": "a.py#4", "expiration_time": -1, "signal": 0}
+
+Keys (see docs/protocol.md for the full table):
+
+``version``          optional; absent or ``1``.
+``pid``              required int > 0: the worker.
+``scope_id``         required non-empty string of at most ``MAX_SCOPE_ID_LENGTH`` chars.
+``expiration_time``  required finite number, epoch seconds; negative means release
+                     (``0`` is an acquire that expires at once).
+``signal``           required int; ``<= 0`` means report only (torch's shadow mode).
+``mono``             aiotimer extension: the deadline on ``CLOCK_MONOTONIC``
+                     (``time.monotonic()``); when present the server prefers it, so
+                     wall-clock steps cannot fire or postpone a timer.
+``grace``            aiotimer extension: seconds to wait after ``signal`` before SIGKILL.
+``group``            aiotimer extension: signal the worker's whole process group.
+``dump``             aiotimer extension: ask the worker for a stack dump before reaping.
+
+Unknown keys are ignored, so newer clients can talk to older servers. Every malformed
+line becomes a :class:`Rejection` (reason plus a truncated copy of the bytes); it never
+raises and never costs another line of the same chunk.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import select
+from dataclasses import dataclass, field
+from typing import Final
+
+import msgspec
+
+__all__ = [
+    "MAX_LINE_BYTES",
+    "MAX_SCOPE_ID_LENGTH",
+    "PIPE_BUF",
+    "PROTOCOL_VERSION",
+    "Decoded",
+    "LineDecoder",
+    "Rejection",
+    "Request",
+    "RequestTooLargeError",
+    "encode",
+]
+
+#: The size up to which a pipe write is atomic (4096 on Linux).
+PIPE_BUF: Final[int] = select.PIPE_BUF
+#: The longest accepted line, newline included.
+MAX_LINE_BYTES: Final[int] = PIPE_BUF
+#: The longest accepted ``scope_id``, in characters.
+MAX_SCOPE_ID_LENGTH: Final[int] = 2048
+#: The only wire version there is (torch's).
+PROTOCOL_VERSION: Final[int] = 1
+#: How many bytes of an offending line a rejection keeps.
+REJECTED_BYTES_KEPT: Final[int] = 200
+
+_SUPPORTED_VERSIONS: Final = frozenset({PROTOCOL_VERSION})
+
+
+class RequestTooLargeError(ValueError):
+    """An encoded request would not fit in one atomic pipe write (``PIPE_BUF`` bytes)."""
+
+
+class Request(msgspec.Struct, frozen=True, gc=False):
+    """One acquire (``expiration_time >= 0``) or release (``expiration_time < 0``).
+
+    Field names follow the wire. ``expiration_time`` is epoch seconds as torch sends it;
+    ``mono``, when set, is the same deadline on ``time.monotonic()`` and takes precedence
+    on the server. See the module docstring for every key.
+    """
+
+    pid: int
+    scope_id: str
+    expiration_time: float
+    signal: int
+    version: int | None = None
+    mono: float | None = None
+    grace: float | None = None
+    group: bool = False
+    dump: bool = False
+
+    @property
+    def is_release(self) -> bool:
+        """True when this request releases its scope (negative ``expiration_time``)."""
+        return self.expiration_time < 0
+
+    def deadline(self, mono_now: float, wall_now: float) -> float:
+        """This request's deadline on the server's monotonic clock.
+
+        The ``mono`` extension is used as is; otherwise the epoch ``expiration_time`` is
+        translated with the given pair of simultaneous clock readings.
+        """
+        if self.mono is not None:
+            return self.mono
+        return mono_now + (self.expiration_time - wall_now)
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    """A line that was not a valid request: why, and (a prefix of) what it was."""
+
+    reason: str
+    line: bytes
+
+    @classmethod
+    def of(cls, reason: str, line: bytes) -> Rejection:
+        """A rejection keeping at most ``REJECTED_BYTES_KEPT`` bytes of ``line``."""
+        return cls(reason, bytes(line[:REJECTED_BYTES_KEPT]))
+
+
+@dataclass(slots=True)
+class Decoded:
+    """What one :meth:`LineDecoder.feed` produced, in arrival order within each list."""
+
+    requests: list[Request] = field(default_factory=list)
+    rejections: list[Rejection] = field(default_factory=list)
+
+
+_decode_one = msgspec.json.Decoder(Request).decode
+_decode_many = msgspec.json.Decoder(list[Request]).decode
+
+
+def _validate(req: Request) -> str | None:
+    """Return why ``req`` is invalid, or ``None``: the checks JSON typing cannot express."""
+    if req.pid <= 0:
+        return f"pid must be a positive integer, got {req.pid}"
+    if not req.scope_id:
+        return "scope_id must not be empty"
+    if len(req.scope_id) > MAX_SCOPE_ID_LENGTH:
+        return f"scope_id longer than {MAX_SCOPE_ID_LENGTH} characters"
+    if not math.isfinite(req.expiration_time):
+        return "expiration_time must be a finite number"
+    if req.version is not None and req.version not in _SUPPORTED_VERSIONS:
+        return f"unsupported protocol version {req.version}"
+    if req.mono is not None and not math.isfinite(req.mono):
+        return "mono must be a finite number"
+    if req.grace is not None and not (math.isfinite(req.grace) and req.grace >= 0):
+        return "grace must be a finite number >= 0"
+    return None
+
+
+def _decode_line(line: bytes, out: Decoded) -> None:
+    """Decode one complete line (no newline) into ``out``; never raises."""
+    try:
+        req = _decode_one(line)
+    except msgspec.DecodeError as exc:
+        # A writer that died (or stalls) mid-line leaves a prefix that the next writer's
+        # complete line is glued to. Well-formed lines start with '{"', so try to
+        # recover a valid object starting at a later '{"' before giving up.
+        recovered = _resync(line)
+        if recovered is not None:
+            cut, req = recovered
+            partial = Rejection.of("partial line (writer stopped mid-line)", line[:cut])
+            out.rejections.append(partial)
+            out.requests.append(req)
+            return
+        out.rejections.append(Rejection.of(_reason(exc), line))
+        return
+    problem = _validate(req)
+    if problem is None:
+        out.requests.append(req)
+    else:
+        out.rejections.append(Rejection.of(problem, line))
+
+
+def _resync(line: bytes) -> tuple[int, Request] | None:
+    start = line.find(b'{"', 1)
+    while start != -1:
+        try:
+            req = _decode_one(line[start:])
+        except msgspec.DecodeError:
+            start = line.find(b'{"', start + 1)
+            continue
+        return (start, req) if _validate(req) is None else None
+    return None
+
+
+def _reason(exc: msgspec.DecodeError) -> str:
+    text = str(exc)
+    if isinstance(exc, msgspec.ValidationError):
+        return f"invalid request: {text}"
+    return f"malformed JSON: {text}"
+
+
+class LineDecoder:
+    """Incremental decoder for a byte stream of request lines.
+
+    Feed it chunks as they are read (any size, any split); each :meth:`feed` returns the
+    complete lines' requests and rejections. A trailing partial line is kept until its
+    newline arrives, but never more than ``max_line`` bytes of it: a longer line is
+    rejected once and skipped up to its newline (a valid line glued to its end by
+    another writer is still recovered).
+
+    Chunks of only valid lines take a fast path that decodes them all in one call.
+    """
+
+    __slots__ = ("_buf", "_max_line", "_overflow")
+
+    def __init__(self, max_line: int = MAX_LINE_BYTES) -> None:
+        if max_line < 2:
+            raise ValueError("max_line must be at least 2 bytes")
+        self._max_line = max_line
+        self._buf = b""
+        self._overflow = False
+
+    @property
+    def pending(self) -> int:
+        """Bytes of an incomplete line currently held."""
+        return len(self._buf)
+
+    def feed(self, chunk: bytes) -> Decoded:
+        """Decode every complete line in ``self``'s buffer plus ``chunk``."""
+        out = Decoded()
+        if not chunk:
+            return out
+        last_nl = chunk.rfind(b"\n")
+        if last_nl == -1:
+            self._hold(chunk)
+            return out
+        head = chunk[: last_nl + 1]
+        rest = chunk[last_nl + 1 :]
+        if self._buf or self._overflow:
+            first_nl = head.find(b"\n")
+            self._hold(head[:first_nl])
+            line, overflowed = self._buf, self._overflow
+            self._buf, self._overflow = b"", False
+            self._finish_line(line, overflowed, out)
+            head = head[first_nl + 1 :]
+        if head:
+            self._decode_block(head, out)
+        if rest:
+            self._hold(rest)
+        return out
+
+    def flush(self) -> Decoded:
+        """At end of stream: report a held partial line as a rejection and reset."""
+        out = Decoded()
+        if self._buf or self._overflow:
+            reason = (
+                f"line longer than {self._max_line} bytes"
+                if self._overflow
+                else "incomplete line at end of stream"
+            )
+            out.rejections.append(Rejection.of(reason, self._buf))
+        self._buf, self._overflow = b"", False
+        return out
+
+    # -- internals ------------------------------------------------------------------
+
+    def _hold(self, data: bytes) -> None:
+        buf = self._buf + data
+        limit = self._max_line - 1  # the newline counts toward the limit
+        if len(buf) > limit:
+            self._overflow = True
+            buf = buf[-limit:]  # keep only a tail: enough to recover a glued valid line
+        self._buf = buf
+
+    def _finish_line(self, line: bytes, overflowed: bool, out: Decoded) -> None:
+        if not overflowed:
+            if line.strip():
+                _decode_line(line, out)
+            return
+        out.rejections.append(Rejection.of(f"line longer than {self._max_line} bytes", line))
+        start = line.find(b'{"')
+        if start != -1:
+            recovered = Decoded()
+            _decode_line(line[start:], recovered)
+            out.requests.extend(recovered.requests)
+
+    def _decode_block(self, block: bytes, out: Decoded) -> None:
+        """Decode ``block``: complete lines, each ending in a newline."""
+        lines = block.split(b"\n")
+        lines.pop()  # the empty string after the final newline
+        limit = self._max_line - 1
+        if max(map(len, lines)) <= limit and b"" not in lines:
+            try:
+                reqs = _decode_many(b"[" + b",".join(lines) + b"]")
+            except msgspec.DecodeError:
+                pass  # at least one bad line: fall back to line by line
+            else:
+                # One object per line (a line split in two could join into one object,
+                # a line "{..}, {..}" could yield two), and every object valid.
+                if len(reqs) == len(lines) and all(_validate(r) is None for r in reqs):
+                    out.requests.extend(reqs)
+                    return
+        for line in lines:
+            if len(line) > limit:
+                self._finish_line(line[-limit:], True, out)
+            elif line.strip():
+                _decode_line(line, out)
+
+
+def _number(x: float) -> str:
+    # json.dumps formats ints with int.__repr__ and floats with float.__repr__.
+    if not math.isfinite(x):
+        raise ValueError(f"expiration_time must be finite, got {x!r}")
+    return repr(x)
+
+
+def encode(req: Request) -> bytes:
+    """Encode ``req`` as one wire line, newline included.
+
+    Without extension fields the bytes are exactly torch's ``FileTimerRequest.to_json()``
+    plus ``"\\n"`` (a release is written with ``"expiration_time": -1`` as torch does).
+
+    Raises:
+        RequestTooLargeError: the line, newline included, exceeds ``PIPE_BUF`` bytes.
+        ValueError: a number is not finite.
+    """
+    expiration = "-1" if req.is_release else _number(req.expiration_time)
+    text = (
+        f'{{"version": {PROTOCOL_VERSION}, "pid": {int(req.pid)}, '
+        f'"scope_id": {json.dumps(req.scope_id)}, '
+        f'"expiration_time": {expiration}, "signal": {int(req.signal)}'
+    )
+    if req.mono is not None:
+        text += f', "mono": {_number(req.mono)}'
+    if req.grace is not None:
+        text += f', "grace": {_number(req.grace)}'
+    if req.group:
+        text += ', "group": true'
+    if req.dump:
+        text += ', "dump": true'
+    data = (text + "}\n").encode("ascii")
+    if len(data) > PIPE_BUF:
+        raise RequestTooLargeError(
+            f"request line is {len(data)} bytes (newline included) but at most "
+            f"{PIPE_BUF} bytes can be written atomically; use a shorter scope_id"
+        )
+    return data

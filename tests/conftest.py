@@ -1,0 +1,29 @@
+"""Shared test configuration.
+
+Every ``@pytest.mark.asyncio`` test runs once on the stdlib asyncio loop and once on
+uvloop (where installed), through pytest-asyncio's loop-factory hook; the test ids end
+in ``[asyncio]`` / ``[uvloop]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+from collections.abc import Callable, Mapping
+
+import pytest
+
+LOOP_FACTORIES: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
+    "asyncio": asyncio.new_event_loop,
+}
+if importlib.util.find_spec("uvloop") is not None:
+    import uvloop
+
+    LOOP_FACTORIES["uvloop"] = uvloop.new_event_loop
+
+
+def pytest_asyncio_loop_factories(
+    config: pytest.Config, item: pytest.Item
+) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
+    """Parametrise async tests over the available event loops."""
+    return LOOP_FACTORIES

@@ -1,0 +1,58 @@
+from __future__ import annotations
+
+import time
+
+import anyio
+import pytest
+
+from aiotimer import Clock, MonotonicClock
+from aiotimer.testing import FakeClock
+
+
+def test_clocks_satisfy_protocol() -> None:
+    assert isinstance(MonotonicClock(), Clock)
+    assert isinstance(FakeClock(), Clock)
+
+
+def test_fake_clock_moves_only_when_told() -> None:
+    clock = FakeClock(start=5.0, wall_offset=1000.0)
+    assert clock.monotonic() == 5.0
+    assert clock.time() == 1005.0
+    clock.advance(2.5)
+    assert clock.monotonic() == 7.5
+    clock.step_wall(-100.0)
+    assert clock.monotonic() == 7.5
+    assert clock.time() == 907.5
+    with pytest.raises(ValueError, match="only moves forward"):
+        clock.advance(-1)
+
+
+@pytest.mark.asyncio
+async def test_fake_clock_sleep_until_wakes_on_advance() -> None:
+    clock = FakeClock()
+    woke: list[float] = []
+
+    async def sleeper(deadline: float) -> None:
+        await clock.sleep_until(deadline)
+        woke.append(clock.monotonic())
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(sleeper, 3.0)
+        tg.start_soon(sleeper, 1.0)
+        await anyio.wait_all_tasks_blocked()
+        assert clock.next_wakeup() == 1.0
+        clock.advance(1.0)
+        await anyio.wait_all_tasks_blocked()
+        assert woke == [1.0]
+        clock.advance(5.0)
+    assert woke == [1.0, 6.0]
+    assert clock.next_wakeup() is None
+
+
+@pytest.mark.asyncio
+async def test_monotonic_clock_sleep_until() -> None:
+    clock = MonotonicClock()
+    start = time.monotonic()
+    await clock.sleep_until(start + 0.02)
+    assert time.monotonic() >= start + 0.02
+    await clock.sleep_until(start - 10)  # in the past: returns at once
