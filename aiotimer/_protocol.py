@@ -38,10 +38,13 @@ from typing import Final
 import msgspec
 
 __all__ = [
+    "ENV_FIFO",
+    "MARKER_SUFFIX",
     "MAX_LINE_BYTES",
     "MAX_SCOPE_ID_LENGTH",
     "PIPE_BUF",
     "PROTOCOL_VERSION",
+    "TORCH_ENV_FIFO",
     "Decoded",
     "LineDecoder",
     "Rejection",
@@ -58,6 +61,16 @@ MAX_LINE_BYTES: Final[int] = PIPE_BUF
 MAX_SCOPE_ID_LENGTH: Final[int] = 2048
 #: The only wire version there is (torch's).
 PROTOCOL_VERSION: Final[int] = 1
+#: Beside an aiotimer server's FIFO ``P`` lies the marker file ``P + MARKER_SUFFIX`` (JSON:
+#: ``{"server": "aiotimer", "version": ..., "pid": ..., "protocol": 1}``, plus optional
+#: keys). Its presence tells a client that the server reads without blocking, so the
+#: client may keep one descriptor open; torch's server stalls if a client does that, so
+#: without a marker a client must open, write and close for every request.
+MARKER_SUFFIX: Final[str] = ".aiotimer"
+#: aiotimer's own discovery variable: the path of the server's FIFO.
+ENV_FIFO: Final[str] = "AIOTIMER_FIFO"
+#: torch's discovery variable (set by torchelastic agents): the path of the server's FIFO.
+TORCH_ENV_FIFO: Final[str] = "TORCHELASTIC_TIMER_FILE"
 #: How many bytes of an offending line a rejection keeps.
 REJECTED_BYTES_KEPT: Final[int] = 200
 
