@@ -51,6 +51,7 @@ __all__ = [
     "Request",
     "RequestTooLargeError",
     "encode",
+    "validate",
 ]
 
 #: The size up to which a pipe write is atomic (4096 on Linux).
@@ -140,8 +141,13 @@ _decode_one = msgspec.json.Decoder(Request).decode
 _decode_many = msgspec.json.Decoder(list[Request]).decode
 
 
-def _validate(req: Request) -> str | None:
-    """Return why ``req`` is invalid, or ``None``: the checks JSON typing cannot express."""
+def validate(req: Request) -> str | None:
+    """Return why ``req`` is invalid, or ``None`` when it is a valid request.
+
+    These are the checks JSON typing cannot express (pid > 0, non-empty bounded scope,
+    finite numbers, known version). Sources that receive :class:`Request` objects by
+    other means than the line codec (e.g. a multiprocessing queue) must apply it too.
+    """
     if req.pid <= 0:
         return f"pid must be a positive integer, got {req.pid}"
     if not req.scope_id:
@@ -176,7 +182,7 @@ def _decode_line(line: bytes, out: Decoded) -> None:
             return
         out.rejections.append(Rejection.of(_reason(exc), line))
         return
-    problem = _validate(req)
+    problem = validate(req)
     if problem is None:
         out.requests.append(req)
     else:
@@ -191,7 +197,7 @@ def _resync(line: bytes) -> tuple[int, Request] | None:
         except msgspec.DecodeError:
             start = line.find(b'{"', start + 1)
             continue
-        return (start, req) if _validate(req) is None else None
+        return (start, req) if validate(req) is None else None
     return None
 
 
@@ -300,7 +306,7 @@ class LineDecoder:
             else:
                 # One object per line (a line split in two could join into one object,
                 # a line "{..}, {..}" could yield two), and every object valid.
-                if len(reqs) == len(lines) and all(_validate(r) is None for r in reqs):
+                if len(reqs) == len(lines) and all(validate(r) is None for r in reqs):
                     out.requests.extend(reqs)
                     return
         for line in lines:
