@@ -1,0 +1,55 @@
+"""Typed exceptions shared by every aiotimer module.
+
+A flat list: each class says in its docstring when it is raised. Catch
+:class:`AiotimerError` to handle any of them.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AiotimerError",
+    "ClientBackpressureError",
+    "NotConfiguredError",
+    "ProcessGoneError",
+    "ReapError",
+    "RefusedTargetError",
+    "ServerStateError",
+    "ServerUnavailableError",
+    "SourceError",
+]
+
+
+class AiotimerError(Exception):
+    """Base of every aiotimer error."""
+
+
+class ServerUnavailableError(AiotimerError):
+    """No timer server is reachable (the message says what to do)."""
+
+
+class NotConfiguredError(AiotimerError):
+    """No client configured and none discoverable."""
+
+
+class ClientBackpressureError(AiotimerError):
+    """The server's pipe stayed full past the bound."""
+
+
+class SourceError(AiotimerError):
+    """A request source cannot be opened (e.g. the path exists and is not our FIFO)."""
+
+
+class ReapError(AiotimerError):
+    """A reap (signal) failed: permission denied, refused target, ..."""
+
+
+class ProcessGoneError(ReapError):
+    """The pinned worker process no longer exists (or its pid was recycled)."""
+
+
+class RefusedTargetError(ReapError):
+    """The server refuses to signal this target (pid <= 1, itself, its own group)."""
+
+
+class ServerStateError(AiotimerError):
+    """A lifecycle misuse (start twice, etc.)."""
