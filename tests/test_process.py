@@ -1,0 +1,249 @@
+"""Process identity (aiotimer._process.WorkerProcess) against real child processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import anyio
+import pytest
+
+from aiotimer._process import WorkerProcess, read_start_time
+from aiotimer.errors import ProcessGoneError, ReapError, RefusedTargetError
+
+pytestmark = [pytest.mark.process, pytest.mark.timeout(20)]
+
+HAS_PIDFD = hasattr(os, "pidfd_open")
+#: How long a signalled child may take to be seen as exited, on a busy 2-core machine.
+EXIT_BOUND = 5.0
+
+
+@pytest.fixture
+def child() -> Iterator[subprocess.Popen[bytes]]:
+    """A child that sleeps until killed (in this process's group)."""
+    proc = subprocess.Popen(["sleep", "60"])
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _wait_gone(pid: int) -> bool:
+    """Poll until ``pid`` has no live process (zombies count as gone)."""
+    deadline = time.monotonic() + EXIT_BOUND
+    while time.monotonic() < deadline:
+        try:
+            read_start_time(pid)
+        except ProcessGoneError:
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def test_read_start_time_of_self_is_stable() -> None:
+    first = read_start_time(os.getpid())
+    assert isinstance(first, int)
+    assert read_start_time(os.getpid()) == first
+
+
+def test_pin_and_signal_a_real_child(child: subprocess.Popen[bytes]) -> None:
+    with WorkerProcess.pin(child.pid) as worker:
+        assert worker.pid == child.pid
+        assert worker.start_time == read_start_time(child.pid)
+        assert (worker.fileno() is not None) == HAS_PIDFD
+        assert worker.is_alive()
+        assert "alive" in repr(worker)
+        worker.send_signal(signal.SIGTERM)
+        assert child.wait(timeout=EXIT_BOUND) == -signal.SIGTERM
+        assert not worker.is_alive()
+        assert "exited" in repr(worker)
+
+
+def test_signal_after_exit_is_process_gone(child: subprocess.Popen[bytes]) -> None:
+    with WorkerProcess.pin(child.pid) as worker:
+        child.kill()
+        deadline = time.monotonic() + EXIT_BOUND
+        while worker.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        # Not reaped yet: a zombie has exited all the same.
+        with pytest.raises(ProcessGoneError):
+            worker.send_signal(signal.SIGTERM)
+        child.wait()
+        with pytest.raises(ProcessGoneError):
+            worker.send_signal(signal.SIGTERM)
+
+
+def test_pin_of_dead_or_zombie_process_is_process_gone() -> None:
+    proc = subprocess.Popen(["true"])
+    assert _wait_gone(proc.pid)  # exited, still a zombie: not reaped yet
+    with pytest.raises(ProcessGoneError):
+        WorkerProcess.pin(proc.pid)
+    proc.wait()
+    with pytest.raises(ProcessGoneError):
+        WorkerProcess.pin(proc.pid)
+
+
+def test_recycled_pid_is_refused_via_start_time(child: subprocess.Popen[bytes]) -> None:
+    actual = read_start_time(child.pid)
+    assert actual is not None
+    # A handle recorded for an earlier process that had the same pid.
+    stale = WorkerProcess._from_identity(child.pid, start_time=actual - 1)
+    assert stale.fileno() is None
+    assert not stale.is_alive()
+    with pytest.raises(ProcessGoneError):
+        stale.send_signal(signal.SIGKILL)
+    with pytest.raises(ProcessGoneError):
+        stale.send_signal(signal.SIGKILL, group=True)
+    assert child.poll() is None, "the unrelated process must not have been signalled"
+    stale.close()
+
+    # The same path with the right start time does signal.
+    with WorkerProcess._from_identity(child.pid, start_time=actual) as same:
+        assert same.is_alive()
+        same.send_signal(signal.SIGKILL)
+    assert child.wait(timeout=EXIT_BOUND) == -signal.SIGKILL
+
+
+def test_refuses_pid_1_own_pid_and_nonpositive_pins() -> None:
+    for pid in (0, -1, -os.getpgrp()):
+        with pytest.raises(RefusedTargetError):
+            WorkerProcess.pin(pid)
+    with (
+        WorkerProcess._from_identity(1, start_time=None) as init,
+        pytest.raises(RefusedTargetError),
+    ):
+        init.send_signal(signal.SIGKILL)
+    with WorkerProcess.pin(os.getpid()) as me:
+        with pytest.raises(RefusedTargetError):
+            me.send_signal(signal.SIGKILL)
+        with pytest.raises(RefusedTargetError):
+            me.send_signal(signal.SIGKILL, group=True)
+
+
+def test_refuses_the_servers_own_process_group(child: subprocess.Popen[bytes]) -> None:
+    assert os.getpgid(child.pid) == os.getpgrp()
+    with WorkerProcess.pin(child.pid) as worker, pytest.raises(RefusedTargetError):
+        worker.send_signal(signal.SIGKILL, group=True)
+    assert child.poll() is None
+
+
+def test_group_signal_reaches_grandchildren() -> None:
+    # A worker in its own session that forked a grandchild.
+    proc = subprocess.Popen(
+        ["sh", "-c", "sleep 60 & echo $!; wait"],
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert proc.stdout is not None
+        grandchild = int(proc.stdout.readline())
+        with WorkerProcess.pin(proc.pid) as worker:
+            worker.send_signal(signal.SIGKILL, group=True)
+        assert proc.wait(timeout=EXIT_BOUND) == -signal.SIGKILL
+        assert _wait_gone(grandchild)
+    finally:
+        proc.kill()
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+_EPERM_PROBE = """
+import os, signal, sys
+from aiotimer._process import WorkerProcess
+from aiotimer.errors import ProcessGoneError, ReapError
+os.setgid(65534)
+os.setuid(65534)
+with WorkerProcess.pin(int(sys.argv[1])) as worker:
+    try:
+        worker.send_signal(signal.SIGKILL)
+    except ProcessGoneError:
+        sys.exit("wrongly reported as gone")
+    except ReapError as exc:
+        print(exc)
+        sys.exit(0)
+sys.exit("the signal was sent")
+"""
+
+
+def test_permission_denied_is_a_reap_error(child: subprocess.Popen[bytes]) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run the probe as another user")
+    # Run the signalling side as 'nobody' against our (root-owned) child.
+    probe = subprocess.run(
+        [sys.executable, "-c", _EPERM_PROBE, str(child.pid)],
+        capture_output=True,
+        text=True,
+        timeout=15,
+        check=False,
+    )
+    assert probe.returncode == 0, probe.stderr
+    assert "not permitted" in probe.stdout
+    assert child.poll() is None
+
+
+def test_close_is_idempotent_and_final(child: subprocess.Popen[bytes]) -> None:
+    worker = WorkerProcess.pin(child.pid)
+    worker.close()
+    worker.close()
+    assert worker.closed
+    assert worker.fileno() is None
+    assert not worker.is_alive()
+    assert "closed" in repr(worker)
+    with pytest.raises(ReapError):
+        worker.send_signal(signal.SIGKILL)
+    assert child.poll() is None
+
+
+def test_unclosed_handle_warns(child: subprocess.Popen[bytes]) -> None:
+    if not HAS_PIDFD:
+        pytest.skip("only a pidfd is a resource to leak")
+    worker = WorkerProcess.pin(child.pid)
+    with pytest.warns(ResourceWarning):
+        worker.__del__()
+    assert worker.closed
+
+
+@pytest.mark.asyncio
+async def test_wait_exit_wakes_promptly_on_pidfd(child: subprocess.Popen[bytes]) -> None:
+    if not HAS_PIDFD:
+        pytest.skip("no pidfd on this OS")
+    with WorkerProcess.pin(child.pid) as worker:
+        woke_after: list[float] = []
+
+        async def waiter() -> None:
+            await worker.wait_exit()
+            woke_after.append(time.monotonic() - killed_at)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waiter)
+            await anyio.sleep(0.05)
+            assert not woke_after, "wait_exit returned while the worker was alive"
+            killed_at = time.monotonic()
+            child.kill()
+            with anyio.fail_after(EXIT_BOUND):
+                while not woke_after:
+                    await anyio.sleep(0.005)
+        # Promptly: far below any polling interval (tolerance for a busy machine).
+        assert woke_after[0] < 1.0
+
+
+@pytest.mark.asyncio
+async def test_wait_exit_polls_without_pidfd(child: subprocess.Popen[bytes]) -> None:
+    with WorkerProcess._from_identity(child.pid, read_start_time(child.pid)) as worker:
+        child.kill()
+        with anyio.fail_after(EXIT_BOUND):
+            await worker.wait_exit(poll_interval=0.01)
+        assert not worker.is_alive()
+
+
+def test_pin_rejects_non_int() -> None:
+    with pytest.raises(TypeError):
+        WorkerProcess.pin(True)
+    with pytest.raises(TypeError):
+        WorkerProcess.pin("12")  # type: ignore[arg-type]
