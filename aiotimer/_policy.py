@@ -10,20 +10,51 @@ server's shell carries out in order, emitting one event per step:
 * :class:`Wait` — wait up to ``seconds`` for the worker to exit; if it does, the rest of
   the plan is skipped.
 
-An empty plan means "report only" (the timer's signal is ``<= 0``). With no ladder
-configured and no escalation asked for by the request, the plan is exactly one
-``SendSignal`` with the request's own signal, as torch clients expect.
+Where the plan comes from (first rule that applies):
+
+1. shadow mode (``ReapPolicy(shadow=True)``): ``()`` — nothing is done; the server
+   reports what :meth:`ReapPolicy.intended` would have done;
+2. report-only timer (its signal is ``<= 0``): ``()``;
+3. no server ladder and no escalation key on the request: exactly
+   ``(SendSignal(timer.signal),)``, as torch clients expect;
+4. otherwise the effective :class:`Escalation` (the server's ladder, or one built from
+   the request's own signal, merged with the request's ``grace``/``group``/``dump``
+   keys; see :meth:`ReapPolicy.escalation_for`) rendered by :meth:`Escalation.steps`:
+   ``[DumpStacks] -> [soft signal -> Wait(grace)] -> kill signal``.
+
+The shell can run a plan itself, or let an :class:`Escalator` tell it, given ``now`` and
+whether the worker is still alive, the next action; waits come out of it as absolute
+deadlines (:class:`WaitUntil`) so the shell only ever sleeps until a deadline or until the
+worker exits, whichever is first.
 """
 
 from __future__ import annotations
 
+import enum
+import math
 import signal as _signal
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from aiotimer._protocol import Request
 from aiotimer._table import Timer
 
-__all__ = ["DumpStacks", "ReapPolicy", "SendSignal", "Step", "Wait"]
+__all__ = [
+    "Action",
+    "DumpStacks",
+    "Escalation",
+    "Escalator",
+    "Outcome",
+    "ReapPolicy",
+    "SendSignal",
+    "Step",
+    "Wait",
+    "WaitUntil",
+    "format_plan",
+]
+
+_SIGKILL = int(_signal.SIGKILL)
+_SIGTERM = int(_signal.SIGTERM)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,25 +82,291 @@ class DumpStacks:
 Step = SendSignal | Wait | DumpStacks
 
 
+def _check_seconds(name: str, value: float) -> None:
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Escalation:
+    """A reaping ladder: optional dump, optional soft signal and grace, then the kill.
+
+    Rendered by :meth:`steps` as::
+
+        DumpStacks(dump_timeout)                 if dump
+        SendSignal(soft_signal, group)           if soft_signal is not None
+        Wait(grace)                                and differs from kill_signal
+        SendSignal(kill_signal, group)
+
+    (a zero ``grace`` sends the soft signal and then the kill without waiting).
+    ``group`` signals the worker's whole process group instead of the worker alone.
+
+    Raises:
+        ValueError: a negative or non-finite duration, or a signal number ``<= 0``.
+    """
+
+    dump: bool = False
+    dump_timeout: float = 2.0
+    soft_signal: int | None = _SIGTERM
+    grace: float = 5.0
+    kill_signal: int = _SIGKILL
+    group: bool = False
+
+    def __post_init__(self) -> None:
+        _check_seconds("dump_timeout", self.dump_timeout)
+        _check_seconds("grace", self.grace)
+        if self.kill_signal <= 0:
+            raise ValueError(f"kill_signal must be a signal number > 0, got {self.kill_signal}")
+        if self.soft_signal is not None and self.soft_signal <= 0:
+            raise ValueError(
+                f"soft_signal must be a signal number > 0 or None, got {self.soft_signal}"
+            )
+
+    def steps(self) -> tuple[Step, ...]:
+        """This ladder as a plan of steps (always ending with the kill signal)."""
+        steps: list[Step] = []
+        if self.dump:
+            steps.append(DumpStacks(self.dump_timeout))
+        if self.soft_signal is not None and self.soft_signal != self.kill_signal:
+            steps.append(SendSignal(self.soft_signal, self.group))
+            if self.grace > 0:
+                steps.append(Wait(self.grace))
+        steps.append(SendSignal(self.kill_signal, self.group))
+        return tuple(steps)
+
+
 class ReapPolicy:
     """Turns an expired :class:`~aiotimer.Timer` into a plan of steps.
+
+    Args:
+        default: the server-wide ladder, or ``None`` for torch semantics (each timer is
+            reaped with exactly the signal its request names, unless the request asks
+            for escalation with its extension keys).
+        shadow: server-wide report-only mode: :meth:`plan` is always empty; the server
+            reports :meth:`intended` as "would have done" instead.
+        unkillable_after: how long an :class:`Escalator` made by :meth:`escalator` waits
+            after the last step before it declares the worker unkillable (or surviving).
 
     The request's extension keys (``grace``, ``group``, ``dump``; see the protocol docs)
     are honoured when the timer's ``options`` holds its :class:`~aiotimer.Request`.
     """
 
-    __slots__ = ()
+    __slots__ = ("default", "shadow", "unkillable_after")
 
-    def plan(self, timer: Timer) -> tuple[Step, ...]:
-        """The steps to carry out for ``timer``, which has just expired."""
+    def __init__(
+        self,
+        default: Escalation | None = None,
+        *,
+        shadow: bool = False,
+        unkillable_after: float = 5.0,
+    ) -> None:
+        _check_seconds("unkillable_after", unkillable_after)
+        self.default = default
+        self.shadow = shadow
+        self.unkillable_after = unkillable_after
+
+    def escalation_for(self, timer: Timer) -> Escalation | None:
+        """The effective ladder for ``timer``, or ``None`` for a plain single signal.
+
+        With a server ladder, the request's ``grace`` replaces the ladder's grace and its
+        ``group``/``dump`` keys add to the ladder's (a request cannot turn them off);
+        the ladder's signals are used, the request's signal only decides reap (``> 0``)
+        versus report. Without a server ladder, a request with any of those keys gets
+        ``[dump] -> its own signal -> [Wait(grace) -> SIGKILL]``. ``None`` also for a
+        report-only timer (signal ``<= 0``).
+        """
+        if timer.signal <= 0:
+            return None
+        req = timer.options if isinstance(timer.options, Request) else None
+        grace = req.grace if req is not None else None
+        group = req is not None and req.group
+        dump = req is not None and req.dump
+        ladder = self.default
+        if ladder is not None:
+            return Escalation(
+                dump=ladder.dump or dump,
+                dump_timeout=ladder.dump_timeout,
+                soft_signal=ladder.soft_signal,
+                grace=ladder.grace if grace is None else grace,
+                kill_signal=ladder.kill_signal,
+                group=ladder.group or group,
+            )
+        if grace is None and not group and not dump:
+            return None
+        if grace is None:
+            return Escalation(dump=dump, soft_signal=None, kill_signal=timer.signal, group=group)
+        return Escalation(
+            dump=dump, soft_signal=timer.signal, grace=grace, kill_signal=_SIGKILL, group=group
+        )
+
+    def intended(self, timer: Timer) -> tuple[Step, ...]:
+        """The plan for ``timer`` ignoring shadow mode: what a real reap would do."""
         if timer.signal <= 0:
             return ()
-        req = timer.options if isinstance(timer.options, Request) else None
-        group = bool(req and req.group)
-        steps: list[Step] = []
-        if req is not None and req.dump:
-            steps.append(DumpStacks())
-        steps.append(SendSignal(timer.signal, group))
-        if req is not None and req.grace is not None and timer.signal != _signal.SIGKILL:
-            steps += [Wait(req.grace), SendSignal(_signal.SIGKILL, group)]
-        return tuple(steps)
+        ladder = self.escalation_for(timer)
+        if ladder is None:
+            return (SendSignal(timer.signal),)
+        return ladder.steps()
+
+    def plan(self, timer: Timer) -> tuple[Step, ...]:
+        """The steps to carry out for ``timer``, which has just expired (``()`` in shadow)."""
+        if self.shadow:
+            return ()
+        return self.intended(timer)
+
+    def escalator(self, timer: Timer) -> Escalator:
+        """An :class:`Escalator` running :meth:`plan` for ``timer``."""
+        return Escalator(self.plan(timer), confirm=self.unkillable_after)
+
+    def __repr__(self) -> str:
+        mode = " shadow" if self.shadow else ""
+        return f"<ReapPolicy{mode} default={self.default!r}>"
+
+
+# -- carrying a plan out ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WaitUntil:
+    """Sleep until the monotonic ``deadline`` or until the worker exits, whichever first."""
+
+    deadline: float
+
+
+#: What :meth:`Escalator.next` asks the shell to do.
+Action = SendSignal | DumpStacks | WaitUntil
+
+
+class Outcome(enum.Enum):
+    """How an :class:`Escalator` finished."""
+
+    #: The plan was empty (report-only timer or shadow mode); nothing was done.
+    NOTHING = "nothing"
+    #: The worker was gone when asked (check :attr:`Escalator.taken` for whether it was
+    #: signalled at all: an empty tuple means it exited on its own).
+    EXITED = "exited"
+    #: Every step was handed out and no confirmation window was asked for.
+    DONE = "done"
+    #: The worker was still alive ``confirm`` seconds after a final SIGKILL.
+    UNKILLABLE = "unkillable"
+    #: The worker was still alive ``confirm`` seconds after a final non-SIGKILL signal.
+    SURVIVED = "survived"
+
+
+class Escalator:
+    """Runs one plan: given ``now`` and whether the worker lives, the next action.
+
+    The shell loops::
+
+        esc = policy.escalator(timer)
+        while (action := esc.next(clock.monotonic(), worker.alive)) is not None:
+            match action:
+                case SendSignal(): signal the worker (or its group)
+                case DumpStacks(): await the dump, bounded by action.timeout
+                case WaitUntil(): sleep until action.deadline or the worker's exit
+        report(esc.outcome)
+
+    A dead worker ends the plan at once: nothing is signalled after it is gone. With
+    ``confirm`` set (and a signal in the plan), the escalator waits that long after the
+    last step and then reports :attr:`Outcome.UNKILLABLE` (or :attr:`Outcome.SURVIVED`)
+    if the worker still lives.
+    Pure: time only enters through ``now``.
+    """
+
+    __slots__ = ("_confirm", "_deadline", "_index", "_outcome", "_plan", "_taken")
+
+    def __init__(self, plan: Sequence[Step], *, confirm: float | None = None) -> None:
+        if confirm is not None:
+            _check_seconds("confirm", confirm)
+        self._plan = tuple(plan)
+        self._confirm = confirm
+        self._index = 0
+        self._deadline: float | None = None
+        self._outcome: Outcome | None = None
+        self._taken: list[Step] = []
+
+    @property
+    def plan(self) -> tuple[Step, ...]:
+        """The plan being carried out."""
+        return self._plan
+
+    @property
+    def outcome(self) -> Outcome | None:
+        """How the plan ended, or ``None`` while it is still running."""
+        return self._outcome
+
+    @property
+    def taken(self) -> tuple[Step, ...]:
+        """The signal and dump steps handed out so far, in order."""
+        return tuple(self._taken)
+
+    def next(self, now: float, worker_alive: bool) -> Action | None:
+        """The next action at monotonic time ``now``, or ``None`` when finished."""
+        if self._outcome is not None:
+            return None
+        if not worker_alive:
+            self._outcome = Outcome.EXITED
+            return None
+        while self._index < len(self._plan):
+            step = self._plan[self._index]
+            if isinstance(step, Wait):
+                waiting = self._wait(now, step.seconds)
+                if waiting is not None:
+                    return waiting
+            else:
+                self._index += 1
+                self._taken.append(step)
+                return step
+            self._index += 1
+        if not self._plan:
+            self._outcome = Outcome.NOTHING
+            return None
+        signals = [s for s in self._plan if isinstance(s, SendSignal)]
+        if self._confirm is None or not signals:
+            self._outcome = Outcome.DONE
+            return None
+        waiting = self._wait(now, self._confirm)
+        if waiting is not None:
+            return waiting
+        lethal = signals[-1].signum == _SIGKILL
+        self._outcome = Outcome.UNKILLABLE if lethal else Outcome.SURVIVED
+        return None
+
+    def _wait(self, now: float, seconds: float) -> WaitUntil | None:
+        if self._deadline is None:
+            self._deadline = now + seconds
+        if now < self._deadline:
+            return WaitUntil(self._deadline)
+        self._deadline = None
+        return None
+
+    def __repr__(self) -> str:
+        state = "running" if self._outcome is None else self._outcome.value
+        where = f"step {self._index}/{len(self._plan)}"
+        return f"<Escalator {state}: {where} of {format_plan(self._plan)}>"
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return _signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def format_plan(plan: Sequence[Step]) -> str:
+    """A short human-readable rendering of a plan, for events and logs.
+
+    >>> format_plan(Escalation(dump=True, group=True).steps())
+    'dump stacks (2s) -> SIGTERM to group -> wait 5s -> SIGKILL to group'
+    """
+    if not plan:
+        return "nothing (report only)"
+    parts: list[str] = []
+    for step in plan:
+        if isinstance(step, DumpStacks):
+            parts.append(f"dump stacks ({step.timeout:g}s)")
+        elif isinstance(step, Wait):
+            parts.append(f"wait {step.seconds:g}s")
+        else:
+            parts.append(_signal_name(step.signum) + (" to group" if step.group else ""))
+    return " -> ".join(parts)
