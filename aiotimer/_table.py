@@ -12,10 +12,16 @@ Timers are keyed by ``(pid, scope_id)``. Two structures hold them:
 Removing from the middle of a heap is O(n), so we never do it. A release, a replacement
 or a worker clear only *tombstones* the entry (sets its timer slot to ``None``) and counts
 it as stale. Stale entries are discarded when they surface at the top of the heap
-(``pop_expired`` and ``next_deadline``), and when they dominate (more than half of a heap
-of over 100 entries, as asyncio does for cancelled timer handles) the heap is rebuilt from
-the live entries in O(n), which amortises to O(1) per deletion. Every operation is
-therefore O(log n) amortised, independent of how many timers have come and gone.
+(``pop_expired`` and ``next_deadline``), and when they dominate (more than 100 of them
+*and* more than half of the heap, as asyncio does for cancelled timer handles) the heap is
+rebuilt from the live entries. That rebuild costs O(heap) = O(stale) and removes every
+stale entry, so it amortises to O(1) per deletion. Every operation is therefore O(log n)
+amortised, independent of how many timers have come and gone.
+
+The check runs after every operation that creates stale entries or removes live ones
+(``pop_expired`` too: expiring the live entries in front of a heap whose tail is stale
+would otherwise leave a heap of tombstones). Hence, after every public call, either
+``stale <= 100`` or ``stale <= live``, i.e. ``heap_size <= max(2 * len, len + 100)``.
 
 Time is an argument (``pop_expired(now)``), never read here: the caller owns the clock.
 """
@@ -90,7 +96,12 @@ class TimerTable:
         """Add ``timer``, replacing any live timer with the same key.
 
         Returns the replaced timer, or ``None`` if the key was new. O(log n).
+
+        Raises:
+            ValueError: ``timer.deadline`` is NaN (it would corrupt the heap order).
         """
+        if timer.deadline != timer.deadline:
+            raise ValueError(f"timer deadline must not be NaN: {timer!r}")
         scopes = self._by_pid.get(timer.pid)
         if scopes is None:
             scopes = self._by_pid[timer.pid] = {}
@@ -160,6 +171,8 @@ class TimerTable:
                 del self._by_pid[timer.pid]
             self._count -= 1
             expired.append(timer)
+        if expired:
+            self._maybe_compact()
         return expired
 
     # -- queries --------------------------------------------------------------------
@@ -196,8 +209,10 @@ class TimerTable:
                 yield entry[2]
 
     def snapshot(self) -> tuple[Timer, ...]:
-        """An immutable copy of every live timer, in deadline order."""
-        return tuple(sorted(self.timers(), key=lambda t: t.deadline))
+        """An immutable copy of every live timer, in expiry order (deadline, then age)."""
+        entries = [e for scopes in self._by_pid.values() for e in scopes.values()]
+        entries.sort(key=lambda e: (e[0], e[1]))
+        return tuple(e[2] for e in entries)
 
     def __len__(self) -> int:
         return self._count

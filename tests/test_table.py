@@ -1,0 +1,319 @@
+"""Tests for the pure timer table (aiotimer/_table.py).
+
+Unit tests pin each operation; a hypothesis state machine drives the table against a
+naive dict model and checks that both agree after every step, including that the heap
+of tombstones stays bounded (the compaction invariant, derived in ``_table``'s
+docstring): after every public call ``heap_size <= max(2 * len, len + 100)``.
+"""
+
+from __future__ import annotations
+
+import doctest
+import math
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+import aiotimer._table
+from aiotimer._table import Timer, TimerTable
+
+#: Stale entries the table tolerates before compacting (``_COMPACT_MIN_STALE``).
+MIN_STALE = 100
+
+
+def heap_bound(live: int) -> int:
+    """The largest heap the compaction rule allows for ``live`` timers."""
+    return max(2 * live, live + MIN_STALE)
+
+
+def timer(pid: int, scope: str, deadline: float, signal: int = 9) -> Timer:
+    return Timer(pid=pid, scope_id=scope, deadline=deadline, signal=signal)
+
+
+def test_docstring_examples() -> None:
+    assert doctest.testmod(aiotimer._table).failed == 0
+
+
+def test_acquire_new_and_replace_returns_old() -> None:
+    t = TimerTable()
+    first = timer(1, "a", 5.0)
+    assert t.acquire(first) is None
+    second = timer(1, "a", 7.0, signal=15)
+    assert t.acquire(second) is first
+    assert len(t) == 1
+    assert t.get(1, "a") is second
+    assert t.next_deadline() == 7.0
+
+
+def test_release_returns_timer_and_unknown_is_noop() -> None:
+    t = TimerTable()
+    a = timer(1, "a", 5.0)
+    t.acquire(a)
+    assert t.release(2, "a") is None  # unknown worker
+    assert t.release(1, "b") is None  # known worker, unknown scope
+    assert len(t) == 1
+    assert t.release(1, "a") is a
+    assert t.release(1, "a") is None  # twice
+    assert len(t) == 0
+    assert list(t.workers()) == []
+    assert t.next_deadline() is None
+
+
+def test_clear_worker_returns_its_timers_in_deadline_order() -> None:
+    t = TimerTable()
+    for scope, deadline in [("c", 3.0), ("a", 1.0), ("b", 2.0)]:
+        t.acquire(timer(1, scope, deadline))
+    other = timer(2, "x", 0.5)
+    t.acquire(other)
+    assert [x.scope_id for x in t.clear_worker(1)] == ["a", "b", "c"]
+    assert t.clear_worker(1) == []
+    assert t.clear_worker(99) == []
+    assert len(t) == 1
+    assert t.snapshot() == (other,)
+
+
+def test_pop_expired_in_deadline_order_ties_by_acquisition() -> None:
+    t = TimerTable()
+    t.acquire(timer(1, "late", 3.0))
+    t.acquire(timer(2, "tie-first", 2.0))
+    t.acquire(timer(1, "early", 1.0))
+    t.acquire(timer(3, "tie-second", 2.0))
+    assert [x.scope_id for x in t.pop_expired(2.5)] == ["early", "tie-first", "tie-second"]
+    assert [x.scope_id for x in t.pop_expired(10.0)] == ["late"]
+    assert len(t) == 0
+
+
+def test_replacing_a_timer_moves_it_behind_its_ties() -> None:
+    t = TimerTable()
+    t.acquire(timer(1, "a", 2.0))
+    t.acquire(timer(1, "b", 2.0))
+    t.acquire(timer(1, "a", 2.0))  # re-acquired: now the younger of the two
+    assert [x.scope_id for x in t.pop_expired(2.0)] == ["b", "a"]
+
+
+def test_deadline_equal_to_now_is_expired() -> None:
+    t = TimerTable()
+    t.acquire(timer(1, "a", 5.0))
+    assert t.pop_expired(math.nextafter(5.0, 0.0)) == []
+    assert [x.scope_id for x in t.pop_expired(5.0)] == ["a"]
+
+
+def test_next_deadline_skips_tombstones() -> None:
+    t = TimerTable()
+    t.acquire(timer(1, "a", 1.0))
+    t.acquire(timer(1, "b", 2.0))
+    t.acquire(timer(2, "c", 3.0))
+    t.release(1, "a")
+    assert t.next_deadline() == 2.0
+    t.acquire(timer(1, "b", 9.0))  # replaced: its old entry at 2.0 is a tombstone
+    assert t.next_deadline() == 3.0
+    t.clear_worker(2)
+    assert t.next_deadline() == 9.0
+    assert t.heap_size == 1  # every tombstone in front was dropped on the way
+
+
+def test_views_and_membership() -> None:
+    t = TimerTable()
+    a, b, c = timer(1, "a", 3.0), timer(1, "b", 1.0), timer(2, "c", 2.0)
+    for x in (a, b, c):
+        t.acquire(x)
+    workers = t.workers()
+    assert set(workers) == {1, 2}
+    assert sorted(t.worker_timers(1), key=lambda x: x.scope_id) == [a, b]
+    assert t.worker_timers(3) == []
+    assert sorted(t.timers(), key=lambda x: x.scope_id) == [a, b, c]
+    assert t.snapshot() == (b, c, a)
+    t.clear_worker(2)
+    assert set(workers) == {1}  # a live view
+    assert (1, "a") in t
+    assert (1, "c") not in t
+    assert (3, "a") not in t
+    assert "a" not in t
+    assert (1, "a", 0) not in t
+    assert a.key == (1, "a")
+
+
+def test_snapshot_orders_ties_like_pop_expired() -> None:
+    t = TimerTable()
+    for pid in (5, 3, 4, 1):
+        t.acquire(timer(pid, "s", 1.0))
+    order = [x.pid for x in t.snapshot()]
+    assert order == [5, 3, 4, 1]
+    assert [x.pid for x in t.pop_expired(1.0)] == order
+
+
+def test_repr_shows_counts_and_next_deadline() -> None:
+    t = TimerTable()
+    assert repr(t) == "<TimerTable 0 timers, 0 workers, next deadline none>"
+    for i in range(1500):
+        t.acquire(timer(i % 3 + 1, f"s{i}", 12.5 + i))
+    assert repr(t) == "<TimerTable 1,500 timers, 3 workers, next deadline 12.500>"
+
+
+def test_nan_deadline_is_refused() -> None:
+    t = TimerTable()
+    with pytest.raises(ValueError, match="NaN"):
+        t.acquire(timer(1, "a", math.nan))
+    assert len(t) == 0
+    assert t.heap_size == 0
+    # Infinite deadlines order fine: they simply never (or always) expire.
+    t.acquire(timer(1, "never", math.inf))
+    t.acquire(timer(1, "always", -math.inf))
+    assert [x.scope_id for x in t.pop_expired(0.0)] == ["always"]
+    assert t.next_deadline() == math.inf
+
+
+def test_compaction_threshold_is_exact() -> None:
+    """Up to 100 tombstones are tolerated; beyond that, once they are half the heap."""
+    t = TimerTable()
+    t.acquire(timer(1, "live", 0.0))
+    for _ in range(MIN_STALE):
+        t.acquire(timer(1, "live", 0.0))  # each replacement leaves one tombstone
+    assert t.heap_size == heap_bound(1) == 1 + MIN_STALE
+    t.acquire(timer(1, "live", 0.0))  # the 101st tombstone: compact
+    assert t.heap_size == 1
+
+    t = TimerTable()
+    for i in range(400):
+        t.acquire(timer(1, f"s{i}", float(i)))
+    for i in range(200):
+        t.release(1, f"s{i}")
+    assert (len(t), t.heap_size) == (200, heap_bound(200))  # stale == live: not yet
+    t.release(1, "s200")
+    assert (len(t), t.heap_size) == (199, 199)
+
+
+def test_expiring_the_live_front_compacts_a_stale_tail() -> None:
+    """pop_expired must not leave a heap of tombstones behind (regression)."""
+    t = TimerTable()
+    for i in range(1000):
+        t.acquire(timer(1, f"soon{i}", float(i)))
+        t.acquire(timer(2, f"late{i}", 1e6 + i))
+    t.clear_worker(2)  # 1000 tombstones at the back, not yet half the heap
+    assert t.heap_size == 2000
+    assert len(t.pop_expired(1e5)) == 1000
+    assert len(t) == 0
+    assert t.heap_size <= heap_bound(0)
+
+
+def test_clear_worker_with_many_timers_compacts() -> None:
+    t = TimerTable()
+    for i in range(5000):
+        t.acquire(timer(1 + i % 2, f"s{i}", float(i)))
+    t.clear_worker(1)
+    assert len(t) == 2500
+    assert t.heap_size <= heap_bound(2500)
+    t.clear_worker(2)
+    assert t.heap_size == 0
+
+
+# -- the model-based state machine ----------------------------------------------------
+
+
+@dataclass
+class ModelTimer:
+    timer: Timer
+    seq: int
+
+
+PIDS = st.integers(1, 4)
+SCOPES = st.sampled_from(["a", "b", "c", "d", "e"])
+# Small integral offsets make equal deadlines (ties) common.
+OFFSETS = st.integers(-2, 12).map(float)
+
+
+class TableMachine(RuleBasedStateMachine):
+    """TimerTable against a dict ``key -> (timer, acquisition seq)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = TimerTable()
+        self.model: dict[tuple[int, str], ModelTimer] = {}
+        self.seq = 0
+        self.now = 0.0
+
+    def _model_acquire(self, t: Timer) -> Timer | None:
+        old = self.model.get(t.key)
+        self.seq += 1
+        self.model[t.key] = ModelTimer(t, self.seq)
+        return None if old is None else old.timer
+
+    def _in_expiry_order(self, items: list[ModelTimer]) -> list[Timer]:
+        return [m.timer for m in sorted(items, key=lambda m: (m.timer.deadline, m.seq))]
+
+    @rule(pid=PIDS, scope=SCOPES, offset=OFFSETS, signal=st.integers(-1, 15))
+    def acquire(self, pid: int, scope: str, offset: float, signal: int) -> None:
+        t = Timer(pid, scope, self.now + offset, signal, acquired_at=self.now)
+        expected = self._model_acquire(t)
+        assert self.table.acquire(t) == expected
+
+    @precondition(lambda self: bool(self.model))
+    @rule(data=st.data(), offset=OFFSETS)
+    def replace_live(self, data: st.DataObject, offset: float) -> None:
+        key = data.draw(st.sampled_from(sorted(self.model)))
+        t = Timer(key[0], key[1], self.now + offset, 9)
+        expected = self._model_acquire(t)
+        assert expected is not None
+        assert self.table.acquire(t) == expected
+
+    @rule(pid=PIDS, count=st.integers(50, 160), offset=OFFSETS)
+    def acquire_many(self, pid: int, count: int, offset: float) -> None:
+        """Enough timers (and, on repeat, replacements) to cross the compaction threshold."""
+        for i in range(count):
+            t = Timer(pid, f"bulk{i}", self.now + offset + i % 7, 9)
+            assert self.table.acquire(t) == self._model_acquire(t)
+
+    @rule(pid=PIDS, scope=SCOPES)
+    def release(self, pid: int, scope: str) -> None:
+        old = self.model.pop((pid, scope), None)
+        assert self.table.release(pid, scope) == (None if old is None else old.timer)
+
+    @precondition(lambda self: bool(self.model))
+    @rule(data=st.data())
+    def release_live(self, data: st.DataObject) -> None:
+        key = data.draw(st.sampled_from(sorted(self.model)))
+        assert self.table.release(*key) == self.model.pop(key).timer
+
+    @rule(pid=PIDS)
+    def clear_worker(self, pid: int) -> None:
+        removed = [m for key, m in self.model.items() if key[0] == pid]
+        for m in removed:
+            del self.model[m.timer.key]
+        assert self.table.clear_worker(pid) == self._in_expiry_order(removed)
+
+    @rule(step=st.sampled_from([0.0, 0.5, 1.0, 3.0, 20.0]))
+    def advance_and_pop_expired(self, step: float) -> None:
+        self.now += step
+        due = [m for m in self.model.values() if m.timer.deadline <= self.now]
+        for m in due:
+            del self.model[m.timer.key]
+        assert self.table.pop_expired(self.now) == self._in_expiry_order(due)
+
+    @rule()
+    def next_deadline(self) -> None:
+        expected = min((m.timer.deadline for m in self.model.values()), default=None)
+        assert self.table.next_deadline() == expected
+
+    @rule(pid=PIDS, scope=SCOPES)
+    def get(self, pid: int, scope: str) -> None:
+        m = self.model.get((pid, scope))
+        assert self.table.get(pid, scope) == (None if m is None else m.timer)
+        assert ((pid, scope) in self.table) == (m is not None)
+
+    @invariant()
+    def agrees_with_model(self) -> None:
+        assert len(self.table) == len(self.model)
+        assert set(self.table.workers()) == {pid for pid, _ in self.model}
+        assert self.table.snapshot() == tuple(self._in_expiry_order(list(self.model.values())))
+
+    @invariant()
+    def heap_stays_bounded(self) -> None:
+        live = len(self.model)
+        assert live <= self.table.heap_size <= heap_bound(live)
+
+
+TableMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+test_table_agrees_with_model = TableMachine.TestCase
