@@ -1,0 +1,289 @@
+"""The FIFO source: torch-compatible request lines over a named pipe.
+
+How it works:
+
+* **Claiming the path.** A missing path gets a new FIFO, chmod-ed to exactly ``mode``
+  (umask does not apply). An existing path is replaced only if it is a FIFO owned by
+  this user that nobody reads: a live server (aiotimer's or torch's) is detected by
+  opening the FIFO for writing without blocking, which succeeds only while some process
+  has it open for reading. Anything that is not a FIFO (file, directory, symlink) is
+  refused and left untouched.
+* **Reading.** The FIFO is opened ``O_RDONLY | O_NONBLOCK`` and a dummy writer
+  descriptor is kept open, so the reader never sees end-of-file when clients come and
+  go (no spinning). Each wake-up (``anyio.wait_readable``) reads chunks until the pipe
+  is empty or ``MAX_READS_PER_WAKE`` chunks were read, feeds them to a
+  :class:`~aiotimer._protocol.LineDecoder` and hands the batch to the sink in one call.
+  The decoder bounds a partial line and recovers lines glued to it, so a writer that
+  stops mid-line delays nobody.
+* **The marker.** Once clients can send, ``path + MARKER_SUFFIX`` is written atomically
+  (JSON naming the server), so clients know they may keep a descriptor open.
+* **Leaving.** Both descriptors are closed and the marker removed; the FIFO is removed
+  only if this source created it and it is still the same inode.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import pathlib
+import stat
+from collections.abc import Mapping
+from typing import Final
+
+import anyio
+import anyio.abc
+
+from aiotimer._protocol import MARKER_SUFFIX, MAX_LINE_BYTES, PROTOCOL_VERSION, LineDecoder
+from aiotimer.errors import SourceError
+from aiotimer.sources._base import RequestSink
+
+__all__ = ["MAX_READS_PER_WAKE", "FifoSource"]
+
+#: Upper bound on reads per wake-up, so one busy FIFO cannot starve the event loop.
+MAX_READS_PER_WAKE: Final[int] = 16
+_MARKER_MODE: Final[int] = 0o644
+_Inode = tuple[int, int]
+
+
+def _inode(st: os.stat_result) -> _Inode:
+    return (st.st_dev, st.st_ino)
+
+
+def _version() -> str:
+    from aiotimer import __version__  # noqa: PLC0415 (lazy: the package imports sources)
+
+    return __version__
+
+
+class _OpenFifo:
+    """The FIFO of one :meth:`FifoSource.serve` run: the inode we made, our descriptors."""
+
+    __slots__ = ("inode", "path", "read_fd", "write_fd")
+
+    def __init__(self, path: pathlib.Path, mode: int) -> None:
+        self.path = path
+        _create(path, mode)
+        self.read_fd = self.write_fd = -1
+        self.inode: _Inode | None = None
+        flags = os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW
+        try:
+            self.read_fd = os.open(path, os.O_RDONLY | flags)
+            st = os.fstat(self.read_fd)
+            if not stat.S_ISFIFO(st.st_mode) or st.st_uid != os.geteuid():
+                raise SourceError(f"{path} was replaced while it was being created")
+            self.inode = _inode(st)
+            # mkfifo applied the umask; through the descriptor no symlink can interfere.
+            os.fchmod(self.read_fd, mode)
+            # The dummy writer: with it, read() never returns end-of-file.
+            self.write_fd = os.open(path, os.O_WRONLY | flags)
+        except OSError as exc:
+            self.close()
+            raise SourceError(f"cannot open FIFO {path}: {exc}") from exc
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Close both descriptors; remove the FIFO unless the path now holds another file."""
+        for fd in (self.read_fd, self.write_fd):
+            if fd >= 0:
+                os.close(fd)
+        self.read_fd = self.write_fd = -1
+        if self.inode is None:
+            return
+        with contextlib.suppress(FileNotFoundError):
+            if _inode(os.lstat(self.path)) == self.inode:
+                os.unlink(self.path)
+
+
+def _create(path: pathlib.Path, mode: int) -> None:
+    """Make ``path`` a new FIFO, replacing a stale FIFO of ours.
+
+    Raises:
+        SourceError: the path is not a FIFO, not ours, or a live server reads it.
+    """
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        pass
+    else:
+        _check_replaceable(path, st)
+        os.unlink(path)
+    try:
+        os.mkfifo(path, mode)
+    except FileExistsError as exc:
+        raise SourceError(f"{path} appeared while the FIFO was being created") from exc
+    except OSError as exc:
+        raise SourceError(f"cannot create FIFO {path}: {exc}") from exc
+
+
+def _check_replaceable(path: pathlib.Path, st: os.stat_result) -> None:
+    """Raise :class:`SourceError` unless ``path`` is a stale FIFO of ours."""
+    if not stat.S_ISFIFO(st.st_mode):
+        kind = (
+            "a symlink"
+            if stat.S_ISLNK(st.st_mode)
+            else "a directory"
+            if stat.S_ISDIR(st.st_mode)
+            else "not a FIFO"
+        )
+        raise SourceError(
+            f"{path} exists and is {kind}; refusing to replace it. "
+            "Choose another path or remove it yourself."
+        )
+    if st.st_uid != os.geteuid():
+        raise SourceError(
+            f"FIFO {path} belongs to uid {st.st_uid}, not to this user; refusing to take it"
+        )
+    try:
+        probe = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # no reader: nobody serves it, it is stale
+            return
+        raise SourceError(f"cannot check whether FIFO {path} is in use: {exc}") from exc
+    os.close(probe)
+    owner = _marker_owner(path)
+    who = f"aiotimer server pid {owner}" if owner is not None else "another process"
+    raise SourceError(
+        f"FIFO {path} is being served by {who}; stop that server or choose another path"
+    )
+
+
+def _marker_path(path: pathlib.Path) -> pathlib.Path:
+    return path.with_name(path.name + MARKER_SUFFIX)
+
+
+def _marker_owner(path: pathlib.Path) -> int | None:
+    """The pid recorded in ``path``'s marker, if it is a readable aiotimer marker."""
+    try:
+        data = json.loads(_marker_path(path).read_bytes())
+    except (OSError, ValueError):
+        return None
+    pid = data.get("pid") if isinstance(data, dict) else None
+    return pid if isinstance(pid, int) and data.get("server") == "aiotimer" else None
+
+
+def _write_marker(path: pathlib.Path, extra: Mapping[str, object]) -> None:
+    body = {
+        **extra,
+        "server": "aiotimer",
+        "version": _version(),
+        "pid": os.getpid(),
+        "protocol": PROTOCOL_VERSION,
+    }
+    marker = _marker_path(path)
+    tmp = marker.with_name(f"{marker.name}.{os.getpid()}.tmp")
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            os.fchmod(f.fileno(), _MARKER_MODE)
+            json.dump(body, f)
+        os.replace(tmp, marker)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def _remove_marker(path: pathlib.Path) -> None:
+    if _marker_owner(path) == os.getpid():
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(_marker_path(path))
+
+
+class FifoSource:
+    """Requests from a named pipe, in torch's line format (implements ``Source``).
+
+    Args:
+        path: where the FIFO lives. A missing path is created; a stale FIFO of this user
+            is replaced; anything else is refused with :class:`~aiotimer.errors.SourceError`.
+        mode: the FIFO's permission bits, applied exactly (umask does not apply).
+        max_line: the longest accepted line, newline included.
+        chunk_size: bytes per ``read(2)``.
+        marker: extra keys for the marker file (e.g. where stack dumps go).
+
+    :meth:`serve` may be called again after it returned.
+    """
+
+    __slots__ = ("_chunk_size", "_marker", "_max_line", "_mode", "_name", "_path")
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        mode: int = 0o600,
+        max_line: int = MAX_LINE_BYTES,
+        chunk_size: int = 65536,
+        marker: Mapping[str, object] | None = None,
+    ) -> None:
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+        LineDecoder(max_line)  # validates max_line now rather than in serve()
+        self._path = pathlib.Path(path)
+        self._mode = mode
+        self._max_line = max_line
+        self._chunk_size = chunk_size
+        self._marker: dict[str, object] = dict(marker or {})
+        self._name = f"fifo:{self._path}"
+
+    @property
+    def name(self) -> str:
+        """``"fifo:<path>"``."""
+        return self._name
+
+    @property
+    def path(self) -> pathlib.Path:
+        """The FIFO's path."""
+        return self._path
+
+    async def serve(
+        self,
+        sink: RequestSink,
+        *,
+        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Create the FIFO, publish the marker, then feed ``sink`` until cancelled.
+
+        Raises:
+            SourceError: the path cannot be claimed or opened (see the class docstring).
+        """
+        fifo = _OpenFifo(self._path, self._mode)
+        try:
+            _write_marker(self._path, self._marker)
+            try:
+                task_status.started()
+                await self._read_forever(fifo.read_fd, sink)
+            finally:
+                _remove_marker(self._path)
+        finally:
+            fifo.close()
+
+    async def _read_forever(self, fd: int, sink: RequestSink) -> None:
+        decoder = LineDecoder(self._max_line)
+        chunk_size = self._chunk_size
+        read = os.read
+        while True:
+            await anyio.wait_readable(fd)
+            batch = None
+            for _ in range(MAX_READS_PER_WAKE):
+                try:
+                    chunk = read(fd, chunk_size)
+                except BlockingIOError:
+                    break
+                decoded = decoder.feed(chunk)
+                if batch is None:
+                    batch = decoded
+                else:
+                    batch.requests.extend(decoded.requests)
+                    batch.rejections.extend(decoded.rejections)
+                if len(chunk) < chunk_size:
+                    break  # a short read emptied the pipe; skip the read that says EAGAIN
+            if batch is not None and (batch.requests or batch.rejections):
+                sink.submit(batch, self._name)
+
+    def __repr__(self) -> str:
+        return f"<FifoSource {str(self._path)!r} mode={self._mode:#o}>"

@@ -1,0 +1,401 @@
+"""FifoSource against real FIFOs (and real writer processes where it matters)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+
+import anyio
+import pytest
+
+from aiotimer._protocol import MARKER_SUFFIX, Decoded, Request
+from aiotimer.errors import SourceError
+from aiotimer.sources.fifo import MAX_READS_PER_WAKE, FifoSource
+
+pytestmark = [pytest.mark.process, pytest.mark.timeout(30)]
+
+#: Generous bound for "promptly" on a busy 2-core machine; the real figure is ~1 ms.
+PROMPT = 3.0
+
+
+def torch_line(pid: int, scope: str, expiration: float = 1e10, sig: int = 9) -> bytes:
+    """A request line exactly as torch's FileTimerClient writes it."""
+    body = {
+        "version": 1,
+        "pid": pid,
+        "scope_id": scope,
+        "expiration_time": expiration,
+        "signal": sig,
+    }
+    return (json.dumps(body) + "\n").encode()
+
+
+class RecordingSink:
+    """A sink that records every batch with the source name."""
+
+    def __init__(self) -> None:
+        self.batches: list[tuple[Decoded, str]] = []
+
+    def submit(self, batch: Decoded, source: str) -> None:
+        self.batches.append((batch, source))
+
+    @property
+    def requests(self) -> list[Request]:
+        return [r for b, _ in self.batches for r in b.requests]
+
+    @property
+    def rejections(self) -> list[str]:
+        return [r.reason for b, _ in self.batches for r in b.rejections]
+
+
+async def wait_until(cond: Callable[[], bool], timeout: float = PROMPT) -> None:
+    """Poll ``cond`` until it holds; fail after ``timeout`` seconds."""
+    with anyio.fail_after(timeout):
+        while not cond():
+            await anyio.sleep(0.002)
+
+
+@asynccontextmanager
+async def serving(source: FifoSource, sink: RecordingSink) -> AsyncIterator[None]:
+    """Run ``source.serve(sink)`` for the duration of the block."""
+    async with anyio.create_task_group() as tg:
+        await tg.start(source.serve, sink)
+        yield
+        tg.cancel_scope.cancel()
+
+
+@contextmanager
+def writer(path: pathlib.Path) -> Iterator[int]:
+    """A non-blocking write descriptor on the FIFO, closed on exit."""
+    fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.fixture
+def fifo_path(tmp_path: pathlib.Path) -> pathlib.Path:
+    return tmp_path / "timer.fifo"
+
+
+def marker_of(path: pathlib.Path) -> pathlib.Path:
+    return path.with_name(path.name + MARKER_SUFFIX)
+
+
+@pytest.mark.asyncio
+async def test_creates_fifo_0600_and_marker_then_removes_both(fifo_path: pathlib.Path) -> None:
+    fds_before = open_fds()
+    source = FifoSource(fifo_path, marker={"dump_dir": "/tmp/dumps"})
+    assert source.name == f"fifo:{fifo_path}"
+    assert source.path == fifo_path
+    sink = RecordingSink()
+    async with serving(source, sink):
+        st = os.lstat(fifo_path)
+        assert stat.S_ISFIFO(st.st_mode)
+        assert stat.S_IMODE(st.st_mode) == 0o600
+        marker = marker_of(fifo_path)
+        assert stat.S_IMODE(os.lstat(marker).st_mode) == 0o644
+        body = json.loads(marker.read_text())
+        assert body["server"] == "aiotimer"
+        assert body["pid"] == os.getpid()
+        assert body["protocol"] == 1
+        assert isinstance(body["version"], str)
+        assert body["dump_dir"] == "/tmp/dumps"
+    assert not fifo_path.exists()
+    assert not marker_of(fifo_path).exists()
+    assert open_fds() == fds_before
+    assert sink.batches == []
+
+
+@pytest.mark.asyncio
+async def test_mode_is_exact_whatever_the_umask(fifo_path: pathlib.Path) -> None:
+    old = os.umask(0o077)
+    try:
+        async with serving(FifoSource(fifo_path, mode=0o660), RecordingSink()):
+            assert stat.S_IMODE(os.lstat(fifo_path).st_mode) == 0o660
+    finally:
+        os.umask(old)
+
+
+def _make_file(p: pathlib.Path) -> None:
+    p.write_text("precious")
+
+
+def _make_dir(p: pathlib.Path) -> None:
+    p.mkdir()
+    (p / "inside").write_text("precious")
+
+
+def _make_symlink(p: pathlib.Path) -> None:
+    target = p.with_name("target.fifo")
+    os.mkfifo(target)
+    p.symlink_to(target)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("make", [_make_file, _make_dir, _make_symlink])
+async def test_refuses_a_path_that_is_not_a_fifo_and_leaves_it_intact(
+    fifo_path: pathlib.Path, make: Callable[[pathlib.Path], None]
+) -> None:
+    make(fifo_path)
+    before = os.lstat(fifo_path)
+    fds_before = open_fds()
+    with pytest.raises(SourceError, match="refusing"):
+        await FifoSource(fifo_path).serve(RecordingSink())
+    after = os.lstat(fifo_path)
+    assert (after.st_ino, after.st_mode, after.st_mtime_ns) == (
+        before.st_ino,
+        before.st_mode,
+        before.st_mtime_ns,
+    )
+    if fifo_path.is_file() and not fifo_path.is_symlink():
+        assert fifo_path.read_text() == "precious"
+    assert not marker_of(fifo_path).exists()
+    assert open_fds() == fds_before
+
+
+@pytest.mark.asyncio
+async def test_replaces_a_stale_fifo_with_a_dead_servers_marker(fifo_path: pathlib.Path) -> None:
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    os.mkfifo(fifo_path, 0o666)
+    os.chmod(fifo_path, 0o666)
+    marker_of(fifo_path).write_text(json.dumps({"server": "aiotimer", "pid": dead.pid}))
+    sink = RecordingSink()
+    async with serving(FifoSource(fifo_path), sink):
+        # Replaced by a fresh FIFO (the filesystem may reuse the inode number).
+        assert stat.S_IMODE(os.lstat(fifo_path).st_mode) == 0o600
+        assert json.loads(marker_of(fifo_path).read_text())["pid"] == os.getpid()
+        with writer(fifo_path) as fd:
+            os.write(fd, torch_line(7, "a"))
+        await wait_until(lambda: len(sink.requests) == 1)
+    assert not fifo_path.exists()
+
+
+@pytest.mark.asyncio
+async def test_refuses_a_fifo_served_by_a_live_server(fifo_path: pathlib.Path) -> None:
+    sink = RecordingSink()
+    async with serving(FifoSource(fifo_path), sink):
+        inode = os.lstat(fifo_path).st_ino
+        with pytest.raises(SourceError, match=f"aiotimer server pid {os.getpid()}"):
+            await FifoSource(fifo_path).serve(RecordingSink())
+        # The first server is untouched and still serving.
+        assert os.lstat(fifo_path).st_ino == inode
+        assert json.loads(marker_of(fifo_path).read_text())["pid"] == os.getpid()
+        with writer(fifo_path) as fd:
+            os.write(fd, torch_line(7, "still-served"))
+        await wait_until(lambda: len(sink.requests) == 1)
+
+
+@pytest.mark.asyncio
+async def test_refuses_a_fifo_read_by_a_foreign_server(fifo_path: pathlib.Path) -> None:
+    # A torch-style server: a plain reader and no marker.
+    os.mkfifo(fifo_path, 0o600)
+    reader = os.open(fifo_path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        with pytest.raises(SourceError, match="another process"):
+            await FifoSource(fifo_path).serve(RecordingSink())
+        assert stat.S_ISFIFO(os.lstat(fifo_path).st_mode)
+    finally:
+        os.close(reader)
+
+
+@pytest.mark.asyncio
+async def test_leaves_a_path_that_no_longer_holds_its_fifo(fifo_path: pathlib.Path) -> None:
+    async with serving(FifoSource(fifo_path), RecordingSink()):
+        os.unlink(fifo_path)
+        fifo_path.write_text("someone else's")
+    assert fifo_path.read_text() == "someone else's"
+
+
+@pytest.mark.asyncio
+async def test_decodes_torch_lines_from_a_child_process(fifo_path: pathlib.Path) -> None:
+    # The child opens, writes and closes per request, exactly like torch's client.
+    child_code = """
+import json, os, sys
+for i in range(20):
+    body = {"version": 1, "pid": os.getpid(), "scope_id": f"train.py#{i}",
+            "expiration_time": 1e10 + i, "signal": 9}
+    fd = os.open(sys.argv[1], os.O_WRONLY | os.O_NONBLOCK)
+    with os.fdopen(fd, "wt") as f:
+        f.write(json.dumps(body) + "\\n")
+"""
+    sink = RecordingSink()
+    async with serving(FifoSource(fifo_path), sink):
+        proc = await anyio.run_process([sys.executable, "-c", child_code, str(fifo_path)])
+        assert proc.returncode == 0
+        await wait_until(lambda: len(sink.requests) == 20)
+    scopes = [r.scope_id for r in sink.requests]
+    assert scopes == [f"train.py#{i}" for i in range(20)]
+    assert all(r.signal == 9 and r.version == 1 for r in sink.requests)
+    assert {source for _, source in sink.batches} == {f"fifo:{fifo_path}"}
+    assert sink.rejections == []
+
+
+@pytest.mark.torch
+def test_decodes_torchs_own_file_timer_client(fifo_path: pathlib.Path) -> None:
+    # One event loop is enough here: the child's torch import dominates the run time.
+    pytest.importorskip("torch")
+    child_code = """
+import os, sys, warnings
+warnings.simplefilter("ignore")
+from torch.distributed.elastic.timer import FileTimerClient
+client = FileTimerClient(sys.argv[1], signal=15)
+client.acquire("torch-scope", 1e10)
+client.release("torch-scope")
+"""
+    sink = RecordingSink()
+
+    async def main() -> None:
+        async with serving(FifoSource(fifo_path), sink):
+            proc = await anyio.run_process(
+                [sys.executable, "-c", child_code, str(fifo_path)], check=False
+            )
+            assert proc.returncode == 0, proc.stderr.decode()
+            await wait_until(lambda: len(sink.requests) == 2, timeout=10)
+
+    anyio.run(main)
+    acquire, release = sink.requests
+    assert (acquire.scope_id, acquire.signal, acquire.is_release) == ("torch-scope", 15, False)
+    assert (release.scope_id, release.is_release) == ("torch-scope", True)
+
+
+@pytest.mark.asyncio
+async def test_lines_split_across_many_writes(fifo_path: pathlib.Path) -> None:
+    data = b"".join(torch_line(100 + i, f"s{i}", 1e10 + i) for i in range(300))
+    sink = RecordingSink()
+    async with serving(FifoSource(fifo_path), sink):
+        with writer(fifo_path) as fd:
+            for start in range(0, len(data), 37):
+                os.write(fd, data[start : start + 37])
+                if start % 3700 == 0:
+                    await anyio.sleep(0)  # let the reader see partial lines
+        await wait_until(lambda: len(sink.requests) == 300)
+    assert [r.pid for r in sink.requests] == [100 + i for i in range(300)]
+    assert sink.rejections == []
+
+
+@pytest.mark.asyncio
+async def test_a_writer_stalled_mid_line_does_not_delay_others(fifo_path: pathlib.Path) -> None:
+    sink = RecordingSink()
+    async with serving(FifoSource(fifo_path), sink):
+        with writer(fifo_path) as stalled, writer(fifo_path) as other:
+            os.write(stalled, torch_line(1, "stalled")[:30])  # and holds the pipe open
+            await anyio.sleep(0.05)
+            for i in range(5):
+                os.write(other, torch_line(2, f"other{i}"))
+                sent = time.monotonic()
+                await wait_until(lambda i=i: len(sink.requests) == i + 1)
+                assert time.monotonic() - sent < PROMPT
+    assert [r.scope_id for r in sink.requests] == [f"other{i}" for i in range(5)]
+    assert sink.rejections == ["partial line (writer stopped mid-line)"]
+
+
+@pytest.mark.asyncio
+async def test_eof_never_spins_while_idle(
+    fifo_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reads = 0
+    real_read = os.read
+
+    def counting_read(fd: int, n: int) -> bytes:
+        nonlocal reads
+        reads += 1
+        return real_read(fd, n)
+
+    monkeypatch.setattr(os, "read", counting_read)
+    sink = RecordingSink()
+    async with serving(FifoSource(fifo_path), sink):
+        with writer(fifo_path) as fd:  # a client comes, writes and goes: EOF for a reader
+            os.write(fd, torch_line(3, "once"))
+        await wait_until(lambda: len(sink.requests) == 1)
+        reads_after_line = reads
+        cpu = time.process_time()
+        await anyio.sleep(0.5)
+        assert reads == reads_after_line, "the reader woke up with nothing to read"
+        assert len(sink.batches) == 1
+        # Spinning would burn ~0.5 s of CPU here; allow a lot of slack for noise.
+        assert time.process_time() - cpu < 0.25
+
+
+@pytest.mark.asyncio
+async def test_bad_lines_are_rejected_and_good_ones_kept(fifo_path: pathlib.Path) -> None:
+    sink = RecordingSink()
+    payload = (
+        torch_line(5, "a")
+        + b"garbage\n"
+        + torch_line(0, "bad-pid")
+        + b'{"pid": 5, "scope_id": "b", "expiration_time": NaN, "signal": 9}\n'
+        + torch_line(5, "c")
+    )
+    async with serving(FifoSource(fifo_path), sink):
+        with writer(fifo_path) as fd:
+            os.write(fd, payload)
+        await wait_until(lambda: len(sink.requests) + len(sink.rejections) == 5)
+    assert [r.scope_id for r in sink.requests] == ["a", "c"]
+    assert len(sink.rejections) == 3
+
+
+@pytest.mark.asyncio
+async def test_a_busy_fifo_yields_to_the_loop_between_bounded_batches(
+    fifo_path: pathlib.Path,
+) -> None:
+    chunk_size = 512
+    lines = [torch_line(9, f"{i:06d}") for i in range(600)]
+    data = b"".join(lines)
+    assert len(data) < 65536  # fits in the pipe: all of it is there at the first wake-up
+    sink = RecordingSink()
+    async with serving(FifoSource(fifo_path, chunk_size=chunk_size), sink):
+        with writer(fifo_path) as fd:
+            assert os.write(fd, data) == len(data)
+        await wait_until(lambda: len(sink.requests) == 600)
+    # One wake-up reads at most MAX_READS_PER_WAKE chunks, so no batch holds more lines.
+    most_per_wake = MAX_READS_PER_WAKE * chunk_size // len(lines[0]) + 1
+    assert max(len(batch.requests) for batch, _ in sink.batches) <= most_per_wake
+    assert [r.scope_id for r in sink.requests] == [f"{i:06d}" for i in range(600)]
+
+
+@pytest.mark.asyncio
+async def test_restart_after_stop(fifo_path: pathlib.Path) -> None:
+    fds_before = open_fds()
+    source = FifoSource(fifo_path)
+    sink = RecordingSink()
+    for round_ in range(3):
+        async with serving(source, sink):
+            with writer(fifo_path) as fd:
+                os.write(fd, torch_line(11, f"round{round_}"))
+            await wait_until(lambda round_=round_: len(sink.requests) == round_ + 1)
+        assert not fifo_path.exists()
+        assert not marker_of(fifo_path).exists()
+    assert open_fds() == fds_before
+
+
+@pytest.mark.asyncio
+async def test_cancellation_before_any_client_is_clean(fifo_path: pathlib.Path) -> None:
+    fds_before = open_fds()
+    with anyio.move_on_after(0.1) as scope:
+        await FifoSource(fifo_path).serve(RecordingSink())
+    assert scope.cancelled_caught
+    assert not fifo_path.exists()
+    assert not marker_of(fifo_path).exists()
+    assert open_fds() == fds_before
+
+
+def test_rejects_bad_arguments(fifo_path: pathlib.Path) -> None:
+    with pytest.raises(ValueError):
+        FifoSource(fifo_path, chunk_size=0)
+    with pytest.raises(ValueError):
+        FifoSource(fifo_path, max_line=1)
+    assert repr(FifoSource(fifo_path)) == f"<FifoSource {str(fifo_path)!r} mode=0o600>"
