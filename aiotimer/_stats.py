@@ -1,0 +1,302 @@
+"""Per-scope duration statistics and suggested timeouts. Pure: no I/O, no clock.
+
+How this works
+--------------
+The server feeds one sample per released timer (``duration = release time - acquire
+time``, on its monotonic clock) and one record per expiry. Samples are grouped by the
+scope's *site*: a default scope id ``"file.py:42#17"`` belongs to site ``"file.py:42"``
+(see :func:`aiotimer._scope.scope_site`); any other scope id is its own site.
+
+Each site keeps a log-bucket histogram (the DDSketch scheme): a duration ``x >=``
+:data:`MIN_TRACKED` goes to bucket ``i = ceil(log(x) / log(g))`` with
+``g = (1 + a) / (1 - a)``, and bucket ``i`` reports the value ``2 g**i / (g + 1)``.
+Every ``x`` in bucket ``i`` lies in ``(g**(i-1), g**i]``, so a reported quantile is
+within a *relative* error ``a`` (default 1%) of the exact nearest-rank quantile of the
+samples; durations below :data:`MIN_TRACKED` (1 µs) share one bucket and are reported
+within an *absolute* error of 1 µs. ``count`` and ``max`` are exact. Memory per site is
+bounded by the dynamic range, not by the number of samples: with ``a = 1%`` durations
+from 1 µs to 11.6 days fit in at most ~1,400 buckets (a dict entry each); a typical
+scope whose durations span a factor of 10 uses ~115.
+
+The number of sites is bounded too (``max_sites``, default 10,000): once it is reached,
+samples of new sites are pooled in the site :data:`OTHER_SITE`, so a client that makes
+up a fresh scope id per block cannot grow the server's memory without bound.
+
+Suggested timeout (documented rule, :func:`suggest_timeout`):
+``nice_ceil(max(1.5 * p99, 1.2 * max, MIN_SUGGESTION))`` where :func:`nice_ceil` rounds
+up to the next of 1, 1.5, 2, 3, 5, 7.5 times a power of ten. Expirations are counted
+but are not durations (the true duration of a block that expired is unknown until it
+ends): in report-only and shadow mode the server remembers expired timers in
+:class:`Overdue` so their eventual release still yields a real duration sample.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Final
+
+from aiotimer._scope import scope_site
+from aiotimer._table import TimerKey
+
+__all__ = [
+    "MIN_SUGGESTION",
+    "MIN_TRACKED",
+    "OTHER_SITE",
+    "DurationSketch",
+    "DurationStats",
+    "Overdue",
+    "SiteSummary",
+    "nice_ceil",
+    "suggest_timeout",
+]
+
+#: Durations below this many seconds share the zero bucket (absolute error <= this).
+MIN_TRACKED: Final[float] = 1e-6
+#: The smallest timeout ever suggested, in seconds.
+MIN_SUGGESTION: Final[float] = 0.01
+#: The site that pools samples of new sites once ``max_sites`` is reached.
+OTHER_SITE: Final[str] = "<other sites>"
+#: Mantissas of the "nice" numbers suggestions are rounded up to.
+_NICE: Final = (1.0, 1.5, 2.0, 3.0, 5.0, 7.5)
+
+
+def nice_ceil(x: float) -> float:
+    """The smallest of 1, 1.5, 2, 3, 5, 7.5 times a power of ten that is ``>= x > 0``.
+
+    >>> nice_ceil(0.42), nice_ceil(3.0), nice_ceil(3.1), nice_ceil(8)
+    (0.5, 3.0, 5.0, 10.0)
+    """
+    if not (x > 0 and math.isfinite(x)):
+        raise ValueError(f"nice_ceil needs a finite number > 0, got {x!r}")
+    exp = math.floor(math.log10(x))
+    for e in (exp - 1, exp, exp + 1):  # log10 may be off by one near powers of ten
+        for m in _NICE:
+            candidate = float(f"{m * 10.0**e:.6g}")
+            if candidate >= x:
+                return candidate
+    raise AssertionError("unreachable: 10 ** (exp + 1) > x")  # pragma: no cover
+
+
+def suggest_timeout(p99: float, maximum: float) -> float:
+    """The timeout suggested for a site: ``nice_ceil(max(1.5 p99, 1.2 max, MIN_SUGGESTION))``."""
+    return nice_ceil(max(1.5 * p99, 1.2 * maximum, MIN_SUGGESTION))
+
+
+class DurationSketch:
+    """A log-bucket histogram of durations with relative quantile error ``relative_error``.
+
+    ``count``, ``max`` and ``min`` are exact; :meth:`quantile` is within
+    ``relative_error * true + MIN_TRACKED`` of the exact nearest-rank quantile.
+    """
+
+    __slots__ = ("_buckets", "_gamma", "_log_gamma", "_zero", "count", "max", "min")
+
+    def __init__(self, relative_error: float = 0.01) -> None:
+        if not 0 < relative_error < 1:
+            raise ValueError(f"relative_error must be in (0, 1), got {relative_error!r}")
+        self._gamma = (1 + relative_error) / (1 - relative_error)
+        self._log_gamma = math.log(self._gamma)
+        self._buckets: dict[int, int] = {}
+        self._zero = 0
+        self.count = 0
+        self.max = 0.0
+        self.min = math.inf
+
+    def add(self, duration: float) -> None:
+        """Record one duration (seconds, finite, ``>= 0``)."""
+        if not (duration >= 0 and math.isfinite(duration)):
+            raise ValueError(f"a duration must be a finite number >= 0, got {duration!r}")
+        self.count += 1
+        self.max = max(self.max, duration)
+        self.min = min(self.min, duration)
+        if duration < MIN_TRACKED:
+            self._zero += 1
+            return
+        i = math.ceil(math.log(duration) / self._log_gamma)
+        self._buckets[i] = self._buckets.get(i, 0) + 1
+
+    @property
+    def buckets(self) -> int:
+        """Buckets in use (the memory cost of this sketch)."""
+        return len(self._buckets) + (self._zero > 0)
+
+    def quantile(self, q: float) -> float | None:
+        """The nearest-rank ``q``-quantile (``0 <= q <= 1``), or ``None`` with no samples.
+
+        The exact value is the ``ceil(q * count)``-th smallest sample (the smallest for
+        ``q = 0``); the result is within ``relative_error`` of it, clamped to
+        ``[min, max]``. The smallest and largest ranks are exact (``min`` and ``max``).
+        """
+        if not 0 <= q <= 1:
+            raise ValueError(f"q must be in [0, 1], got {q!r}")
+        if self.count == 0:
+            return None
+        rank = max(1, math.ceil(q * self.count))
+        if rank == self.count:
+            return self.max
+        if rank == 1:
+            return self.min
+        seen = self._zero
+        value = 0.0
+        if seen < rank:
+            for i in sorted(self._buckets):
+                seen += self._buckets[i]
+                if seen >= rank:
+                    value = 2 * self._gamma**i / (self._gamma + 1)
+                    break
+        return min(max(value, self.min), self.max)
+
+
+@dataclass(frozen=True, slots=True)
+class SiteSummary:
+    """What is known about one site's durations (seconds) and expirations.
+
+    ``p50``/``p99``/``max``/``suggested_timeout`` are ``None`` until a duration was
+    recorded. ``longest_expired`` is the longest time a timer of the site had run when it
+    expired (a lower bound of that block's duration), ``None`` without expirations.
+    """
+
+    site: str
+    count: int
+    p50: float | None
+    p99: float | None
+    max: float | None
+    expirations: int
+    longest_expired: float | None
+    suggested_timeout: float | None
+
+
+class _Site:
+    __slots__ = ("expirations", "longest_expired", "sketch")
+
+    def __init__(self, relative_error: float) -> None:
+        self.sketch = DurationSketch(relative_error)
+        self.expirations = 0
+        self.longest_expired: float | None = None
+
+
+class DurationStats:
+    """Duration statistics per scope site, with a suggested timeout for each.
+
+    Feed it with :meth:`record` (a released timer) and :meth:`record_expired` (an expired
+    one); read it with :meth:`summary` / :meth:`summaries`. Not thread-safe.
+    """
+
+    __slots__ = ("_max_sites", "_relative_error", "_sites")
+
+    def __init__(self, *, relative_error: float = 0.01, max_sites: int = 10_000) -> None:
+        if max_sites < 1:
+            raise ValueError(f"max_sites must be >= 1, got {max_sites}")
+        DurationSketch(relative_error)  # validates relative_error
+        self._relative_error = relative_error
+        self._max_sites = max_sites
+        self._sites: dict[str, _Site] = {}
+
+    @property
+    def relative_error(self) -> float:
+        """The relative error bound of every reported quantile."""
+        return self._relative_error
+
+    def _site(self, scope_id: str) -> _Site:
+        name = scope_site(scope_id)
+        site = self._sites.get(name)
+        if site is None:
+            if len(self._sites) >= self._max_sites:
+                name = OTHER_SITE
+                site = self._sites.get(name)
+            if site is None:
+                site = self._sites[name] = _Site(self._relative_error)
+        return site
+
+    def record(self, scope_id: str, duration: float) -> None:
+        """Record that a block of ``scope_id`` ran for ``duration`` seconds (>= 0)."""
+        self._site(scope_id).sketch.add(duration)
+
+    def record_expired(self, scope_id: str, elapsed: float) -> None:
+        """Record that a timer of ``scope_id`` expired after running ``elapsed`` seconds."""
+        if not (elapsed >= 0 and math.isfinite(elapsed)):
+            raise ValueError(f"elapsed must be a finite number >= 0, got {elapsed!r}")
+        site = self._site(scope_id)
+        site.expirations += 1
+        if site.longest_expired is None or elapsed > site.longest_expired:
+            site.longest_expired = elapsed
+
+    def summary(self, site: str) -> SiteSummary | None:
+        """The summary of ``site`` (a site name, e.g. ``"a.py:12"``), or ``None``."""
+        entry = self._sites.get(site)
+        if entry is None:
+            return None
+        sketch = entry.sketch
+        p50 = sketch.quantile(0.5)
+        p99 = sketch.quantile(0.99)
+        maximum = sketch.max if sketch.count else None
+        suggested = None
+        if p99 is not None and maximum is not None:
+            suggested = suggest_timeout(p99, maximum)
+        return SiteSummary(
+            site=site,
+            count=sketch.count,
+            p50=p50,
+            p99=p99,
+            max=maximum,
+            expirations=entry.expirations,
+            longest_expired=entry.longest_expired,
+            suggested_timeout=suggested,
+        )
+
+    def summaries(self) -> list[SiteSummary]:
+        """Every site's summary: most expirations first, then most samples, then by name."""
+        out = [s for s in map(self.summary, self._sites) if s is not None]
+        out.sort(key=lambda s: (-s.expirations, -s.count, s.site))
+        return out
+
+    def __len__(self) -> int:
+        return len(self._sites)
+
+    def __repr__(self) -> str:
+        samples = sum(s.sketch.count for s in self._sites.values())
+        return f"<DurationStats {len(self._sites):,} sites, {samples:,} samples>"
+
+
+class Overdue:
+    """Timers that expired but were not reaped, remembered until they are released.
+
+    In shadow mode (and for report-only timers) an expired timer leaves the timer table,
+    so its release would be an unknown key; remembering its acquire time here lets the
+    server still record the block's real duration. Bounded: beyond ``capacity`` the
+    oldest entries are forgotten.
+    """
+
+    __slots__ = ("_capacity", "_entries")
+
+    def __init__(self, capacity: int = 10_000) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        self._capacity = capacity
+        self._entries: OrderedDict[TimerKey, float] = OrderedDict()
+
+    def add(self, key: TimerKey, acquired_at: float) -> None:
+        """Remember that timer ``key``, acquired at ``acquired_at``, expired unreaped."""
+        self._entries[key] = acquired_at
+        self._entries.move_to_end(key)
+        while len(self._entries) > self._capacity:
+            self._entries.popitem(last=False)
+
+    def pop(self, key: TimerKey) -> float | None:
+        """Forget ``key`` and return its acquire time, or ``None`` if unknown."""
+        return self._entries.pop(key, None)
+
+    def clear_worker(self, pid: int) -> int:
+        """Forget every timer of worker ``pid`` (it exited); return how many there were."""
+        keys = [k for k in self._entries if k[0] == pid]
+        for k in keys:
+            del self._entries[k]
+        return len(keys)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
