@@ -10,11 +10,12 @@ JSON object per ``\\n``-terminated line, written with one ``write(2)`` of at mos
 Keys (see docs/protocol.md for the full table):
 
 ``version``          optional; absent or ``1``.
-``pid``              required int > 0: the worker.
+``pid``              required int in ``1..2**31-1`` (a ``pid_t``): the worker.
 ``scope_id``         required non-empty string of at most ``MAX_SCOPE_ID_LENGTH`` chars.
 ``expiration_time``  required finite number, epoch seconds; negative means release
                      (``0`` is an acquire that expires at once).
-``signal``           required int; ``<= 0`` means report only (torch's shadow mode).
+``signal``           required int (a C int); ``<= 0`` means report only (torch's
+                     shadow mode).
 ``mono``             aiotimer extension: the deadline on ``CLOCK_MONOTONIC``
                      (``time.monotonic()``); when present the server prefers it, so
                      wall-clock steps cannot fire or postpone a timer.
@@ -76,6 +77,9 @@ TORCH_ENV_FIFO: Final[str] = "TORCHELASTIC_TIMER_FILE"
 REJECTED_BYTES_KEPT: Final[int] = 200
 
 _SUPPORTED_VERSIONS: Final = frozenset({PROTOCOL_VERSION})
+#: ``pid_t`` and signal numbers are C ints; JSON integers are unbounded, and an
+#: out-of-range one would make ``os.kill`` raise ``OverflowError`` in the server.
+_C_INT_MAX: Final[int] = 2**31 - 1
 
 
 class RequestTooLargeError(ValueError):
@@ -140,16 +144,24 @@ class Decoded:
 _decode_one = msgspec.json.Decoder(Request).decode
 _decode_many = msgspec.json.Decoder(list[Request]).decode
 
+#: What decoding hostile bytes can raise: msgspec's errors (a ``ValueError``), invalid
+#: UTF-8 inside a string (``UnicodeDecodeError``, also a ``ValueError``) and nesting too
+#: deep for msgspec's recursion limit (``RecursionError``).
+_DECODE_ERRORS: Final = (ValueError, RecursionError)
+
 
 def validate(req: Request) -> str | None:
     """Return why ``req`` is invalid, or ``None`` when it is a valid request.
 
-    These are the checks JSON typing cannot express (pid > 0, non-empty bounded scope,
-    finite numbers, known version). Sources that receive :class:`Request` objects by
-    other means than the line codec (e.g. a multiprocessing queue) must apply it too.
+    These are the checks JSON typing cannot express (pid in ``1..2**31-1``, signal a C
+    int, non-empty bounded scope, finite numbers, known version). Sources that receive
+    :class:`Request` objects by other means than the line codec (e.g. a multiprocessing
+    queue) must apply it too.
     """
-    if req.pid <= 0:
-        return f"pid must be a positive integer, got {req.pid}"
+    if not 0 < req.pid <= _C_INT_MAX:
+        return f"pid must be an integer in 1..{_C_INT_MAX}, got {req.pid}"
+    if not -_C_INT_MAX - 1 <= req.signal <= _C_INT_MAX:
+        return f"signal must fit a C int, got {req.signal}"
     if not req.scope_id:
         return "scope_id must not be empty"
     if len(req.scope_id) > MAX_SCOPE_ID_LENGTH:
@@ -169,7 +181,7 @@ def _decode_line(line: bytes, out: Decoded) -> None:
     """Decode one complete line (no newline) into ``out``; never raises."""
     try:
         req = _decode_one(line)
-    except msgspec.DecodeError as exc:
+    except _DECODE_ERRORS as exc:
         # A writer that died (or stalls) mid-line leaves a prefix that the next writer's
         # complete line is glued to. Well-formed lines start with '{"', so try to
         # recover a valid object starting at a later '{"' before giving up.
@@ -194,17 +206,21 @@ def _resync(line: bytes) -> tuple[int, Request] | None:
     while start != -1:
         try:
             req = _decode_one(line[start:])
-        except msgspec.DecodeError:
+        except _DECODE_ERRORS:
             start = line.find(b'{"', start + 1)
             continue
         return (start, req) if validate(req) is None else None
     return None
 
 
-def _reason(exc: msgspec.DecodeError) -> str:
+def _reason(exc: ValueError | RecursionError) -> str:
     text = str(exc)
     if isinstance(exc, msgspec.ValidationError):
         return f"invalid request: {text}"
+    if isinstance(exc, UnicodeDecodeError):
+        return f"invalid UTF-8: {text}"
+    if isinstance(exc, RecursionError):
+        return "malformed JSON: nested too deeply"
     return f"malformed JSON: {text}"
 
 
@@ -298,15 +314,26 @@ class LineDecoder:
         lines = block.split(b"\n")
         lines.pop()  # the empty string after the final newline
         limit = self._max_line - 1
-        if max(map(len, lines)) <= limit and b"" not in lines:
+        n = len(lines)
+        # The fast path joins the lines into one JSON array. Getting n valid objects
+        # back does not prove that each line held one of them: "{a}, {b}" on one line
+        # and an object split over two lines also add up to n. It does when the block
+        # holds exactly n '{' and n '}' bytes and every line ends with '}': the n
+        # objects then use one '{' and one '}' each (no nesting, none inside strings),
+        # and each closes at the end of its own line. Other blocks (CRLF, braces in a
+        # scope_id, nested extension keys) take the exact line-by-line path.
+        if (
+            block.count(b"}\n") == n
+            and block.count(b"}") == n
+            and block.count(b"{") == n
+            and max(map(len, lines)) <= limit
+        ):
             try:
                 reqs = _decode_many(b"[" + b",".join(lines) + b"]")
-            except msgspec.DecodeError:
+            except _DECODE_ERRORS:
                 pass  # at least one bad line: fall back to line by line
             else:
-                # One object per line (a line split in two could join into one object,
-                # a line "{..}, {..}" could yield two), and every object valid.
-                if len(reqs) == len(lines) and all(validate(r) is None for r in reqs):
+                if len(reqs) == n and all(validate(r) is None for r in reqs):
                     out.requests.extend(reqs)
                     return
         for line in lines:
