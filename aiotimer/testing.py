@@ -1,16 +1,26 @@
 """Public test helpers: deterministic fakes for aiotimer and for code that uses it.
 
 * :class:`FakeClock` — a :class:`~aiotimer.Clock` that moves only when told to.
+* :class:`RecordingReaper` — a reaper that records every call and kills nothing.
+* :class:`MemorySource` — a request source tests push requests or raw lines into.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+import signal
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 import anyio
+import anyio.abc
 
-__all__ = ["FakeClock"]
+from aiotimer._protocol import Decoded, LineDecoder, Request
+from aiotimer.errors import ProcessGoneError, ReapError
+from aiotimer.sources._base import RequestSink
+
+__all__ = ["FakeClock", "MemorySource", "ReaperCall", "RecordingReaper"]
 
 
 class FakeClock:
@@ -63,3 +73,169 @@ class FakeClock:
 
     def __repr__(self) -> str:
         return f"<FakeClock monotonic={self._now:.6f} sleepers={len(self._sleepers)}>"
+
+
+@dataclass(frozen=True, slots=True)
+class ReaperCall:
+    """One call a :class:`RecordingReaper` received: ``method`` is the method's name."""
+
+    method: str
+    pid: int
+    signum: int | None = None
+    group: bool = False
+
+
+class RecordingReaper:
+    """A :class:`~aiotimer.reapers.Reaper` that records every call and kills nothing.
+
+    * ``calls`` lists every :class:`ReaperCall`, in order; :meth:`signals` only the signals.
+    * :meth:`exit` marks a pid exited: its ``wait_exit`` returns, later signals raise
+      :class:`~aiotimer.errors.ProcessGoneError`. With ``exit_on={SIGKILL}`` (the
+      default) a successful signal in that set marks the pid exited too.
+    * :meth:`fail_signals` makes the next ``times`` signals to a pid raise ``error``.
+    * ``nonexistent`` pids make :meth:`attach` return ``False``.
+    * ``stack_dump`` is what :meth:`dump_stacks` returns.
+
+    Use it from the event loop's thread only.
+    """
+
+    def __init__(
+        self,
+        *,
+        nonexistent: Iterable[int] = (),
+        exit_on: Iterable[int] = (signal.SIGKILL,),
+        stack_dump: str | None = None,
+    ) -> None:
+        self.calls: list[ReaperCall] = []
+        self.nonexistent: set[int] = set(nonexistent)
+        self.exit_on = frozenset(exit_on)
+        self.stack_dump = stack_dump
+        self._exited: set[int] = set()
+        self._exit_events: dict[int, anyio.Event] = {}
+        self._failures: dict[int, tuple[int, ReapError]] = {}
+
+    # -- test controls --------------------------------------------------------------
+
+    def exit(self, pid: int) -> None:
+        """Mark ``pid`` exited and wake its ``wait_exit``."""
+        self._exited.add(pid)
+        event = self._exit_events.get(pid)
+        if event is not None:
+            event.set()
+
+    def fail_signals(self, pid: int, times: int, error: ReapError | None = None) -> None:
+        """Make the next ``times`` signals to ``pid`` raise ``error`` (a ``ReapError``)."""
+        self._failures[pid] = (
+            times,
+            error or ReapError(f"[Errno 1] Operation not permitted: {pid}"),
+        )
+
+    def signals(self) -> list[tuple[int, int]]:
+        """The ``(pid, signum)`` of every signal call that was delivered."""
+        return [
+            (c.pid, c.signum) for c in self.calls if c.method == "signal" and c.signum is not None
+        ]
+
+    def methods(self, pid: int) -> list[str]:
+        """The names of the methods called for ``pid``, in order."""
+        return [c.method for c in self.calls if c.pid == pid]
+
+    # -- the Reaper protocol ------------------------------------------------------------
+
+    def attach(self, pid: int) -> bool:
+        """Record; ``False`` for pids in ``nonexistent``."""
+        self.calls.append(ReaperCall("attach", pid))
+        return pid not in self.nonexistent
+
+    async def wait_exit(self, pid: int) -> None:
+        """Record; return once :meth:`exit` marks ``pid`` exited."""
+        self.calls.append(ReaperCall("wait_exit", pid))
+        if pid in self._exited:
+            return
+        event = self._exit_events.setdefault(pid, anyio.Event())
+        await event.wait()
+
+    async def signal(self, pid: int, signum: int, *, group: bool = False) -> None:
+        """Record; raise as configured, else mark exited if ``signum`` is in ``exit_on``."""
+        if pid in self._exited:
+            self.calls.append(ReaperCall("signal_gone", pid, signum, group))
+            raise ProcessGoneError(f"process {pid} has exited")
+        left, error = self._failures.get(pid, (0, None))
+        if left > 0 and error is not None:
+            self._failures[pid] = (left - 1, error)
+            self.calls.append(ReaperCall("signal_failed", pid, signum, group))
+            raise error
+        self.calls.append(ReaperCall("signal", pid, signum, group))
+        if signum in self.exit_on:
+            self.exit(pid)
+
+    async def dump_stacks(self, pid: int, timeout: float) -> str | None:
+        """Record; return ``stack_dump``."""
+        self.calls.append(ReaperCall("dump_stacks", pid))
+        return self.stack_dump
+
+    def detach(self, pid: int) -> None:
+        """Record."""
+        self.calls.append(ReaperCall("detach", pid))
+
+    def __repr__(self) -> str:
+        return f"<RecordingReaper {len(self.calls)} calls>"
+
+
+class MemorySource:
+    """An in-memory :class:`~aiotimer.sources.Source`: tests push requests or raw bytes.
+
+    :meth:`push` delivers :class:`~aiotimer.Request` objects as one batch;
+    :meth:`push_bytes` goes through a :class:`~aiotimer.LineDecoder` (so bad lines become
+    rejections, as from a FIFO). While the source is being served, a push reaches the
+    server synchronously; before that it is queued and delivered when serving starts.
+    Use it from the event loop's thread only.
+    """
+
+    def __init__(self, name: str = "memory") -> None:
+        self._name = name
+        self._decoder = LineDecoder()
+        self._sink: RequestSink | None = None
+        self._pending: list[Decoded] = []
+        self.serving = False
+
+    @property
+    def name(self) -> str:
+        """The name given to the server as the requests' source."""
+        return self._name
+
+    def push(self, *requests: Request) -> None:
+        """Deliver ``requests`` (in order) as one batch."""
+        self._deliver(Decoded(requests=list(requests)))
+
+    def push_bytes(self, data: bytes) -> None:
+        """Decode ``data`` as wire lines (partial lines are kept) and deliver the result."""
+        self._deliver(self._decoder.feed(data))
+
+    def _deliver(self, batch: Decoded) -> None:
+        if self._sink is None:
+            self._pending.append(batch)
+        elif batch.requests or batch.rejections:
+            self._sink.submit(batch, self._name)
+
+    async def serve(
+        self,
+        sink: RequestSink,
+        *,
+        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Deliver queued batches, then every push, until cancelled."""
+        self._sink = sink
+        self.serving = True
+        try:
+            pending, self._pending = self._pending, []
+            for batch in pending:
+                self._deliver(batch)
+            task_status.started()
+            await anyio.sleep_forever()
+        finally:
+            self._sink = None
+            self.serving = False
+
+    def __repr__(self) -> str:
+        return f"<MemorySource {self._name!r} serving={self.serving}>"

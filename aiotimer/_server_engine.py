@@ -1,0 +1,463 @@
+"""The server's engine: one run of a :class:`~aiotimer.server.TimerServer`, in its loop.
+
+How this works
+--------------
+Sources hand decoded batches to :meth:`Engine.submit` (the engine is their
+:class:`~aiotimer.sources.RequestSink`). Each request updates the pure
+:class:`~aiotimer._table.TimerTable`; the first timer of a pid attaches the worker in
+the reaper and starts one *watcher* task that clears the worker's timers as soon as it
+exits.
+
+One *expiry* task sleeps until the table's next deadline (forever when it is empty)
+inside a cancel scope. When a request brings a deadline earlier than the one being slept
+on, ``submit`` cancels that scope and the task re-arms at once. There is no polling
+interval: an idle engine makes no wake-ups (``Counters.wakeups`` counts them).
+
+Expired timers are handled in deadline order: the policy turns each into a plan
+(:mod:`aiotimer._policy`). An empty plan is "report only". Otherwise the worker's other
+timers are cleared and one *reap* task per worker carries the plan out through the
+policy's :class:`~aiotimer._policy.Escalator`, so a slow reap
+(a grace wait, a retry back-off) never delays another expiry. A failed signal is
+reported and retried with exponential back-off, and finally reported as abandoned; it is
+never reported as success.
+
+Everything here runs in the event loop's thread; thread-safety is the shell's business.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import anyio
+import anyio.abc
+
+from aiotimer._clock import Clock
+from aiotimer._policy import DumpStacks, Outcome, ReapPolicy, SendSignal, Step, Wait, format_plan
+from aiotimer._protocol import Decoded, Request
+from aiotimer._table import Timer, TimerTable
+from aiotimer.errors import ProcessGoneError, RefusedTargetError
+from aiotimer.events import (
+    Event,
+    ReapAbandoned,
+    ReapFailed,
+    RequestRejected,
+    StacksDumped,
+    TimerAcquired,
+    TimerExpired,
+    TimerReleased,
+    WorkerExited,
+    WorkerReaped,
+    WorkerSurvived,
+    WorkerUnknown,
+)
+from aiotimer.reapers import Reaper
+from aiotimer.sources._base import Source
+
+__all__ = ["Counters", "Engine", "ReapRetry", "serve_source"]
+
+logger = logging.getLogger("aiotimer")
+
+
+@dataclass(frozen=True, slots=True)
+class ReapRetry:
+    """How a failed signal is retried: ``attempts`` in all, the delay growing from
+    ``initial`` by ``factor`` per attempt up to ``maximum`` seconds."""
+
+    attempts: int = 6
+    initial: float = 0.1
+    maximum: float = 5.0
+    factor: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1:
+            raise ValueError("attempts must be at least 1")
+        if not (0 <= self.initial <= self.maximum and self.factor >= 1):
+            raise ValueError("need 0 <= initial <= maximum and factor >= 1")
+
+    def delay(self, attempt: int) -> float:
+        """Seconds to wait after failed attempt number ``attempt`` (1-based)."""
+        return float(min(self.maximum, self.initial * self.factor ** (attempt - 1)))
+
+
+@dataclass(frozen=True, slots=True)
+class Counters:
+    """What a server run has done so far.
+
+    ``requests`` counts valid requests received; ``acquired``/``released`` the timers set
+    and released in time; ``expired`` the deadlines passed; ``reaped`` the signals
+    delivered; ``reap_failed`` the failed signal attempts; ``rejected`` the bad inputs;
+    ``workers_exited`` the workers seen exiting; ``wakeups`` the times the expiry task
+    woke up; ``events_dropped`` the events the event log had no room for.
+    """
+
+    requests: int = 0
+    acquired: int = 0
+    released: int = 0
+    expired: int = 0
+    reaped: int = 0
+    reap_failed: int = 0
+    rejected: int = 0
+    workers_exited: int = 0
+    wakeups: int = 0
+    events_dropped: int = 0
+
+
+@dataclass(slots=True)
+class _Counts:
+    requests: int = 0
+    acquired: int = 0
+    released: int = 0
+    expired: int = 0
+    reaped: int = 0
+    reap_failed: int = 0
+    rejected: int = 0
+    workers_exited: int = 0
+    wakeups: int = 0
+
+
+@dataclass(slots=True, eq=False)
+class _Worker:
+    pid: int
+    exited: anyio.Event = field(default_factory=anyio.Event)
+    watch: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    reaping: bool = False
+    gone: bool = False
+
+
+class _StartedProxy:
+    """A task status that remembers whether ``started()`` was called."""
+
+    __slots__ = ("_inner", "called")
+
+    def __init__(self, inner: anyio.abc.TaskStatus[None]) -> None:
+        self._inner = inner
+        self.called = False
+
+    def started(self, value: None = None) -> None:
+        self.called = True
+        self._inner.started()
+
+
+class Engine:
+    """One run of the server: table, workers, expiry and reaps (see the module docs)."""
+
+    def __init__(
+        self,
+        *,
+        task_group: anyio.abc.TaskGroup,
+        clock: Clock,
+        reaper: Reaper,
+        policy: ReapPolicy,
+        emit: Callable[[Event], None],
+        retry: ReapRetry,
+        request_events: bool,
+        self_kill_after_reap: bool,
+    ) -> None:
+        self.table = TimerTable()
+        self.counts = _Counts()
+        self.last_progress: float | None = None
+        self._tg = task_group
+        self._clock = clock
+        self._reaper = reaper
+        self._policy = policy
+        self._emit = emit
+        self._retry = retry
+        self._request_events = request_events
+        self._self_kill = self_kill_after_reap
+        self._own_pid = os.getpid()
+        self._workers: dict[int, _Worker] = {}
+        self._armed = -math.inf  # the deadline the expiry task sleeps until
+        self._sleep_scope: anyio.CancelScope | None = None
+
+    # -- ingest (RequestSink) ----------------------------------------------------------
+
+    def submit(self, batch: Decoded, source: str) -> None:
+        """Apply ``batch``: every request in order, then one event per rejection."""
+        clock = self._clock
+        mono, wall = clock.monotonic(), clock.time()
+        self.last_progress = mono
+        for req in batch.requests:
+            self._apply(req, source, mono, wall)
+        for rej in batch.rejections:
+            self.counts.rejected += 1
+            text = rej.line.decode("ascii", "backslashreplace")
+            self._emit(RequestRejected(time=wall, reason=rej.reason, line=text, source=source))
+
+    def _apply(self, req: Request, source: str, mono: float, wall: float) -> None:
+        self.counts.requests += 1
+        if req.is_release:
+            if self.table.release(req.pid, req.scope_id) is not None:
+                self.counts.released += 1
+                if self._request_events:
+                    self._emit(
+                        TimerReleased(time=wall, pid=req.pid, scope_id=req.scope_id, source=source)
+                    )
+            return
+        pid = req.pid
+        if pid not in self._workers and pid != self._own_pid and not self._attach(pid):
+            self._emit(WorkerUnknown(time=wall, pid=pid, scope_id=req.scope_id, source=source))
+            return
+        deadline = req.deadline(mono, wall)
+        extended = req.grace is not None or req.group or req.dump
+        timer = Timer(pid, req.scope_id, deadline, req.signal, mono, req if extended else None)
+        self.table.acquire(timer)
+        self.counts.acquired += 1
+        if deadline < self._armed and self._sleep_scope is not None:
+            self._armed = -math.inf
+            self._sleep_scope.cancel()
+        if self._request_events:
+            self._emit(
+                TimerAcquired(
+                    time=wall,
+                    pid=pid,
+                    scope_id=req.scope_id,
+                    expires_in=deadline - mono,
+                    signal=req.signal,
+                    source=source,
+                )
+            )
+
+    # -- workers ----------------------------------------------------------------------
+
+    def _attach(self, pid: int) -> bool:
+        try:
+            attached = self._reaper.attach(pid)
+        except Exception:
+            logger.exception("reaper.attach(%d) raised; treating the worker as unknown", pid)
+            return False
+        if attached:
+            worker = self._workers[pid] = _Worker(pid)
+            self._tg.start_soon(self._watch, worker, name=f"aiotimer-watch-{pid}")
+        return attached
+
+    async def _watch(self, worker: _Worker) -> None:
+        with worker.watch:
+            try:
+                await self._reaper.wait_exit(worker.pid)
+            except Exception:
+                logger.exception("reaper.wait_exit(%d) raised; worker exit unwatched", worker.pid)
+                return
+            self._worker_gone(worker, "exited")
+
+    def _worker_gone(self, worker: _Worker, reason: str) -> None:
+        if worker.gone:
+            return
+        worker.gone = True
+        worker.exited.set()
+        worker.watch.cancel()
+        if self._workers.get(worker.pid) is worker:
+            del self._workers[worker.pid]
+        self._detach(worker.pid)
+        self.counts.workers_exited += 1
+        cleared = tuple(t.scope_id for t in self.table.clear_worker(worker.pid))
+        self._emit(
+            WorkerExited(time=self._clock.time(), pid=worker.pid, cleared=cleared, reason=reason)
+        )
+
+    def _detach(self, pid: int) -> None:
+        try:
+            self._reaper.detach(pid)
+        except Exception:
+            logger.exception("reaper.detach(%d) raised", pid)
+
+    def close(self) -> None:
+        """Detach every remaining worker (the run is over; its tasks are cancelled)."""
+        for pid in list(self._workers):
+            del self._workers[pid]
+            self._detach(pid)
+
+    def workers(self) -> tuple[int, ...]:
+        """The pids of the watched workers."""
+        return tuple(self._workers)
+
+    # -- expiry -----------------------------------------------------------------------
+
+    async def run_expiry(self) -> None:
+        """Sleep until the next deadline (or a re-arm), then handle what expired; forever."""
+        table, clock = self.table, self._clock
+        while True:
+            deadline = table.next_deadline()
+            with anyio.CancelScope() as scope:
+                self._sleep_scope = scope
+                if deadline is None:
+                    self._armed = math.inf
+                    await anyio.sleep_forever()
+                else:
+                    self._armed = deadline
+                    await clock.sleep_until(deadline)
+            self._sleep_scope = None
+            self._armed = -math.inf
+            self.counts.wakeups += 1
+            now = clock.monotonic()
+            self.last_progress = now
+            for timer in table.pop_expired(now):
+                self._expire(timer, now)
+
+    def _expire(self, timer: Timer, now: float) -> None:
+        self.counts.expired += 1
+        worker = self._workers.get(timer.pid)
+        policy = self._policy
+        plan: Sequence[Step] = () if worker is None else policy.plan(timer)
+        if plan:
+            action = format_plan(plan)
+        elif worker is None and timer.signal > 0:
+            action = "nothing: the server never signals its own process"
+        elif policy.shadow and timer.signal > 0:
+            action = "nothing (shadow mode); would do: " + format_plan(policy.intended(timer))
+        else:
+            action = format_plan(plan)
+        self._emit(
+            TimerExpired(
+                time=self._clock.time(),
+                pid=timer.pid,
+                scope_id=timer.scope_id,
+                signal=timer.signal,
+                late=now - timer.deadline,
+                report_only=not plan,
+                action=action,
+            )
+        )
+        if not plan or worker is None or worker.reaping:
+            return  # report only, or the reap in progress covers this timer too
+        worker.reaping = True
+        others = self.table.clear_worker(timer.pid)
+        scopes = (timer.scope_id, *(t.scope_id for t in others))
+        self._tg.start_soon(self._reap, worker, timer, scopes, name=f"aiotimer-reap-{timer.pid}")
+
+    # -- reaping ----------------------------------------------------------------------
+
+    async def _reap(self, worker: _Worker, timer: Timer, scopes: tuple[str, ...]) -> None:
+        escalator = self._policy.escalator(timer)
+        steps = sum(not isinstance(step, Wait) for step in escalator.plan)
+        clock = self._clock
+        try:
+            while (action := escalator.next(clock.monotonic(), not worker.gone)) is not None:
+                number = len(escalator.taken)
+                if isinstance(action, SendSignal):
+                    delivered = await self._send(worker, action, number, steps, scopes)
+                    if not delivered and not worker.gone:
+                        return  # abandoned (and reported); the worker stays watched
+                elif isinstance(action, DumpStacks):
+                    await self._dump(worker, action, number, steps)
+                else:
+                    await self._wait_exit(worker, action.deadline)
+            if escalator.outcome in (Outcome.UNKILLABLE, Outcome.SURVIVED):
+                last = escalator.taken[-1]
+                self._emit(
+                    WorkerSurvived(
+                        time=clock.time(),
+                        pid=worker.pid,
+                        signal=last.signum if isinstance(last, SendSignal) else 0,
+                        unkillable=escalator.outcome is Outcome.UNKILLABLE,
+                        waited=self._policy.unkillable_after,
+                    )
+                )
+        finally:
+            worker.reaping = False
+
+    async def _send(
+        self, worker: _Worker, step: SendSignal, number: int, steps: int, scopes: tuple[str, ...]
+    ) -> bool:
+        """Deliver one signal, retrying failures; ``True`` if it was delivered."""
+        pid, signum = worker.pid, step.signum
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                await self._reaper.signal(pid, signum, group=step.group)
+            except ProcessGoneError:
+                self._worker_gone(worker, "gone before signal")
+                return False
+            except Exception as exc:
+                self.counts.reap_failed += 1
+                error = f"{type(exc).__name__}: {exc}"
+                if isinstance(exc, RefusedTargetError) or attempt >= self._retry.attempts:
+                    self._emit(
+                        ReapAbandoned(
+                            time=self._clock.time(),
+                            pid=pid,
+                            signal=signum,
+                            error=error,
+                            attempts=attempt,
+                        )
+                    )
+                    return False
+                delay = self._retry.delay(attempt)
+                self._emit(
+                    ReapFailed(
+                        time=self._clock.time(),
+                        pid=pid,
+                        signal=signum,
+                        error=error,
+                        attempt=attempt,
+                        retry_in=delay,
+                    )
+                )
+                if await self._wait_exit(worker, self._clock.monotonic() + delay):
+                    return False
+                continue
+            self.counts.reaped += 1
+            self._emit(
+                WorkerReaped(
+                    time=self._clock.time(),
+                    pid=pid,
+                    signal=signum,
+                    group=step.group,
+                    scopes=scopes,
+                    step=number,
+                    steps=steps,
+                )
+            )
+            if self._self_kill:
+                logger.critical("self_kill_after_reap: sending signal %d to the server", signum)
+                os.kill(self._own_pid, signum)
+            return True
+
+    async def _wait_exit(self, worker: _Worker, deadline: float) -> bool:
+        """Wait until monotonic ``deadline`` (on the injected clock) or the worker's exit;
+        ``True`` if it exited."""
+        if not worker.exited.is_set():
+            async with anyio.create_task_group() as tg:
+
+                async def time_out() -> None:
+                    await self._clock.sleep_until(deadline)
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(time_out)
+                await worker.exited.wait()
+                tg.cancel_scope.cancel()
+        return worker.exited.is_set()
+
+    async def _dump(self, worker: _Worker, step: DumpStacks, number: int, steps: int) -> None:
+        try:
+            text = await self._reaper.dump_stacks(worker.pid, step.timeout)
+        except Exception:
+            logger.exception("reaper.dump_stacks(%d) raised", worker.pid)
+            text = None
+        self._emit(
+            StacksDumped(
+                time=self._clock.time(), pid=worker.pid, text=text, step=number, steps=steps
+            )
+        )
+
+
+async def serve_source(
+    source: Source,
+    sink: Engine,
+    on_failure: Callable[[BaseException], None],
+    *,
+    task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run ``source.serve(sink)``; a failure before it started propagates (the server
+    cannot start), a failure afterwards is handed to ``on_failure`` (the server runs on)."""
+    status = _StartedProxy(task_status)
+    try:
+        await source.serve(sink, task_status=status)
+    except Exception as exc:
+        if not status.called:
+            raise
+        on_failure(exc)

@@ -1,0 +1,341 @@
+"""What the server tells the world: typed, immutable event records.
+
+Every event has the wall-clock ``time`` it happened (epoch seconds) and a class-level
+``kind`` (a short stable string, also the ``"event"`` key of :meth:`Event.to_dict`).
+The server delivers each event to the ``on_event`` callback, to the ``aiotimer`` logger
+(at :attr:`Event.level`, with the event's dict as ``extra={"aiotimer": ...}``) and, when
+configured, to a JSON-lines event log.
+
+Pids and scope ids are the worker's; ``signal`` values are signal numbers (``0`` or
+negative: report only).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import signal as _signal
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+__all__ = [
+    "Event",
+    "ReapAbandoned",
+    "ReapFailed",
+    "RequestRejected",
+    "ServerStarted",
+    "ServerStopped",
+    "SourceFailed",
+    "StacksDumped",
+    "TimerAcquired",
+    "TimerExpired",
+    "TimerReleased",
+    "WorkerExited",
+    "WorkerReaped",
+    "WorkerSurvived",
+    "WorkerUnknown",
+    "signal_name",
+]
+
+
+def signal_name(signum: int) -> str:
+    """``"SIGKILL"`` for 9, ``"signal 0"`` for non-signals, ``"signal 77"`` if unknown."""
+    try:
+        return _signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def _scopes(scopes: tuple[str, ...]) -> str:
+    shown = ", ".join(scopes[:5])
+    return shown + (f", ... ({len(scopes)} in all)" if len(scopes) > 5 else "")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Event:
+    """Base of every event: when it happened (``time``, epoch seconds) and its ``kind``."""
+
+    kind: ClassVar[str] = "event"
+    #: The :mod:`logging` level the server logs this kind of event at.
+    level: ClassVar[int] = logging.INFO
+
+    time: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict: ``{"event": kind, "time": ..., <fields>}``."""
+        out: dict[str, Any] = {"event": self.kind}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+    def describe(self) -> str:
+        """One human-readable line (the log message)."""
+        return self.kind
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerStarted(Event):
+    """The server is running: its sources accept requests."""
+
+    kind: ClassVar[str] = "server_started"
+    pid: int
+    sources: tuple[str, ...]
+
+    def describe(self) -> str:
+        """One human-readable line."""
+        where = ", ".join(self.sources) or "in-process API only"
+        return f"timer server started (pid {self.pid}) on {where}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerStopped(Event):
+    """The server stopped; ``timers`` live timers were dropped."""
+
+    kind: ClassVar[str] = "server_stopped"
+    timers: int
+    counters: dict[str, int]
+
+    def describe(self) -> str:
+        """One human-readable line."""
+        return f"timer server stopped ({self.timers} live timers dropped)"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SourceFailed(Event):
+    """A source failed while serving; the server keeps running without it."""
+
+    kind: ClassVar[str] = "source_failed"
+    level: ClassVar[int] = logging.ERROR
+    source: str
+    error: str
+
+    def describe(self) -> str:
+        """One human-readable line."""
+        return f"source {self.source} failed and was dropped: {self.error}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TimerAcquired(Event):
+    """A timer was set or replaced (opt-in: ``TimerServer(request_events=True)``)."""
+
+    kind: ClassVar[str] = "timer_acquired"
+    level: ClassVar[int] = logging.DEBUG
+    pid: int
+    scope_id: str
+    expires_in: float
+    signal: int
+    source: str
+
+    def describe(self) -> str:
+        """One human-readable line."""
+        return (
+            f"worker {self.pid} acquired {self.scope_id!r}, expires in "
+            f"{self.expires_in:.3f}s ({signal_name(self.signal)}, via {self.source})"
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TimerReleased(Event):
+    """A live timer was released in time (opt-in, like :class:`TimerAcquired`)."""
+
+    kind: ClassVar[str] = "timer_released"
+    level: ClassVar[int] = logging.DEBUG
+    pid: int
+    scope_id: str
+    source: str
+
+    def describe(self) -> str:
+        """One human-readable line."""
+        return f"worker {self.pid} released {self.scope_id!r} (via {self.source})"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TimerExpired(Event):
+    """A timer's deadline passed. ``late`` is seconds past the deadline when handled.
+
+    ``report_only`` is true when nothing will be done to the worker (signal ``<= 0``,
+    shadow mode, or the timer belongs to the server's own process, which is never
+    signalled). ``action`` says in words what the server does (or, in shadow mode,
+    would do).
+    """
+
+    kind: ClassVar[str] = "timer_expired"
+    level: ClassVar[int] = logging.WARNING
+    pid: int
+    scope_id: str
+    signal: int
+    late: float
+    report_only: bool
+    action: str
+
+    def describe(self) -> str:
+        """One human-readable line."""
+        return (
+            f"timer {self.scope_id!r} of worker {self.pid} expired "
+            f"({self.late * 1000:.1f} ms after its deadline); action: {self.action}"
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerReaped(Event):
+    """A signal was delivered to the worker (step ``step`` of ``steps`` of its plan).
+
+    ``scopes`` are the worker's timers that led to or were cleared by this reap.
+    """
+
+    kind: ClassVar[str] = "worker_reaped"
+    level: ClassVar[int] = logging.WARNING
+    pid: int
+    signal: int
+    group: bool
+    scopes: tuple[str, ...]
+    step: int
+    steps: int
+
+    def describe(self) -> str:
+        """One human-readable line."""
+        target = f"process group of worker {self.pid}" if self.group else f"worker {self.pid}"
+        return (
+            f"sent {signal_name(self.signal)} to {target} (step {self.step}/{self.steps}; "
+            f"scopes: {_scopes(self.scopes)})"
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReapFailed(Event):
+    """Signalling the worker failed; ``retry_in`` seconds until the next attempt.
+
+    Never a success: a later :class:`WorkerReaped` or :class:`ReapAbandoned` follows.
+    """
+
+    kind: ClassVar[str] = "reap_failed"
+    level: ClassVar[int] = logging.ERROR
+    pid: int
+    signal: int
+    error: str
+    attempt: int
+    retry_in: float
+
+    def describe(self) -> str:
+        """One human-readable line."""
+        return (
+            f"could not send {signal_name(self.signal)} to worker {self.pid} "
+            f"(attempt {self.attempt}): {self.error}; retrying in {self.retry_in:.2f}s"
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReapAbandoned(Event):
+    """The server gave up signalling the worker (refused target or out of attempts).
+
+    The worker stays watched: its exit is still reported by :class:`WorkerExited`.
+    """
+
+    kind: ClassVar[str] = "reap_abandoned"
+    level: ClassVar[int] = logging.CRITICAL
+    pid: int
+    signal: int
+    error: str
+    attempts: int
+
+    def describe(self) -> str:
+        """One human-readable line."""
+        return (
+            f"gave up sending {signal_name(self.signal)} to worker {self.pid} after "
+            f"{self.attempts} attempt(s): {self.error}; the worker may still be running"
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerSurvived(Event):
+    """The worker was still alive ``waited`` seconds after the last signal of its plan.
+
+    ``unkillable`` is true when that signal was SIGKILL (a process stuck in the kernel,
+    e.g. in D state); the worker stays watched.
+    """
+
+    kind: ClassVar[str] = "worker_survived"
+    level: ClassVar[int] = logging.CRITICAL
+    pid: int
+    signal: int
+    unkillable: bool
+    waited: float
+
+    def describe(self) -> str:
+        """One human-readable line."""
+        what = "unkillable" if self.unkillable else "still running"
+        return (
+            f"worker {self.pid} is {what} {self.waited:g}s after "
+            f"{signal_name(self.signal)}; it stays watched"
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StacksDumped(Event):
+    """A stack dump was requested from the worker; ``text`` is ``None`` if none came."""
+
+    kind: ClassVar[str] = "stacks_dumped"
+    level: ClassVar[int] = logging.WARNING
+    pid: int
+    text: str | None
+    step: int
+    steps: int
+
+    def describe(self) -> str:
+        """One human-readable line."""
+        if self.text is None:
+            return f"no stack dump from worker {self.pid} (step {self.step}/{self.steps})"
+        return f"stacks of worker {self.pid} (step {self.step}/{self.steps}):\n{self.text}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerExited(Event):
+    """The worker is gone; its remaining timers (``cleared``) were dropped unsignalled.
+
+    ``reason`` is ``"exited"`` (noticed through its pidfd or equivalent) or
+    ``"gone before signal"`` (it had already exited when the server tried to reap it).
+    """
+
+    kind: ClassVar[str] = "worker_exited"
+    pid: int
+    cleared: tuple[str, ...]
+    reason: str
+
+    def describe(self) -> str:
+        """One human-readable line."""
+        cleared = f"cleared {_scopes(self.cleared)}" if self.cleared else "no timers left"
+        return f"worker {self.pid} {self.reason} ({cleared})"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerUnknown(Event):
+    """A request named a pid with no such process; its timers were dropped."""
+
+    kind: ClassVar[str] = "worker_unknown"
+    level: ClassVar[int] = logging.WARNING
+    pid: int
+    scope_id: str
+    source: str
+
+    def describe(self) -> str:
+        """One human-readable line."""
+        return (
+            f"request from {self.source} names pid {self.pid}, which is not a running "
+            f"process; timer {self.scope_id!r} dropped"
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestRejected(Event):
+    """One bad input line or object; ``line`` is a (truncated) copy of it."""
+
+    kind: ClassVar[str] = "request_rejected"
+    level: ClassVar[int] = logging.WARNING
+    reason: str
+    line: str
+    source: str
+
+    def describe(self) -> str:
+        """One human-readable line."""
+        return f"rejected input from {self.source}: {self.reason}: {self.line!r}"

@@ -1,0 +1,576 @@
+"""The timer server: lifecycle, thread-safety and observability around the engine.
+
+Three ways to run it:
+
+* structured: ``async with TimerServer(fifo=path) as server: ...``;
+* unstructured: ``await server.start()`` ... ``await server.aclose()`` from different
+  places of an asyncio program (the server's task group lives in one task the server
+  owns, so no cancel scope is ever exited from another task);
+* thread mode, for synchronous programs: ``TimerServerThread(server).start()`` /
+  ``.stop()`` run the server in its own event loop in a daemon thread.
+
+Lifecycle: ``created -> starting -> running -> stopping -> stopped``; a stopped server
+can be started again (with a fresh, empty table). See :class:`Lifecycle`.
+
+The work itself (ingest, expiry, reaping) is in :mod:`aiotimer._server_engine`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import importlib
+import importlib.util
+import logging
+import os
+import signal as _signal
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Literal
+
+import anyio
+
+from aiotimer._clock import Clock, MonotonicClock
+from aiotimer._eventlog import EventLog
+from aiotimer._policy import ReapPolicy
+from aiotimer._protocol import Decoded, Rejection, Request, validate
+from aiotimer._server_engine import Counters, Engine, ReapRetry, serve_source
+from aiotimer._table import Timer
+from aiotimer.errors import ServerStateError
+from aiotimer.events import Event, ServerStarted, ServerStopped, SourceFailed
+from aiotimer.reapers import Reaper, SignalReaper
+from aiotimer.sources._base import Source
+
+if TYPE_CHECKING:
+    import multiprocessing.queues
+
+__all__ = [
+    "Counters",
+    "Lifecycle",
+    "ReapRetry",
+    "ServerState",
+    "TimerServer",
+    "TimerServerThread",
+]
+
+logger = logging.getLogger("aiotimer")
+
+#: The name in-process API requests are reported under.
+API_SOURCE = "api"
+
+
+class Lifecycle(enum.Enum):
+    """Where a :class:`TimerServer` is in its life."""
+
+    CREATED = "created"
+    STARTING = "starting"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+
+
+@dataclass(frozen=True, slots=True)
+class ServerState:
+    """A consistent snapshot of a server, from :meth:`TimerServer.get_state`.
+
+    ``timers`` are in deadline order; ``next_deadline`` and ``last_progress`` (when the
+    loop last handled input or an expiry) are on the server's monotonic clock, and
+    ``next_expiry_in`` is seconds from the snapshot. Counters are those of the current
+    (or last) run.
+    """
+
+    state: Lifecycle
+    sources: tuple[str, ...]
+    timers: tuple[Timer, ...]
+    workers: tuple[int, ...]
+    next_deadline: float | None
+    next_expiry_in: float | None
+    counters: Counters
+    last_progress: float | None
+
+
+@dataclass(eq=False)
+class _Run:
+    """One start..stop of the server."""
+
+    loop: asyncio.AbstractEventLoop
+    thread_id: int
+    stop: anyio.Event
+    task: asyncio.Task[None] | None = None
+    engine: Engine | None = None
+    event_log: EventLog | None = None
+
+
+class TimerServer:
+    """An expiration-timer server (watchdog): reaps workers whose timers expire.
+
+    Args:
+        fifo: serve torch-compatible request lines on a FIFO at this path (created with
+            ``fifo_mode``; a marker file beside it tells clients an aiotimer server reads
+            it).
+        queue: serve requests from this ``multiprocessing`` queue (torch's
+            ``TimerRequest`` objects or :class:`~aiotimer.Request`).
+        sources: further request sources (see :mod:`aiotimer.sources`).
+        reaper: how workers are acted on (default: :class:`~aiotimer.reapers.SignalReaper`).
+        clock: the time source (default: :class:`~aiotimer.MonotonicClock`).
+        policy: the escalation policy (default: torch semantics, one signal).
+        on_event: called with every :class:`~aiotimer.events.Event`, in the loop's thread;
+            exceptions it raises are logged and otherwise ignored.
+        event_log: append every event as a JSON line to this file (written asynchronously).
+        fifo_mode: the FIFO's permission bits.
+        request_events: also emit an event per acquire and release (off: they are hot).
+        reap_retry: how failed signals are retried.
+        self_kill_after_reap: torch compatibility only: after a successful reap, send the
+            same signal to the server's own process, as torch 2.13's ``FileTimerServer``
+            does. Off by default; do not turn it on unless you rely on that behaviour.
+
+    Every event also goes to the ``aiotimer`` logger.
+    """
+
+    def __init__(
+        self,
+        *,
+        fifo: str | os.PathLike[str] | None = None,
+        queue: multiprocessing.queues.Queue[Any] | None = None,
+        sources: Sequence[Source] = (),
+        reaper: Reaper | None = None,
+        clock: Clock | None = None,
+        policy: ReapPolicy | None = None,
+        on_event: Callable[[Event], None] | None = None,
+        event_log: str | os.PathLike[str] | None = None,
+        fifo_mode: int = 0o600,
+        request_events: bool = False,
+        reap_retry: ReapRetry | None = None,
+        self_kill_after_reap: bool = False,
+    ) -> None:
+        own: list[Source] = []
+        self._fifo_path = None if fifo is None else Path(fifo)
+        if fifo is not None:
+            fifo_module = importlib.import_module("aiotimer.sources.fifo")
+            own.append(fifo_module.FifoSource(fifo, mode=fifo_mode))
+        if queue is not None:
+            queue_module = importlib.import_module("aiotimer.sources.mpqueue")
+            own.append(queue_module.QueueSource(queue))
+        self._sources: tuple[Source, ...] = (*own, *sources)
+        self._reaper: Reaper = reaper if reaper is not None else SignalReaper()
+        self._clock: Clock = clock if clock is not None else MonotonicClock()
+        self._policy = policy if policy is not None else ReapPolicy()
+        self._on_event = on_event
+        self._event_log_path = event_log
+        self._request_events = request_events
+        self._retry = reap_retry if reap_retry is not None else ReapRetry()
+        self._self_kill = self_kill_after_reap
+        self._state = Lifecycle.CREATED
+        self._run: _Run | None = None
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    @property
+    def state(self) -> Lifecycle:
+        """The current lifecycle state."""
+        return self._state
+
+    @property
+    def fifo_path(self) -> Path | None:
+        """The FIFO's path, if the server was given one."""
+        return self._fifo_path
+
+    async def start(self) -> None:
+        """Start serving; return once every source accepts requests.
+
+        Raises:
+            ServerStateError: the server is not ``created`` or ``stopped``.
+            SourceError: a source could not be opened (the server is then ``stopped``).
+        """
+        if self._state not in (Lifecycle.CREATED, Lifecycle.STOPPED):
+            raise ServerStateError(f"cannot start a {self._state.value} server")
+        self._state = Lifecycle.STARTING
+        loop = asyncio.get_running_loop()
+        run = self._run = _Run(loop, threading.get_ident(), anyio.Event())
+        ready: asyncio.Future[None] = loop.create_future()
+        run.task = loop.create_task(self._main(run, ready), name="aiotimer-server")
+        try:
+            await asyncio.shield(ready)
+        except BaseException as exc:
+            if ready.done() and not ready.cancelled() and ready.exception() is exc:
+                await run.task  # it failed to start and has already cleaned up
+                raise _unwrap(exc) from None
+            run.stop.set()  # start() itself was cancelled
+            await asyncio.shield(run.task)
+            raise
+
+    async def aclose(self) -> None:
+        """Stop serving and wait until everything is released. Idempotent.
+
+        Must be awaited in the loop the server runs in (from another thread use
+        :meth:`TimerServerThread.stop`).
+        """
+        run = self._run
+        if run is None or self._state in (Lifecycle.CREATED, Lifecycle.STOPPED):
+            return
+        if asyncio.get_running_loop() is not run.loop:
+            raise ServerStateError("aclose() must be awaited in the server's own event loop")
+        if self._state is not Lifecycle.STOPPING:
+            self._state = Lifecycle.STOPPING
+        run.stop.set()
+        assert run.task is not None
+        await asyncio.shield(run.task)
+
+    async def __aenter__(self) -> TimerServer:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def _main(self, run: _Run, ready: asyncio.Future[None]) -> None:
+        """The task that owns the server's task groups for one run."""
+        started = False
+        try:
+            async with anyio.create_task_group() as outer:
+                if self._event_log_path is not None:
+                    run.event_log = EventLog(self._event_log_path)
+                    await outer.start(run.event_log.run)
+                try:
+                    async with anyio.create_task_group() as tg:
+                        engine = run.engine = Engine(
+                            task_group=tg,
+                            clock=self._clock,
+                            reaper=self._reaper,
+                            policy=self._policy,
+                            emit=self._emit,
+                            retry=self._retry,
+                            request_events=self._request_events,
+                            self_kill_after_reap=self._self_kill,
+                        )
+                        for source in self._sources:
+                            await tg.start(
+                                serve_source, source, engine, self._source_failed(source)
+                            )
+                        tg.start_soon(engine.run_expiry, name="aiotimer-expiry")
+                        if self._state is Lifecycle.STARTING:
+                            self._state = Lifecycle.RUNNING
+                        started = True
+                        self._emit(
+                            ServerStarted(
+                                time=self._clock.time(),
+                                pid=os.getpid(),
+                                sources=tuple(s.name for s in self._sources),
+                            )
+                        )
+                        ready.set_result(None)
+                        await run.stop.wait()
+                        tg.cancel_scope.cancel()
+                finally:
+                    if run.engine is not None:
+                        run.engine.close()
+                    if started:
+                        self._emit(
+                            ServerStopped(
+                                time=self._clock.time(),
+                                timers=len(run.engine.table) if run.engine else 0,
+                                counters=_counter_dict(_counters(run)),
+                            )
+                        )
+                    if run.event_log is not None:
+                        run.event_log.close()
+        except BaseException as exc:
+            if not ready.done():
+                ready.set_exception(exc)
+                if isinstance(exc, Exception):
+                    return
+            elif isinstance(exc, Exception):
+                logger.exception("the timer server crashed")
+                return
+            raise
+        finally:
+            self._state = Lifecycle.STOPPED
+
+    def _source_failed(self, source: Source) -> Callable[[BaseException], None]:
+        def report(exc: BaseException) -> None:
+            self._emit(SourceFailed(time=self._clock.time(), source=source.name, error=f"{exc!r}"))
+
+        return report
+
+    # -- events -----------------------------------------------------------------------
+
+    def _emit(self, event: Event) -> None:
+        if logger.isEnabledFor(event.level):
+            logger.log(event.level, event.describe(), extra={"aiotimer": event.to_dict()})
+        run = self._run
+        if run is not None and run.event_log is not None:
+            run.event_log.put(event)
+        if self._on_event is not None:
+            try:
+                self._on_event(event)
+            except Exception:
+                logger.exception("the on_event callback raised on %s; ignored", event.kind)
+
+    # -- requests (thread-safe) ---------------------------------------------------------
+
+    def submit(self, request: Request) -> None:
+        """Apply ``request`` as if a client had sent it. Thread-safe.
+
+        An invalid request is reported as a rejection event, like bad input from a source.
+
+        Raises:
+            ServerStateError: the server is not running.
+        """
+        problem = validate(request)
+        if problem is None:
+            batch = Decoded(requests=[request])
+        else:
+            batch = Decoded(rejections=[Rejection.of(problem, repr(request).encode())])
+        self._dispatch(batch)
+
+    def acquire(
+        self,
+        scope_id: str,
+        after: float,
+        *,
+        pid: int | None = None,
+        signal: int = _signal.SIGKILL,
+    ) -> None:
+        """Set the timer ``(pid, scope_id)`` to expire ``after`` seconds from now.
+
+        ``pid`` defaults to the server's own process, which is never signalled: such
+        timers only report their expiry. Thread-safe.
+
+        Raises:
+            ValueError: ``after`` is negative or not finite.
+            ServerStateError: the server is not running.
+        """
+        if not after >= 0 or after == float("inf"):
+            raise ValueError(f"after must be a finite number of seconds >= 0, got {after!r}")
+        clock = self._clock
+        self.submit(
+            Request(
+                pid=os.getpid() if pid is None else pid,
+                scope_id=scope_id,
+                expiration_time=clock.time() + after,
+                signal=int(signal),
+                mono=clock.monotonic() + after,
+            )
+        )
+
+    def release(self, scope_id: str, *, pid: int | None = None) -> None:
+        """Release the timer ``(pid, scope_id)``; unknown timers are ignored. Thread-safe.
+
+        Raises:
+            ServerStateError: the server is not running.
+        """
+        pid = os.getpid() if pid is None else pid
+        self.submit(Request(pid=pid, scope_id=scope_id, expiration_time=-1, signal=0))
+
+    def _dispatch(self, batch: Decoded) -> None:
+        run = self._run
+        if self._state is not Lifecycle.RUNNING or run is None or run.engine is None:
+            raise ServerStateError(f"the server is {self._state.value}, not running")
+        if threading.get_ident() == run.thread_id:
+            run.engine.submit(batch, API_SOURCE)
+            return
+        try:
+            run.loop.call_soon_threadsafe(run.engine.submit, batch, API_SOURCE)
+        except RuntimeError:  # the loop closed meanwhile
+            raise ServerStateError("the server's event loop is closed") from None
+
+    # -- introspection ------------------------------------------------------------------
+
+    def get_state(self) -> ServerState:
+        """A snapshot of the server (safe from any thread)."""
+        run = self._run
+        engine = None if run is None else run.engine
+        running = self._state in (Lifecycle.RUNNING, Lifecycle.STOPPING)
+        timers: tuple[Timer, ...] = ()
+        workers: tuple[int, ...] = ()
+        next_deadline = None
+        if engine is not None and running:
+            # Another thread may be mutating the table: retry until a copy succeeds.
+            for _ in range(100):
+                try:
+                    timers = engine.table.snapshot()
+                    workers = engine.workers()
+                    break
+                except RuntimeError:
+                    continue
+            next_deadline = timers[0].deadline if timers else None
+        now = self._clock.monotonic()
+        return ServerState(
+            state=self._state,
+            sources=tuple(s.name for s in self._sources),
+            timers=timers,
+            workers=workers,
+            next_deadline=next_deadline,
+            next_expiry_in=None if next_deadline is None else next_deadline - now,
+            counters=_counters(run),
+            last_progress=None if engine is None else engine.last_progress,
+        )
+
+    def __repr__(self) -> str:
+        if self._state is not Lifecycle.RUNNING:
+            return f"<TimerServer {self._state.value}>"
+        st = self.get_state()
+        nxt = (
+            "no timers"
+            if st.next_expiry_in is None
+            else f"next expiry in {max(0.0, st.next_expiry_in):.1f}s"
+        )
+        return (
+            f"<TimerServer running: {len(st.timers):,} timers, {len(st.workers):,} workers, {nxt}>"
+        )
+
+
+def _counters(run: _Run | None) -> Counters:
+    if run is None or run.engine is None:
+        return Counters()
+    c = run.engine.counts
+    return Counters(
+        requests=c.requests,
+        acquired=c.acquired,
+        released=c.released,
+        expired=c.expired,
+        reaped=c.reaped,
+        reap_failed=c.reap_failed,
+        rejected=c.rejected,
+        workers_exited=c.workers_exited,
+        wakeups=c.wakeups,
+        events_dropped=0 if run.event_log is None else run.event_log.dropped,
+    )
+
+
+def _counter_dict(counters: Counters) -> dict[str, int]:
+    return {name: getattr(counters, name) for name in Counters.__dataclass_fields__}
+
+
+def _unwrap(exc: BaseException) -> BaseException:
+    """The single exception inside (nested) one-exception groups, else ``exc``."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def _loop_factory(loop: str) -> Callable[[], asyncio.AbstractEventLoop]:
+    """The event-loop factory for ``loop`` (``"auto"``: uvloop when installed)."""
+    if loop == "auto":
+        loop = "uvloop" if importlib.util.find_spec("uvloop") is not None else "asyncio"
+    if loop == "uvloop":
+        uvloop = importlib.import_module("uvloop")
+        factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+        return factory
+    if loop == "asyncio":
+        return asyncio.new_event_loop
+    raise ValueError(f"unknown event loop {loop!r}: use 'auto', 'asyncio' or 'uvloop'")
+
+
+LoopName = Literal["auto", "asyncio", "uvloop"]
+
+
+class TimerServerThread:
+    """Runs a :class:`TimerServer` in its own event loop in a daemon thread.
+
+    For synchronous programs (the torch style)::
+
+        with TimerServerThread(TimerServer(fifo="/run/agent.fifo")):
+            run_workers()
+
+    ``loop`` picks the event loop: ``"auto"`` (uvloop when installed), ``"asyncio"`` or
+    ``"uvloop"``. The thread can be started again after :meth:`stop`.
+    """
+
+    def __init__(self, server: TimerServer, *, loop: LoopName = "auto") -> None:
+        self.server = server
+        self._factory = _loop_factory(loop)
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+
+    def start(self, timeout: float = 30.0) -> None:
+        """Start the thread; return once the server's sources accept requests.
+
+        Raises:
+            ServerStateError: already started.
+            SourceError: a source could not be opened (the thread has ended).
+            TimeoutError: the server did not start within ``timeout`` seconds (the
+                thread is then stopped).
+        """
+        if self._thread is not None:
+            raise ServerStateError("the server thread is already started")
+        self._ready.clear()
+        self._error = None
+        self._thread = threading.Thread(target=self._run, name="aiotimer-server", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            self.stop(timeout)
+            raise TimeoutError(f"the timer server did not start within {timeout} s")
+        if self._error is not None:
+            error, self._error = self._error, None
+            self.stop()
+            raise error
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop the server and return once the thread has ended. Idempotent.
+
+        Raises:
+            TimeoutError: the thread did not end within ``timeout`` seconds.
+        """
+        thread = self._thread
+        if thread is None:
+            return
+        loop, stop = self._loop, self._stop
+        if loop is not None and stop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop has already finished
+                loop.call_soon_threadsafe(stop.set)
+        thread.join(timeout)
+        if thread.is_alive():
+            raise TimeoutError(f"the timer server thread did not end within {timeout} s")
+        self._thread = self._loop = self._stop = None
+
+    @property
+    def running(self) -> bool:
+        """True while the thread is alive."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def _run(self) -> None:
+        with asyncio.Runner(loop_factory=self._factory) as runner:
+            runner.run(self._amain())
+
+    async def _amain(self) -> None:
+        self._stop = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+        try:
+            await self.server.start()
+        except BaseException as exc:
+            self._error = exc
+            return
+        finally:
+            self._ready.set()
+        try:
+            await self._stop.wait()
+        finally:
+            await self.server.aclose()
+
+    def __enter__(self) -> TimerServerThread:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"<TimerServerThread {'running' if self.running else 'stopped'} {self.server!r}>"

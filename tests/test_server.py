@@ -1,0 +1,600 @@
+"""TimerServer, unit layer: FakeClock + RecordingReaper + MemorySource, no real processes."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import anyio
+import anyio.abc
+import pytest
+
+from aiotimer import Request
+from aiotimer._policy import Escalation, ReapPolicy
+from aiotimer.errors import ProcessGoneError, ServerStateError, SourceError
+from aiotimer.events import (
+    Event,
+    ReapAbandoned,
+    ReapFailed,
+    RequestRejected,
+    ServerStarted,
+    ServerStopped,
+    SourceFailed,
+    TimerAcquired,
+    TimerExpired,
+    TimerReleased,
+    WorkerExited,
+    WorkerReaped,
+    WorkerSurvived,
+    WorkerUnknown,
+)
+from aiotimer.server import Lifecycle, ReapRetry, TimerServer, TimerServerThread
+from aiotimer.sources import RequestSink
+from aiotimer.testing import FakeClock, MemorySource, RecordingReaper
+
+E = TypeVar("E", bound=Event)
+KILL = int(signal.SIGKILL)
+TERM = int(signal.SIGTERM)
+
+
+@dataclass
+class Rig:
+    server: TimerServer
+    clock: FakeClock
+    reaper: RecordingReaper
+    source: MemorySource
+    events: list[Event] = field(default_factory=list)
+
+    def of(self, kind: type[E]) -> list[E]:
+        return [e for e in self.events if isinstance(e, kind)]
+
+    def acquire(self, pid: int, scope: str, at: float, sig: int = KILL, **ext: Any) -> None:
+        """Acquire with a monotonic deadline ``at`` (the ``mono`` extension)."""
+        wall = at + (self.clock.time() - self.clock.monotonic())
+        self.source.push(Request(pid, scope, wall, sig, mono=at, **ext))
+
+    def release(self, pid: int, scope: str) -> None:
+        self.source.push(Request(pid, scope, -1, 0))
+
+    async def advance(self, seconds: float) -> None:
+        self.clock.advance(seconds)
+        await settle()
+
+
+async def settle() -> None:
+    """Let every ready task run (the rig is single-threaded and deterministic)."""
+    for _ in range(30):
+        await anyio.lowlevel.checkpoint()
+
+
+@asynccontextmanager
+async def rig(**kwargs: Any) -> AsyncIterator[Rig]:
+    clock = FakeClock()
+    reaper = kwargs.pop("reaper", None) or RecordingReaper()
+    source = MemorySource()
+    events: list[Event] = []
+    server = TimerServer(
+        sources=[source], clock=clock, reaper=reaper, on_event=events.append, **kwargs
+    )
+    async with server:
+        r = Rig(server, clock, reaper, source, events)
+        await settle()
+        yield r
+
+
+# -- expiry ---------------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_expires_exactly_at_deadline_not_before() -> None:
+    async with rig() as r:
+        r.acquire(100, "a", at=10.0)
+        await r.advance(9.999)
+        assert r.reaper.signals() == []
+        assert r.clock.next_wakeup() == 10.0
+        await r.advance(0.001)
+        assert r.reaper.signals() == [(100, KILL)]
+        [expired] = r.of(TimerExpired)
+        assert (expired.pid, expired.scope_id, expired.late) == (100, "a", 0.0)
+        [reaped] = r.of(WorkerReaped)
+        assert reaped.scopes == ("a",)
+        assert r.server.get_state().timers == ()
+
+
+@pytest.mark.asyncio
+async def test_torch_line_deadline_is_translated_from_wall_clock() -> None:
+    async with rig() as r:
+        wall = r.clock.time() + 5.0
+        r.source.push_bytes(
+            b'{"version": 1, "pid": 7, "scope_id": "t.py#1", '
+            + f'"expiration_time": {wall!r}, "signal": 15}}\n'.encode()
+        )
+        [timer] = r.server.get_state().timers
+        assert timer.deadline == pytest.approx(5.0)
+        await r.advance(5.0)
+        assert r.reaper.signals() == [(7, TERM)]
+
+
+@pytest.mark.asyncio
+async def test_expiry_in_deadline_order() -> None:
+    async with rig() as r:
+        for pid, at in [(1, 3.0), (2, 1.0), (3, 2.0)]:
+            r.acquire(pid, f"s{pid}", at=at, sig=0)
+        await r.advance(5.0)
+        assert [e.pid for e in r.of(TimerExpired)] == [2, 3, 1]
+
+
+@pytest.mark.asyncio
+async def test_earlier_deadline_rearms_sleeper_at_once() -> None:
+    async with rig() as r:
+        r.acquire(1, "late", at=100.0)
+        await settle()
+        assert r.clock.next_wakeup() == 100.0
+        r.acquire(2, "early", at=5.0)
+        await settle()
+        assert r.clock.next_wakeup() == 5.0
+        await r.advance(5.0)
+        assert r.reaper.signals() == [(2, KILL)]
+
+
+@pytest.mark.asyncio
+async def test_release_in_time_prevents_reap() -> None:
+    async with rig() as r:
+        r.acquire(1, "a", at=5.0)
+        await r.advance(4.0)
+        r.release(1, "a")
+        r.release(1, "never-acquired")  # a no-op
+        await r.advance(10.0)
+        assert r.reaper.signals() == []
+        counters = r.server.get_state().counters
+        assert (counters.acquired, counters.released, counters.expired) == (1, 1, 0)
+
+
+@pytest.mark.asyncio
+async def test_acquire_replaces_deadline() -> None:
+    async with rig() as r:
+        r.acquire(1, "a", at=5.0)
+        r.acquire(1, "a", at=50.0)
+        await r.advance(10.0)
+        assert r.reaper.signals() == []
+        await r.advance(40.0)
+        assert r.reaper.signals() == [(1, KILL)]
+
+
+@pytest.mark.asyncio
+async def test_report_only_clears_only_itself() -> None:
+    async with rig() as r:
+        r.acquire(1, "shadow", at=1.0, sig=0)
+        r.acquire(1, "real", at=9.0)
+        await r.advance(1.0)
+        [expired] = r.of(TimerExpired)
+        assert expired.report_only and expired.scope_id == "shadow"
+        assert [t.scope_id for t in r.server.get_state().timers] == ["real"]
+        assert r.reaper.signals() == []
+
+
+@pytest.mark.asyncio
+async def test_reap_clears_the_workers_other_timers() -> None:
+    async with rig() as r:
+        r.acquire(1, "first", at=1.0)
+        r.acquire(1, "second", at=9.0)
+        r.acquire(2, "other-worker", at=9.0)
+        await r.advance(1.0)
+        assert r.reaper.signals() == [(1, KILL)]
+        [reaped] = r.of(WorkerReaped)
+        assert reaped.scopes == ("first", "second")
+        assert [(t.pid, t.scope_id) for t in r.server.get_state().timers] == [(2, "other-worker")]
+
+
+@pytest.mark.asyncio
+async def test_worker_exit_clears_timers_without_signal() -> None:
+    async with rig() as r:
+        r.acquire(1, "a", at=5.0)
+        r.acquire(1, "b", at=6.0)
+        await settle()
+        assert r.server.get_state().workers == (1,)
+        r.reaper.exit(1)
+        await settle()
+        [exited] = r.of(WorkerExited)
+        assert (exited.pid, sorted(exited.cleared), exited.reason) == (1, ["a", "b"], "exited")
+        assert r.server.get_state().timers == ()
+        assert r.server.get_state().workers == ()
+        await r.advance(10.0)
+        assert r.reaper.signals() == []
+        assert r.reaper.methods(1) == ["attach", "wait_exit", "detach"]
+
+
+@pytest.mark.asyncio
+async def test_worker_attached_once_and_reattached_after_exit() -> None:
+    async with rig() as r:
+        r.acquire(1, "a", at=5.0)
+        r.acquire(1, "b", at=5.0)
+        await settle()
+        r.reaper.exit(1)
+        await settle()
+        assert r.reaper.methods(1) == ["attach", "wait_exit", "detach"]
+
+
+@pytest.mark.asyncio
+async def test_unknown_worker_is_dropped_with_an_event() -> None:
+    async with rig(reaper=RecordingReaper(nonexistent={666})) as r:
+        r.acquire(666, "ghost", at=1.0)
+        [unknown] = r.of(WorkerUnknown)
+        assert (unknown.pid, unknown.scope_id, unknown.source) == (666, "ghost", "memory")
+        assert r.server.get_state().timers == ()
+
+
+@pytest.mark.asyncio
+async def test_failed_reap_is_retried_with_backoff_and_never_reported_as_success() -> None:
+    retry = ReapRetry(attempts=5, initial=0.1, maximum=5.0, factor=2.0)
+    async with rig(reap_retry=retry) as r:
+        r.reaper.fail_signals(1, times=2)
+        r.acquire(1, "a", at=1.0)
+        await r.advance(1.0)
+        assert [(e.attempt, e.retry_in) for e in r.of(ReapFailed)] == [(1, 0.1)]
+        assert r.of(WorkerReaped) == []
+        await r.advance(0.1)
+        assert [(e.attempt, e.retry_in) for e in r.of(ReapFailed)] == [(1, 0.1), (2, 0.2)]
+        assert r.of(WorkerReaped) == []
+        await r.advance(0.2)
+        assert len(r.of(WorkerReaped)) == 1
+        assert r.server.get_state().counters.reap_failed == 2
+
+
+@pytest.mark.asyncio
+async def test_reap_abandoned_after_last_attempt_and_worker_stays_watched() -> None:
+    async with rig(reap_retry=ReapRetry(attempts=3, initial=1.0)) as r:
+        r.reaper.fail_signals(1, times=100)
+        r.acquire(1, "a", at=1.0)
+        for _ in range(5):
+            await r.advance(5.0)
+        assert len(r.of(ReapFailed)) == 2
+        [abandoned] = r.of(ReapAbandoned)
+        assert abandoned.attempts == 3
+        assert r.of(WorkerReaped) == []
+        assert r.server.get_state().workers == (1,)
+        r.reaper.exit(1)
+        await settle()
+        assert len(r.of(WorkerExited)) == 1
+
+
+@pytest.mark.asyncio
+async def test_process_gone_at_signal_time_is_not_a_failure() -> None:
+    async with rig() as r:
+        r.reaper.fail_signals(1, times=1, error=ProcessGoneError("gone"))
+        r.acquire(1, "a", at=1.0)
+        await r.advance(1.0)
+        [exited] = r.of(WorkerExited)
+        assert exited.reason == "gone before signal"
+        assert r.of(ReapFailed) == [] and r.of(WorkerReaped) == []
+
+
+@pytest.mark.asyncio
+async def test_grace_escalates_to_sigkill_unless_worker_exits() -> None:
+    async with rig() as r:
+        r.acquire(1, "stubborn", at=1.0, sig=TERM, grace=2.0)
+        r.acquire(2, "polite", at=1.0, sig=TERM, grace=2.0)
+        await r.advance(1.0)
+        assert sorted(r.reaper.signals()) == [(1, TERM), (2, TERM)]
+        r.reaper.exit(2)
+        await r.advance(2.0)
+        assert sorted(r.reaper.signals()) == [(1, KILL), (1, TERM), (2, TERM)]
+        assert [(e.pid, e.step, e.steps) for e in r.of(WorkerReaped) if e.pid == 1] == [
+            (1, 1, 2),
+            (1, 2, 2),
+        ]
+
+
+@pytest.mark.asyncio
+async def test_unkillable_worker_is_reported() -> None:
+    policy = ReapPolicy(unkillable_after=3.0)
+    async with rig(reaper=RecordingReaper(exit_on=()), policy=policy) as r:
+        r.acquire(1, "a", at=1.0)
+        await r.advance(1.0)
+        assert r.of(WorkerSurvived) == []
+        await r.advance(3.0)
+        [survived] = r.of(WorkerSurvived)
+        assert survived.unkillable and survived.signal == KILL
+
+
+@pytest.mark.asyncio
+async def test_server_ladder_and_shadow_mode() -> None:
+    ladder = ReapPolicy(Escalation(soft_signal=TERM, grace=1.0), shadow=True)
+    async with rig(policy=ladder) as r:
+        r.acquire(1, "a", at=1.0)
+        await r.advance(5.0)
+        [expired] = r.of(TimerExpired)
+        assert expired.report_only
+        assert "would do: SIGTERM -> wait 1s -> SIGKILL" in expired.action
+        assert r.reaper.signals() == []
+
+
+@pytest.mark.asyncio
+async def test_own_process_is_never_signalled() -> None:
+    async with rig() as r:
+        r.server.acquire("self", 1.0)  # pid defaults to the server's own
+        await r.advance(1.0)
+        [expired] = r.of(TimerExpired)
+        assert expired.pid == os.getpid() and expired.report_only
+        assert r.reaper.calls == []
+
+
+@pytest.mark.asyncio
+async def test_self_kill_after_reap_is_opt_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    killed: list[tuple[int, int]] = []
+    monkeypatch.setattr(os, "kill", lambda pid, sig: killed.append((pid, sig)))
+    async with rig() as r:
+        r.acquire(1, "a", at=1.0)
+        await r.advance(1.0)
+    assert killed == []
+    async with rig(self_kill_after_reap=True) as r:
+        r.acquire(1, "a", at=1.0)
+        await r.advance(1.0)
+    assert killed == [(os.getpid(), KILL)]
+
+
+@pytest.mark.asyncio
+async def test_wall_clock_step_does_not_fire_a_mono_timer() -> None:
+    async with rig() as r:
+        r.acquire(1, "a", at=10.0)
+        r.clock.step_wall(3600.0)
+        await r.advance(1.0)
+        assert r.reaper.signals() == []
+        r.clock.step_wall(-7200.0)
+        await r.advance(9.0)
+        assert r.reaper.signals() == [(1, KILL)]
+
+
+# -- input -----------------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_bad_lines_are_rejected_one_by_one_and_valid_ones_apply() -> None:
+    async with rig() as r:
+        wall = r.clock.time()
+        good = [
+            f'{{"pid": {pid}, "scope_id": "s", "expiration_time": {wall + 5}, "signal": 9}}'
+            for pid in (1, 2, 3)
+        ]
+        bad = ["garbage", '{"pid": 0, "scope_id": "s", "expiration_time": 1, "signal": 9}']
+        lines = [good[0], bad[0], good[1], bad[1], good[2]]
+        r.source.push_bytes(("\n".join(lines) + "\n").encode())
+        rejected = r.of(RequestRejected)
+        assert len(rejected) == 2
+        assert rejected[0].line == "garbage" and rejected[0].source == "memory"
+        assert "pid" in rejected[1].reason
+        assert sorted(t.pid for t in r.server.get_state().timers) == [1, 2, 3]
+        assert r.server.get_state().counters.rejected == 2
+
+
+@pytest.mark.asyncio
+async def test_invalid_api_request_is_rejected_not_raised() -> None:
+    async with rig() as r:
+        r.server.submit(Request(pid=-5, scope_id="x", expiration_time=1.0, signal=9))
+        [rejected] = r.of(RequestRejected)
+        assert rejected.source == "api"
+        with pytest.raises(ValueError, match="finite"):
+            r.server.acquire("x", float("nan"), pid=1)
+
+
+@pytest.mark.asyncio
+async def test_request_events_are_opt_in() -> None:
+    async with rig() as r:
+        r.acquire(1, "a", at=1.0)
+        r.release(1, "a")
+        assert r.of(TimerAcquired) == [] and r.of(TimerReleased) == []
+    async with rig(request_events=True) as r:
+        r.acquire(1, "a", at=1.0)
+        r.release(1, "a")
+        [acq] = r.of(TimerAcquired)
+        [rel] = r.of(TimerReleased)
+        assert acq.expires_in == 1.0 and rel.scope_id == "a"
+
+
+# -- lifecycle -------------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_lifecycle_start_stop_restart_and_misuse() -> None:
+    events: list[Event] = []
+    server = TimerServer(sources=[MemorySource()], reaper=RecordingReaper(), on_event=events.append)
+    assert server.state is Lifecycle.CREATED and repr(server) == "<TimerServer created>"
+    with pytest.raises(ServerStateError, match="created"):
+        server.acquire("x", 1.0, pid=1)
+    await server.aclose()  # closing a never-started server is a no-op
+    assert server.state is Lifecycle.CREATED
+    await server.start()
+    assert server.state is Lifecycle.RUNNING
+    with pytest.raises(ServerStateError, match="running"):
+        await server.start()
+    server.acquire("x", 100.0, pid=1)
+    assert len(server.get_state().timers) == 1
+    await server.aclose()
+    await server.aclose()  # idempotent
+    assert server.state is Lifecycle.STOPPED
+    with pytest.raises(ServerStateError, match="stopped"):
+        server.release("x", pid=1)
+    await server.start()  # a stopped server starts again, empty
+    assert server.get_state().timers == ()
+    await server.aclose()
+    assert [type(e) for e in events] == [ServerStarted, ServerStopped] * 2
+    assert isinstance(events[1], ServerStopped) and events[1].timers == 1
+
+
+@pytest.mark.asyncio
+async def test_start_and_stop_from_different_tasks() -> None:
+    server = TimerServer(reaper=RecordingReaper())
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(server.start)
+    assert server.state is Lifecycle.RUNNING
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(server.aclose)
+    assert server.state is Lifecycle.STOPPED
+
+
+class _FailingSource:
+    def __init__(self, *, before_start: bool) -> None:
+        self.before_start = before_start
+
+    @property
+    def name(self) -> str:
+        return "failing"
+
+    async def serve(
+        self,
+        sink: RequestSink,
+        *,
+        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        if self.before_start:
+            raise SourceError("cannot open")
+        task_status.started()
+        await anyio.lowlevel.checkpoint()
+        raise OSError("read failed")
+
+
+@pytest.mark.asyncio
+async def test_source_failing_to_start_fails_start() -> None:
+    server = TimerServer(sources=[_FailingSource(before_start=True)], reaper=RecordingReaper())
+    with pytest.raises(SourceError, match="cannot open"):
+        await server.start()
+    assert server.state is Lifecycle.STOPPED
+
+
+@pytest.mark.asyncio
+async def test_source_failing_later_is_reported_and_server_runs_on() -> None:
+    events: list[Event] = []
+    source = MemorySource()
+    server = TimerServer(
+        sources=[_FailingSource(before_start=False), source],
+        clock=FakeClock(),
+        reaper=RecordingReaper(),
+        on_event=events.append,
+    )
+    async with server:
+        await settle()
+        [failed] = [e for e in events if isinstance(e, SourceFailed)]
+        assert failed.source == "failing" and "read failed" in failed.error
+        source.push(Request(1, "a", 0.0, 9, mono=100.0))
+        assert len(server.get_state().timers) == 1
+
+
+@pytest.mark.asyncio
+async def test_idle_server_makes_no_wakeups() -> None:
+    async with TimerServer(reaper=RecordingReaper()) as server:
+        await anyio.sleep(0.2)
+        assert server.get_state().counters.wakeups == 0
+
+
+# -- observability ---------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_get_state_and_repr() -> None:
+    async with rig() as r:
+        r.acquire(1, "a", at=2.5)
+        r.acquire(2, "b", at=1.5)
+        state = r.server.get_state()
+        assert state.state is Lifecycle.RUNNING
+        assert [t.scope_id for t in state.timers] == ["b", "a"]
+        assert state.workers == (1, 2)
+        assert (state.next_deadline, state.next_expiry_in) == (1.5, 1.5)
+        assert state.sources == ("memory",)
+        assert state.counters.acquired == 2
+        assert repr(r.server) == "<TimerServer running: 2 timers, 2 workers, next expiry in 1.5s>"
+
+
+@pytest.mark.asyncio
+async def test_callback_exceptions_are_contained(caplog: pytest.LogCaptureFixture) -> None:
+    seen: list[Event] = []
+
+    def explode(event: Event) -> None:
+        seen.append(event)
+        raise RuntimeError("boom")
+
+    clock, reaper, source = FakeClock(), RecordingReaper(), MemorySource()
+    server = TimerServer(sources=[source], clock=clock, reaper=reaper, on_event=explode)
+    with caplog.at_level(logging.ERROR, logger="aiotimer"):
+        async with server:
+            source.push(Request(1, "a", 0.0, 9, mono=1.0))
+            clock.advance(1.0)
+            await settle()
+            assert reaper.signals() == [(1, KILL)]
+    assert [type(e) for e in seen][-1] is ServerStopped
+    assert "on_event callback raised" in caplog.text
+
+
+@pytest.mark.asyncio
+async def test_events_go_to_logging_with_structured_extra(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.INFO, logger="aiotimer"):
+        async with rig() as r:
+            r.acquire(1, "a", at=1.0)
+            await r.advance(1.0)
+    reaped = [rec for rec in caplog.records if "SIGKILL to worker 1" in rec.getMessage()]
+    assert reaped and reaped[0].levelno == logging.WARNING
+    assert reaped[0].aiotimer["event"] == "worker_reaped"
+
+
+@pytest.mark.asyncio
+async def test_event_log_is_written_and_flushed_on_stop(tmp_path: Path) -> None:
+    log = tmp_path / "events.jsonl"
+    async with rig(event_log=log) as r:
+        r.acquire(1, "a", at=1.0)
+        await r.advance(1.0)
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    kinds = [rec["event"] for rec in records]
+    assert kinds == [
+        "server_started",
+        "timer_expired",
+        "worker_reaped",
+        "worker_exited",
+        "server_stopped",
+    ]
+    assert records[2]["scopes"] == ["a"]
+
+
+# -- thread mode -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_thread_mode_reaps_and_stops(loop: Literal["asyncio", "uvloop"]) -> None:
+    reaped = threading.Event()
+    events: list[Event] = []
+
+    def on_event(event: Event) -> None:
+        events.append(event)
+        if isinstance(event, WorkerReaped):
+            reaped.set()
+
+    server = TimerServer(reaper=RecordingReaper(), on_event=on_event)
+    runner = TimerServerThread(server, loop=loop)
+    with runner:
+        assert runner.running and server.state is Lifecycle.RUNNING
+        server.acquire("from-another-thread", 0.05, pid=4242)  # thread-safe
+        assert reaped.wait(10.0), "the timer did not expire within 10 s"
+        with pytest.raises(ServerStateError, match="already started"):
+            runner.start()
+    assert not runner.running and server.state is Lifecycle.STOPPED
+    runner.stop()  # idempotent
+    runner.start()  # and restartable
+    runner.stop(timeout=10.0)
+    assert [e.kind for e in events].count("server_started") == 2
+    assert not any(t.name == "aiotimer-server" for t in threading.enumerate())
+
+
+def test_thread_mode_start_failure_is_raised_in_caller() -> None:
+    server = TimerServer(sources=[_FailingSource(before_start=True)], reaper=RecordingReaper())
+    runner = TimerServerThread(server)
+    with pytest.raises(SourceError, match="cannot open"):
+        runner.start()
+    assert not runner.running
