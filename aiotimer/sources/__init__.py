@@ -3,5 +3,7 @@
 from __future__ import annotations
 
 from aiotimer.sources._base import RequestSink, Source
+from aiotimer.sources.fifo import FifoSource
+from aiotimer.sources.mpqueue import QueueSource
 
-__all__ = ["RequestSink", "Source"]
+__all__ = ["FifoSource", "QueueSource", "RequestSink", "Source"]
