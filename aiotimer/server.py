@@ -458,7 +458,7 @@ def _unwrap(exc: BaseException) -> BaseException:
     return exc
 
 
-def _loop_factory(loop: str) -> Callable[[], asyncio.AbstractEventLoop]:
+def loop_factory(loop: str) -> Callable[[], asyncio.AbstractEventLoop]:
     """The event-loop factory for ``loop`` (``"auto"``: uvloop when installed)."""
     if loop == "auto":
         loop = "uvloop" if importlib.util.find_spec("uvloop") is not None else "asyncio"
@@ -488,7 +488,7 @@ class TimerServerThread:
 
     def __init__(self, server: TimerServer, *, loop: LoopName = "auto") -> None:
         self.server = server
-        self._factory = _loop_factory(loop)
+        self._factory = loop_factory(loop)
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None

@@ -1,0 +1,80 @@
+"""The ``aiotimer`` command line: argument parsing, and ``serve`` as a real process."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from aiotimer.cli import COMMANDS, build_parser, main
+
+
+def test_subcommands_are_registered_in_one_place() -> None:
+    assert [c.name for c in COMMANDS] == ["serve"]
+    help_text = build_parser().format_help()
+    assert "serve" in help_text
+
+
+def test_serve_arguments() -> None:
+    args = build_parser().parse_args(["serve", "--fifo", "/tmp/x", "--mode", "0640"])
+    assert (args.fifo, args.mode, args.loop, args.log_level) == ("/tmp/x", 0o640, "auto", "INFO")
+    with pytest.raises(SystemExit) as exc:
+        main(["serve"])  # --fifo is required
+    assert exc.value.code == 2
+
+
+@pytest.mark.process
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    ("loop", "stop_with"), [("asyncio", signal.SIGINT), ("uvloop", signal.SIGTERM)]
+)
+def test_serve_runs_until_signalled_and_exits_zero(
+    tmp_path: Path, loop: str, stop_with: signal.Signals
+) -> None:
+    fifo, log = tmp_path / "t.fifo", tmp_path / "events.jsonl"
+    argv = [sys.executable, "-m", "aiotimer", "serve", "--fifo", str(fifo)]
+    argv += ["--event-log", str(log), "--loop", loop, "--mode", "0620"]
+    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, cwd=Path(__file__).parents[1])
+    try:
+        deadline = time.monotonic() + 15
+        while not (fifo.exists() and Path(str(fifo) + ".aiotimer").exists()):
+            assert proc.poll() is None, proc.communicate()[1]
+            assert time.monotonic() < deadline, "the server did not create its FIFO"
+            time.sleep(0.02)
+        assert fifo.stat().st_mode & 0o777 == 0o620
+        fd = os.open(fifo, os.O_WRONLY)
+        os.write(fd, b"garbage\n")
+        os.close(fd)
+        time.sleep(0.2)
+        proc.send_signal(stop_with)
+        _, stderr = proc.communicate(timeout=15)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, stderr
+    assert "timer server started" in stderr and "timer server stopped" in stderr
+    assert "rejected input" in stderr
+    kinds = [json.loads(line)["event"] for line in log.read_text().splitlines()]
+    assert kinds == ["server_started", "request_rejected", "server_stopped"]
+    assert not fifo.exists()
+
+
+@pytest.mark.process
+@pytest.mark.timeout(30)
+def test_serve_refuses_a_path_that_is_not_a_fifo(tmp_path: Path) -> None:
+    path = tmp_path / "regular"
+    path.write_text("do not clobber me")
+    argv = [sys.executable, "-m", "aiotimer", "serve", "--fifo", str(path)]
+    proc = subprocess.run(
+        argv, check=False, capture_output=True, text=True, timeout=20, cwd=Path(__file__).parents[1]
+    )
+    assert proc.returncode == 1
+    assert "aiotimer serve:" in proc.stderr
+    assert path.read_text() == "do not clobber me"
