@@ -8,7 +8,8 @@ How it works:
   opening the FIFO for writing without blocking, which succeeds only while some process
   has it open for reading. Anything that is not a FIFO (file, directory, symlink) is
   refused and left untouched.
-* **Reading.** The FIFO is opened ``O_RDONLY | O_NONBLOCK`` and a dummy writer
+* **Reading.** The FIFO is opened ``O_RDONLY | O_NONBLOCK``, its buffer grown to
+  ``PIPE_SIZE`` where the OS allows, and a dummy writer
   descriptor is kept open, so the reader never sees end-of-file when clients come and
   go (no spinning). Each wake-up (``anyio.wait_readable``) reads chunks until the pipe
   is empty or ``MAX_READS_PER_WAKE`` chunks were read, feeds them to a
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import json
 import os
 import pathlib
@@ -39,16 +41,36 @@ from aiotimer._protocol import MARKER_SUFFIX, MAX_LINE_BYTES, PROTOCOL_VERSION, 
 from aiotimer.errors import SourceError
 from aiotimer.sources._base import RequestSink
 
-__all__ = ["MAX_READS_PER_WAKE", "FifoSource"]
+__all__ = ["MAX_READS_PER_WAKE", "PIPE_SIZE", "FifoSource", "grow_pipe"]
 
 #: Upper bound on reads per wake-up, so one busy FIFO cannot starve the event loop.
 MAX_READS_PER_WAKE: Final[int] = 16
+#: The pipe capacity asked for (Linux ``F_SETPIPE_SZ``; the default is 64 KiB). A larger
+#: buffer absorbs bursts from many writers, so fewer of them meet a full pipe (torch's
+#: clients fail outright when they do), and one wake-up reads more lines.
+PIPE_SIZE: Final[int] = 1 << 20
 _MARKER_MODE: Final[int] = 0o644
 _Inode = tuple[int, int]
 
 
 def _inode(st: os.stat_result) -> _Inode:
     return (st.st_dev, st.st_ino)
+
+
+def grow_pipe(fd: int, size: int = PIPE_SIZE) -> int:
+    """Ask for a pipe buffer of ``size`` bytes, best effort; return the capacity it has.
+
+    Unprivileged users are capped by ``/proc/sys/fs/pipe-max-size`` (1 MiB by default)
+    and a per-user total; then the current capacity is kept. Returns 0 where the OS
+    cannot tell (not Linux).
+    """
+    set_size = getattr(fcntl, "F_SETPIPE_SZ", None)
+    get_size = getattr(fcntl, "F_GETPIPE_SZ", None)
+    if set_size is None or get_size is None:
+        return 0
+    with contextlib.suppress(OSError):
+        return fcntl.fcntl(fd, set_size, size)
+    return fcntl.fcntl(fd, get_size)
 
 
 def _version() -> str:
@@ -76,6 +98,7 @@ class _OpenFifo:
             self.inode = _inode(st)
             # mkfifo applied the umask; through the descriptor no symlink can interfere.
             os.fchmod(self.read_fd, mode)
+            grow_pipe(self.read_fd)
             # The dummy writer: with it, read() never returns end-of-file.
             self.write_fd = os.open(path, os.O_WRONLY | flags)
         except OSError as exc:
