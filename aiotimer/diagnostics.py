@@ -37,6 +37,7 @@ import math
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -62,6 +63,7 @@ __all__ = [
     "hook_info",
     "install_dump_handler",
     "py_spy_dump",
+    "py_spy_executable",
     "read_dump",
     "uninstall_dump_handler",
 ]
@@ -509,6 +511,15 @@ async def collect_dump(
     return await read_dump(info.path, offset=offset, timeout=timeout)
 
 
+def py_spy_executable() -> str | None:
+    """The ``py-spy`` executable: on ``PATH``, or beside this Python (an unactivated venv)."""
+    found = shutil.which("py-spy")
+    if found is not None:
+        return found
+    beside = Path(sys.executable).parent / "py-spy"
+    return str(beside) if os.access(beside, os.X_OK) else None
+
+
 async def py_spy_dump(pid: int, *, timeout: float = 10.0) -> str | None:
     """``py-spy dump --pid <pid>`` output, or ``None`` (not installed, failed, timed out).
 
@@ -516,7 +527,7 @@ async def py_spy_dump(pid: int, *, timeout: float = 10.0) -> str | None:
     but it needs the permission to trace it (same user and ``ptrace_scope`` 0, or
     ``CAP_SYS_PTRACE``).
     """
-    exe = shutil.which("py-spy")
+    exe = py_spy_executable()
     if exe is None:
         return None
     with anyio.move_on_after(timeout):

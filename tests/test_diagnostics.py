@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import select
-import shutil
 import signal
 import subprocess
 import sys
@@ -251,6 +250,8 @@ async def test_py_spy_dump_is_none_without_py_spy(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(diagnostics.sys, "executable", str(tmp_path / "python"))
+    assert diagnostics.py_spy_executable() is None
     assert await py_spy_dump(os.getpid()) is None
 
 
@@ -423,7 +424,9 @@ def test_a_worker_without_the_hook_is_never_signalled(tmp_path: Path) -> None:
 
 @pytest.mark.process
 @pytest.mark.timeout(40)
-@pytest.mark.skipif(shutil.which("py-spy") is None, reason="py-spy is not installed")
+@pytest.mark.skipif(
+    diagnostics.py_spy_executable() is None, reason="py-spy is not installed (extra: diagnostics)"
+)
 def test_py_spy_dump_of_a_real_worker(tmp_path: Path) -> None:
     proc = start(tmp_path, NO_HOOK_WORKER)
     try:
