@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import anyio
 
@@ -44,6 +44,8 @@ from aiotimer.errors import ServerStateError
 from aiotimer.events import Event, ServerStarted, ServerStopped, SourceFailed
 from aiotimer.reapers import Reaper, SignalReaper
 from aiotimer.sources._base import Source
+from aiotimer.sources.fifo import FifoSource
+from aiotimer.sources.mpqueue import QueueSource
 
 if TYPE_CHECKING:
     import multiprocessing.queues
@@ -135,7 +137,7 @@ class TimerServer:
         self,
         *,
         fifo: str | os.PathLike[str] | None = None,
-        queue: multiprocessing.queues.Queue[Any] | None = None,
+        queue: multiprocessing.queues.Queue[object] | None = None,
         sources: Sequence[Source] = (),
         reaper: Reaper | None = None,
         clock: Clock | None = None,
@@ -150,11 +152,9 @@ class TimerServer:
         own: list[Source] = []
         self._fifo_path = None if fifo is None else Path(fifo)
         if fifo is not None:
-            fifo_module = importlib.import_module("aiotimer.sources.fifo")
-            own.append(fifo_module.FifoSource(fifo, mode=fifo_mode))
+            own.append(FifoSource(fifo, mode=fifo_mode))
         if queue is not None:
-            queue_module = importlib.import_module("aiotimer.sources.mpqueue")
-            own.append(queue_module.QueueSource(queue))
+            own.append(QueueSource(queue))
         self._sources: tuple[Source, ...] = (*own, *sources)
         self._reaper: Reaper = reaper if reaper is not None else SignalReaper()
         self._clock: Clock = clock if clock is not None else MonotonicClock()

@@ -8,6 +8,8 @@ something happened, not how fast.
 
 from __future__ import annotations
 
+import multiprocessing
+import multiprocessing.queues
 import os
 import signal
 import subprocess
@@ -15,7 +17,9 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -55,7 +59,7 @@ def spawn(
     return subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
 
 
-async def wait_for_exit(child: subprocess.Popen[str], timeout: float) -> int | None:
+async def wait_for_exit(child: subprocess.Popen[Any], timeout: float) -> int | None:
     """Poll (in the test only) until ``child`` exits; its return code, or None."""
     with anyio.move_on_after(timeout):
         while child.poll() is None:
@@ -194,3 +198,32 @@ async def test_stop_is_prompt_with_no_client_ever_connected(tmp_path: Path) -> N
     assert time.monotonic() - started < 2.0
     assert not (tmp_path / "idle.fifo").exists()
     assert server.get_state().counters.wakeups == 0
+
+
+@dataclass
+class TorchShapedRequest:
+    """The shape of torch's ``TimerRequest`` (what ``LocalTimerClient`` puts on its queue)."""
+
+    worker_id: int
+    scope_id: str
+    expiration_time: float
+
+
+@pytest.mark.asyncio
+async def test_queue_source_reaps_a_worker_on_time() -> None:
+    queue: multiprocessing.queues.Queue[object] = multiprocessing.get_context("spawn").Queue()
+    events: list[Event] = []
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        async with TimerServer(queue=queue, on_event=events.append) as server:
+            assert server.get_state().sources == ("mpqueue",)
+            deadline = time.time() + 0.3
+            queue.put(TorchShapedRequest(child.pid, "queued", deadline))
+            status = await wait_for_exit(child, timeout=10)
+            assert status == -signal.SIGKILL
+            assert time.time() <= deadline + LATE
+    finally:
+        child.kill()
+        child.wait()
+        queue.close()
+        queue.join_thread()
