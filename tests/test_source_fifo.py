@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import pathlib
@@ -17,7 +18,7 @@ import pytest
 
 from aiotimer._protocol import MARKER_SUFFIX, Decoded, Request
 from aiotimer.errors import SourceError
-from aiotimer.sources.fifo import MAX_READS_PER_WAKE, FifoSource
+from aiotimer.sources.fifo import MAX_READS_PER_WAKE, PIPE_SIZE, FifoSource
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(30)]
 
@@ -113,6 +114,11 @@ async def test_creates_fifo_0600_and_marker_then_removes_both(fifo_path: pathlib
         assert body["protocol"] == 1
         assert isinstance(body["version"], str)
         assert body["dump_dir"] == "/tmp/dumps"
+        if hasattr(fcntl, "F_GETPIPE_SZ"):
+            with writer(fifo_path) as fd:
+                capacity = fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ)
+            max_size = int(pathlib.Path("/proc/sys/fs/pipe-max-size").read_text())
+            assert capacity == PIPE_SIZE or (capacity >= 65536 and max_size < PIPE_SIZE)
     assert not fifo_path.exists()
     assert not marker_of(fifo_path).exists()
     assert open_fds() == fds_before
