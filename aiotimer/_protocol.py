@@ -30,11 +30,12 @@ raises and never costs another line of the same chunk.
 
 from __future__ import annotations
 
-import json
 import math
 import select
 from dataclasses import dataclass, field
-from typing import Final
+from itertools import repeat
+from json.encoder import encode_basestring_ascii
+from typing import Annotated, Final
 
 import msgspec
 
@@ -82,6 +83,18 @@ _SUPPORTED_VERSIONS: Final = frozenset({PROTOCOL_VERSION})
 _C_INT_MAX: Final[int] = 2**31 - 1
 
 
+# The rules that JSON typing cannot express, as msgspec constraints: decoding a line
+# checks them in C, so every Request the codec yields is valid. validate() states the
+# same rules for Requests built in Python (msgspec does not check them on __init__);
+# tests/test_protocol.py pins that both agree. (JSON itself has no NaN or infinity, and
+# msgspec rejects out-of-range numbers, so decoded floats are always finite.)
+_Pid = Annotated[int, msgspec.Meta(gt=0, le=_C_INT_MAX)]
+_Signal = Annotated[int, msgspec.Meta(ge=-_C_INT_MAX - 1, le=_C_INT_MAX)]
+_ScopeId = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_SCOPE_ID_LENGTH)]
+_Version = Annotated[int, msgspec.Meta(ge=PROTOCOL_VERSION, le=PROTOCOL_VERSION)]
+_Grace = Annotated[float, msgspec.Meta(ge=0)]
+
+
 class RequestTooLargeError(ValueError):
     """An encoded request would not fit in one atomic pipe write (``PIPE_BUF`` bytes)."""
 
@@ -94,13 +107,13 @@ class Request(msgspec.Struct, frozen=True, gc=False):
     on the server. See the module docstring for every key.
     """
 
-    pid: int
-    scope_id: str
+    pid: _Pid
+    scope_id: _ScopeId
     expiration_time: float
-    signal: int
-    version: int | None = None
+    signal: _Signal
+    version: _Version | None = None
     mono: float | None = None
-    grace: float | None = None
+    grace: _Grace | None = None
     group: bool = False
     dump: bool = False
 
@@ -180,7 +193,7 @@ def validate(req: Request) -> str | None:
 def _decode_line(line: bytes, out: Decoded) -> None:
     """Decode one complete line (no newline) into ``out``; never raises."""
     try:
-        req = _decode_one(line)
+        out.requests.append(_decode_one(line))
     except _DECODE_ERRORS as exc:
         # A writer that died (or stalls) mid-line leaves a prefix that the next writer's
         # complete line is glued to. Well-formed lines start with '{"', so try to
@@ -193,12 +206,6 @@ def _decode_line(line: bytes, out: Decoded) -> None:
             out.requests.append(req)
             return
         out.rejections.append(Rejection.of(_reason(exc), line))
-        return
-    problem = validate(req)
-    if problem is None:
-        out.requests.append(req)
-    else:
-        out.rejections.append(Rejection.of(problem, line))
 
 
 def _resync(line: bytes) -> tuple[int, Request] | None:
@@ -209,13 +216,15 @@ def _resync(line: bytes) -> tuple[int, Request] | None:
         except _DECODE_ERRORS:
             start = line.find(b'{"', start + 1)
             continue
-        return (start, req) if validate(req) is None else None
+        return start, req
     return None
 
 
 def _reason(exc: ValueError | RecursionError) -> str:
     text = str(exc)
     if isinstance(exc, msgspec.ValidationError):
+        if text.endswith("at `$.version`"):
+            return f"unsupported protocol version (only {PROTOCOL_VERSION} is known): {text}"
         return f"invalid request: {text}"
     if isinstance(exc, UnicodeDecodeError):
         return f"invalid UTF-8: {text}"
@@ -323,9 +332,9 @@ class LineDecoder:
         # and each closes at the end of its own line. Other blocks (CRLF, braces in a
         # scope_id, nested extension keys) take the exact line-by-line path.
         if (
-            block.count(b"}\n") == n
+            block.count(b"{") == n
             and block.count(b"}") == n
-            and block.count(b"{") == n
+            and all(map(bytes.endswith, lines, repeat(b"}")))
             and max(map(len, lines)) <= limit
         ):
             try:
@@ -333,9 +342,8 @@ class LineDecoder:
             except _DECODE_ERRORS:
                 pass  # at least one bad line: fall back to line by line
             else:
-                if len(reqs) == n and all(validate(r) is None for r in reqs):
-                    out.requests.extend(reqs)
-                    return
+                out.requests.extend(reqs)
+                return
         for line in lines:
             if len(line) > limit:
                 self._finish_line(line[-limit:], True, out)
@@ -343,10 +351,11 @@ class LineDecoder:
                 _decode_line(line, out)
 
 
-def _number(x: float) -> str:
-    # json.dumps formats ints with int.__repr__ and floats with float.__repr__.
+# Byte-identical to json.dumps, which writes ints with int.__repr__, floats with
+# float.__repr__ and (with its default ensure_ascii) strings with encode_basestring_ascii.
+def _number(x: float, name: str) -> str:
     if not math.isfinite(x):
-        raise ValueError(f"expiration_time must be finite, got {x!r}")
+        raise ValueError(f"{name} must be finite, got {x!r}")
     return repr(x)
 
 
@@ -360,16 +369,16 @@ def encode(req: Request) -> bytes:
         RequestTooLargeError: the line, newline included, exceeds ``PIPE_BUF`` bytes.
         ValueError: a number is not finite.
     """
-    expiration = "-1" if req.is_release else _number(req.expiration_time)
+    expiration = "-1" if req.is_release else _number(req.expiration_time, "expiration_time")
     text = (
         f'{{"version": {PROTOCOL_VERSION}, "pid": {int(req.pid)}, '
-        f'"scope_id": {json.dumps(req.scope_id)}, '
+        f'"scope_id": {encode_basestring_ascii(req.scope_id)}, '
         f'"expiration_time": {expiration}, "signal": {int(req.signal)}'
     )
     if req.mono is not None:
-        text += f', "mono": {_number(req.mono)}'
+        text += f', "mono": {_number(req.mono, "mono")}'
     if req.grace is not None:
-        text += f', "grace": {_number(req.grace)}'
+        text += f', "grace": {_number(req.grace, "grace")}'
     if req.group:
         text += ', "group": true'
     if req.dump:

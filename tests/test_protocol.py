@@ -204,12 +204,12 @@ MALFORMED = {
     "bool pid": (obj(pid=True), "Expected `int`, got `bool`"),
     "float pid": (obj(pid=7.0), "Expected `int`, got `float`"),
     "string pid": (obj(pid="7"), "Expected `int`, got `str`"),
-    "huge pid": (obj(pid=10**30), "pid must be an integer in 1..2147483647"),
-    "pid over pid_t": (obj(pid=2**31), "pid must be an integer in"),
-    "zero pid": (obj(pid=0), "pid must be an integer in"),
-    "negative pid": (obj(pid=-5), "pid must be an integer in"),
-    "huge signal": (obj(signal=2**31), "signal must fit a C int"),
-    "huge negative signal": (obj(signal=-(2**31) - 1), "signal must fit a C int"),
+    "huge pid": (obj(pid=10**30), "Expected `int` <= 2147483647 - at `$.pid`"),
+    "pid over pid_t": (obj(pid=2**31), "Expected `int` <= 2147483647 - at `$.pid`"),
+    "zero pid": (obj(pid=0), "Expected `int` >= 1 - at `$.pid`"),
+    "negative pid": (obj(pid=-5), "Expected `int` >= 1 - at `$.pid`"),
+    "huge signal": (obj(signal=2**31), "Expected `int` <= 2147483647 - at `$.signal`"),
+    "huge negative signal": (obj(signal=-(2**31) - 1), "Expected `int` >= -2147483648"),
     "string expiration_time": (obj(expiration_time="soon"), "Expected `float`, got `str`"),
     "null expiration_time": (
         b'{"pid": 7, "scope_id": "x", "expiration_time": null, "signal": 9}',
@@ -221,17 +221,18 @@ MALFORMED = {
     "1e400": (VALID.replace(b"12.5", b"1e400"), "out of range"),
     "-1e400": (VALID.replace(b"12.5", b"-1e400"), "out of range"),
     "float signal": (obj(signal=9.5), "Expected `int`, got `float`"),
-    "unknown version": (obj(version=2), "unsupported protocol version 2"),
+    "unknown version": (obj(version=2), "unsupported protocol version (only 1 is known)"),
+    "version 0": (obj(version=0), "unsupported protocol version"),
     "string version": (obj(version="1"), "Expected `int | null`, got `str`"),
     "missing pid": (obj(pid=None), "missing required field `pid`"),
     "missing scope_id": (obj(scope_id=None), "missing required field `scope_id`"),
     "missing expiration_time": (obj(expiration_time=None), "`expiration_time`"),
     "missing signal": (obj(signal=None), "missing required field `signal`"),
-    "empty scope_id": (obj(scope_id=""), "scope_id must not be empty"),
+    "empty scope_id": (obj(scope_id=""), "Expected `str` of length >= 1 - at `$.scope_id`"),
     "int scope_id": (obj(scope_id=5), "Expected `str`, got `int`"),
-    "long scope_id": (obj(scope_id="s" * (MAX_SCOPE_ID_LENGTH + 1)), "scope_id longer"),
+    "long scope_id": (obj(scope_id="s" * (MAX_SCOPE_ID_LENGTH + 1)), "length <= 2048"),
     "infinite mono": (VALID[:-1] + b', "mono": 1e999}', "out of range"),
-    "negative grace": (VALID[:-1] + b', "grace": -1}', "grace must be"),
+    "negative grace": (VALID[:-1] + b', "grace": -1}', "Expected `float` >= 0.0"),
     "invalid UTF-8": (VALID.replace(b"ok", b"o\xffk"), "invalid UTF-8"),
     "lone surrogate": (VALID.replace(b"ok", b"\\ud800"), "malformed JSON"),
     "deep nesting": (VALID[:-1] + b', "x": ' + b"[" * 1500 + b"]" * 1500 + b"}", "nested"),
@@ -525,6 +526,50 @@ def test_writer_stopped_mid_line_costs_only_its_own_line(
     got = feed_all(cut(data, points))
     assert got.requests == [as_decoded(r) for r in reqs]
     assert len(got.rejections) == (1 if prefix else 0)
+
+
+int_edges = st.sampled_from([-(2**31) - 1, -(2**31), -1, 0, 1, 2**31 - 1, 2**31, 2**63])
+float_edges = st.sampled_from([-1.0, -0.0, 0.0, 1e-300, 1e300, math.inf, -math.inf, math.nan])
+
+
+@SETTINGS
+@given(
+    pid=int_edges,
+    scope_id=st.sampled_from(["", "a", "é" * MAX_SCOPE_ID_LENGTH, "x" * (MAX_SCOPE_ID_LENGTH + 1)]),
+    expiration_time=float_edges,
+    signal=int_edges,
+    version=st.none() | int_edges,
+    mono=st.none() | float_edges,
+    grace=st.none() | float_edges,
+)
+def test_validate_agrees_with_decoding(
+    *,
+    pid: int,
+    scope_id: str,
+    expiration_time: float,
+    signal: int,
+    version: int | None,
+    mono: float | None,
+    grace: float | None,
+) -> None:
+    """validate() (for Requests built in Python) states exactly the codec's rules."""
+    req = Request(pid, scope_id, expiration_time, signal, version, mono, grace)
+    fields = {
+        "pid": pid,
+        "scope_id": scope_id,
+        "expiration_time": expiration_time,
+        "signal": signal,
+        "version": version,
+        "mono": mono,
+        "grace": grace,
+    }
+    # allow_nan=True writes NaN/Infinity, which are not JSON: the codec must refuse them.
+    line = json.dumps({k: v for k, v in fields.items() if v is not None}).encode()
+    got = LineDecoder(max_line=1 << 16).feed(line + b"\n")  # rules, not line size
+    assert len(got.requests) + len(got.rejections) == 1
+    assert (validate(req) is None) == bool(got.requests)
+    if got.requests:
+        assert got.requests == [req]
 
 
 @SETTINGS
