@@ -1,0 +1,84 @@
+"""Shared helpers for the benchmarks: timing with repeats, and a plain text table."""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+__all__ = ["Timing", "format_table", "gc_paused", "time_repeated"]
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """Seconds per run over several repeats of the same work of ``units`` units."""
+
+    runs: tuple[float, ...]
+    units: int
+
+    @property
+    def best(self) -> float:
+        """Seconds per unit in the fastest run (the least disturbed by other load)."""
+        return min(self.runs) / self.units
+
+    @property
+    def median(self) -> float:
+        """Seconds per unit in the median run."""
+        return statistics.median(self.runs) / self.units
+
+    @property
+    def rate(self) -> float:
+        """Units per second in the fastest run."""
+        return 1.0 / self.best
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Disable the cyclic GC for the timed section, as :mod:`timeit` does."""
+    was_enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def time_repeated(
+    run: Callable[[int], object], *, units: int, repeat: int, keep_gc: bool = False
+) -> Timing:
+    """Call ``run(i)`` for ``i`` in ``range(repeat)``; each call does ``units`` units.
+
+    Each call is timed with :func:`time.perf_counter`; the GC is paused during each
+    call unless ``keep_gc``.
+    """
+    runs: list[float] = []
+    for i in range(repeat):
+        if keep_gc:
+            start = time.perf_counter()
+            run(i)
+            runs.append(time.perf_counter() - start)
+        else:
+            with gc_paused():
+                start = time.perf_counter()
+                run(i)
+                runs.append(time.perf_counter() - start)
+    return Timing(tuple(runs), units)
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Right-aligned columns under ``headers``, first column left-aligned."""
+    widths = [max(len(str(c)) for c in col) for col in zip(headers, *rows, strict=True)]
+
+    def line(cells: Sequence[str]) -> str:
+        first, *rest = cells
+        parts = [str(first).ljust(widths[0])]
+        parts += [str(c).rjust(w) for c, w in zip(rest, widths[1:], strict=True)]
+        return "  ".join(parts).rstrip()
+
+    rule = "  ".join("-" * w for w in widths)
+    return "\n".join([line(headers), rule, *(line(r) for r in rows)])

@@ -1,0 +1,60 @@
+"""The micro-benchmarks still run and print their tables (no speed is asserted).
+
+Each benchmark's ``main()`` runs in-process in its quickest mode; one test also runs the
+documented ``python -m benchmarks.bench_table`` form from the repository root.
+"""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def _repo_root_importable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(ROOT))
+
+
+def test_bench_table_quick(capsys: pytest.CaptureFixture[str]) -> None:
+    bench_table = importlib.import_module("benchmarks.bench_table")
+    assert bench_table.main(["--quick", "--sizes", "1000,3000", "--repeat", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "live timers" in out
+    assert "\n1,000 " in out
+    assert "\n3,000 " in out
+    assert "cost per op at 3,000 live timers = " in out
+
+
+def test_bench_codec_quick(capsys: pytest.CaptureFixture[str]) -> None:
+    bench_codec = importlib.import_module("benchmarks.bench_codec")
+    assert bench_codec.main(["--quick", "--mib", "0.1", "--repeat", "1"]) == 0
+    out = capsys.readouterr().out
+    for row in (
+        "decode: json.loads + 4 keys",
+        "decode: LineDecoder.feed",
+        "1% garbage: LineDecoder.feed",
+        "encode: aiotimer.encode",
+    ):
+        assert row in out
+    assert out.count("x\n") >= 7  # every row has its ratio to json
+
+
+@pytest.mark.process
+@pytest.mark.timeout(60)
+def test_benchmarks_run_as_modules_from_the_repo_root() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench_table", "--quick", "--sizes", "500,1000"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=50,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "cost per op at 1,000 live timers" in done.stdout
