@@ -129,7 +129,7 @@ async def test_garbage_becomes_rejections_and_valid_items_still_apply(mpq: MpQue
     assert all(r.signal == signal.SIGKILL for r in sink.requests)
     assert len(sink.rejections) == len(garbage)
     assert sink.rejections[0].startswith("not a timer request: str")
-    assert sink.rejections[4].startswith("pid must be")
+    assert "pid" in sink.rejections[4]  # the wording is the codec's
 
 
 @pytest.mark.torch
