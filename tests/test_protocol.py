@@ -478,15 +478,22 @@ chunk_points = st.lists(st.integers(0, 1 << 20), max_size=12)
     points=chunk_points,
     max_line=st.one_of(st.just(MAX_LINE_BYTES), st.integers(2, 300)),
 )
-def test_random_bytes_never_raise(pieces: list[bytes], points: list[int], max_line: int) -> None:
+def test_random_bytes_never_raise_and_chunking_does_not_matter(
+    pieces: list[bytes], points: list[int], max_line: int
+) -> None:
     data = b"".join(pieces)
     d = LineDecoder(max_line)
+    total = Decoded()
     for chunk in cut(data, points):
         got = d.feed(chunk)
         assert d.pending <= max_line - 1
         assert all(validate(r) is None for r in got.requests)
-    d.flush()
+        total.requests += got.requests
+        total.rejections += got.rejections
+    total.rejections += d.flush().rejections
     assert d.pending == 0
+    # How the stream was cut into chunks changes nothing.
+    assert total == feed_all([data], LineDecoder(max_line))
 
 
 @SETTINGS
