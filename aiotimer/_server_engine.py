@@ -19,7 +19,15 @@ timers are cleared and one *reap* task per worker carries the plan out through t
 policy's :class:`~aiotimer._policy.Escalator`, so a slow reap
 (a grace wait, a retry back-off) never delays another expiry. A failed signal is
 reported and retried with exponential back-off, and finally reported as abandoned; it is
-never reported as success.
+never reported as success. A :class:`~aiotimer._policy.DumpStacks` step's text rides on
+the :class:`~aiotimer.events.StacksDumped` event and on every later
+:class:`~aiotimer.events.WorkerReaped` of the same reap.
+
+Statistics (:mod:`aiotimer._stats`): a timer released in time records its duration
+(release time - acquire time) for its scope's site; an expiry records the time the timer
+had run. An expired timer that is not reaped (report only, shadow mode) is remembered in
+an :class:`~aiotimer._stats.Overdue` so that its late release still records the block's
+real duration; a worker's exit forgets its overdue timers.
 
 Everything here runs in the event loop's thread; thread-safety is the shell's business.
 """
@@ -29,7 +37,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 import anyio
@@ -38,6 +46,7 @@ import anyio.abc
 from aiotimer._clock import Clock
 from aiotimer._policy import DumpStacks, Outcome, ReapPolicy, SendSignal, Step, Wait, format_plan
 from aiotimer._protocol import Decoded, Request
+from aiotimer._stats import DurationStats, Overdue, SiteSummary
 from aiotimer._table import Timer, TimerTable
 from aiotimer.errors import ProcessGoneError, RefusedTargetError
 from aiotimer.events import (
@@ -57,9 +66,12 @@ from aiotimer.events import (
 from aiotimer.reapers import Reaper
 from aiotimer.sources._base import Source
 
-__all__ = ["Counters", "Engine", "ReapRetry", "serve_source"]
+__all__ = ["DUMP_SLACK", "Counters", "Engine", "ReapRetry", "serve_source"]
 
 logger = logging.getLogger("aiotimer")
+
+#: Seconds a reaper's ``dump_stacks`` may overrun its timeout before the engine cuts it off.
+DUMP_SLACK = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +171,8 @@ class Engine:
     ) -> None:
         self.table = TimerTable()
         self.counts = _Counts()
+        self.stats = DurationStats()
+        self.overdue = Overdue()
         self.last_progress: float | None = None
         self._tg = task_group
         self._clock = clock
@@ -190,14 +204,22 @@ class Engine:
     def _apply(self, req: Request, source: str, mono: float, wall: float) -> None:
         self.counts.requests += 1
         if req.is_release:
-            if self.table.release(req.pid, req.scope_id) is not None:
+            released = self.table.release(req.pid, req.scope_id)
+            if released is not None:
                 self.counts.released += 1
+                self.stats.record(req.scope_id, max(0.0, mono - released.acquired_at))
                 if self._request_events:
                     self._emit(
                         TimerReleased(time=wall, pid=req.pid, scope_id=req.scope_id, source=source)
                     )
+            elif self.overdue:
+                acquired_at = self.overdue.pop((req.pid, req.scope_id))
+                if acquired_at is not None:  # the late end of an expired, unreaped block
+                    self.stats.record(req.scope_id, max(0.0, mono - acquired_at))
             return
         pid = req.pid
+        if self.overdue:
+            self.overdue.pop((pid, req.scope_id))  # re-acquired: that block's end is unknown
         if pid not in self._workers and pid != self._own_pid and not self._attach(pid):
             self._emit(WorkerUnknown(time=wall, pid=pid, scope_id=req.scope_id, source=source))
             return
@@ -254,6 +276,8 @@ class Engine:
         self._detach(worker.pid)
         self.counts.workers_exited += 1
         cleared = tuple(t.scope_id for t in self.table.clear_worker(worker.pid))
+        if self.overdue:
+            self.overdue.clear_worker(worker.pid)
         self._emit(
             WorkerExited(time=self._clock.time(), pid=worker.pid, cleared=cleared, reason=reason)
         )
@@ -273,6 +297,14 @@ class Engine:
     def workers(self) -> tuple[int, ...]:
         """The pids of the watched workers."""
         return tuple(self._workers)
+
+    def snapshot(self) -> tuple[tuple[Timer, ...], tuple[int, ...]]:
+        """The live timers (in deadline order) and the watched workers' pids."""
+        return self.table.snapshot(), tuple(self._workers)
+
+    def scope_stats(self) -> tuple[SiteSummary, ...]:
+        """The duration statistics of every scope site (see :mod:`aiotimer._stats`)."""
+        return tuple(self.stats.summaries())
 
     # -- expiry -----------------------------------------------------------------------
 
@@ -302,6 +334,9 @@ class Engine:
         worker = self._workers.get(timer.pid)
         policy = self._policy
         plan: Sequence[Step] = () if worker is None else policy.plan(timer)
+        self.stats.record_expired(timer.scope_id, max(0.0, now - timer.acquired_at))
+        if not plan:  # the block runs on: its release will tell how long it took
+            self.overdue.add(timer.key, timer.acquired_at)
         if plan:
             action = format_plan(plan)
         elif worker is None and timer.signal > 0:
@@ -334,15 +369,18 @@ class Engine:
         escalator = self._policy.escalator(timer)
         steps = sum(not isinstance(step, Wait) for step in escalator.plan)
         clock = self._clock
+        stacks: str | None = None
         try:
             while (action := escalator.next(clock.monotonic(), not worker.gone)) is not None:
                 number = len(escalator.taken)
                 if isinstance(action, SendSignal):
-                    delivered = await self._send(worker, action, number, steps, scopes)
+                    delivered = await self._send(
+                        worker, action, number, steps, scopes, stacks=stacks
+                    )
                     if not delivered and not worker.gone:
                         return  # abandoned (and reported); the worker stays watched
                 elif isinstance(action, DumpStacks):
-                    await self._dump(worker, action, number, steps)
+                    stacks = await self._dump(worker, action, number, steps)
                 else:
                     await self._wait_exit(worker, action.deadline)
             if escalator.outcome in (Outcome.UNKILLABLE, Outcome.SURVIVED):
@@ -360,7 +398,14 @@ class Engine:
             worker.reaping = False
 
     async def _send(
-        self, worker: _Worker, step: SendSignal, number: int, steps: int, scopes: tuple[str, ...]
+        self,
+        worker: _Worker,
+        step: SendSignal,
+        number: int,
+        steps: int,
+        scopes: tuple[str, ...],
+        *,
+        stacks: str | None,
     ) -> bool:
         """Deliver one signal, retrying failures; ``True`` if it was delivered."""
         pid, signum = worker.pid, step.signum
@@ -410,6 +455,7 @@ class Engine:
                     scopes=scopes,
                     step=number,
                     steps=steps,
+                    stacks=stacks,
                 )
             )
             if self._self_kill:
@@ -421,28 +467,49 @@ class Engine:
         """Wait until monotonic ``deadline`` (on the injected clock) or the worker's exit;
         ``True`` if it exited."""
         if not worker.exited.is_set():
-            async with anyio.create_task_group() as tg:
-
-                async def time_out() -> None:
-                    await self._clock.sleep_until(deadline)
-                    tg.cancel_scope.cancel()
-
-                tg.start_soon(time_out)
-                await worker.exited.wait()
-                tg.cancel_scope.cancel()
+            await self._until(deadline, worker.exited.wait)
         return worker.exited.is_set()
 
-    async def _dump(self, worker: _Worker, step: DumpStacks, number: int, steps: int) -> None:
-        try:
-            text = await self._reaper.dump_stacks(worker.pid, step.timeout)
-        except Exception:
-            logger.exception("reaper.dump_stacks(%d) raised", worker.pid)
-            text = None
+    async def _until(self, deadline: float, work: Callable[[], Awaitable[object]]) -> bool:
+        """Run ``work()`` until it returns or the injected clock reaches ``deadline``;
+        ``True`` if it returned."""
+        finished = False
+        async with anyio.create_task_group() as tg:
+
+            async def time_out() -> None:
+                await self._clock.sleep_until(deadline)
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(time_out)
+            await work()
+            finished = True
+            tg.cancel_scope.cancel()
+        return finished
+
+    async def _dump(self, worker: _Worker, step: DumpStacks, number: int, steps: int) -> str | None:
+        """Ask for a dump, report it and return its text.
+
+        The reaper bounds the dump by ``step.timeout``; a reaper that overruns that by
+        :data:`DUMP_SLACK` is cut off, so a dump can never hold up the kill.
+        """
+        text: str | None = None
+
+        async def dump() -> None:
+            nonlocal text
+            try:
+                text = await self._reaper.dump_stacks(worker.pid, step.timeout)
+            except Exception:
+                logger.exception("reaper.dump_stacks(%d) raised", worker.pid)
+
+        deadline = self._clock.monotonic() + step.timeout + DUMP_SLACK
+        if not await self._until(deadline, dump):
+            logger.error("reaper.dump_stacks(%d) overran its timeout; cut off", worker.pid)
         self._emit(
             StacksDumped(
                 time=self._clock.time(), pid=worker.pid, text=text, step=number, steps=steps
             )
         )
+        return text
 
 
 async def serve_source(

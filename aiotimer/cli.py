@@ -15,7 +15,10 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from aiotimer._policy import Escalation, ReapPolicy
+from aiotimer._stats import format_summaries
 from aiotimer.errors import AiotimerError
+from aiotimer.reapers import SignalReaper
 from aiotimer.server import TimerServer, loop_factory
 
 __all__ = ["COMMANDS", "Command", "main"]
@@ -55,6 +58,82 @@ def _configure_serve(parser: argparse.ArgumentParser) -> None:
         choices=["auto", "asyncio", "uvloop"],
         help="event loop (default: auto, i.e. uvloop when installed)",
     )
+    reaping = parser.add_argument_group(
+        "reaping",
+        "Without --grace/--group/--dump each timer is reaped with exactly the signal its "
+        "request names (torch semantics). With any of them the server uses a ladder: "
+        "[stack dump] -> [SIGTERM -> wait GRACE] -> SIGKILL, to the process group with "
+        "--group; request keys may add to it.",
+    )
+    reaping.add_argument(
+        "--shadow",
+        action="store_true",
+        help="report only: signal nothing, report what would have been done, and print "
+        "per-scope duration statistics with suggested timeouts on stop",
+    )
+    reaping.add_argument(
+        "--grace",
+        type=_seconds,
+        metavar="SECONDS",
+        help="send SIGTERM first and SIGKILL only if the worker still runs SECONDS later",
+    )
+    reaping.add_argument(
+        "--group", action="store_true", help="signal the worker's whole process group"
+    )
+    reaping.add_argument(
+        "--dump",
+        action="store_true",
+        help="ask the worker for a stack dump before signalling it (its dump hook, else "
+        "py-spy when installed)",
+    )
+    reaping.add_argument(
+        "--dump-dir",
+        metavar="DIR",
+        help="directory of the workers' dump files (implies --dump; default: "
+        "$AIOTIMER_DUMP_DIR or the system temp dir)",
+    )
+    reaping.add_argument(
+        "--dump-timeout",
+        type=_seconds,
+        default=2.0,
+        metavar="SECONDS",
+        help="how long to wait for a stack dump (default: 2)",
+    )
+    reaping.add_argument(
+        "--unkillable-after",
+        type=_seconds,
+        default=5.0,
+        metavar="SECONDS",
+        help="report a worker still alive this long after its last signal (default: 5)",
+    )
+    reaping.add_argument(
+        "--stats",
+        action="store_true",
+        help="print per-scope duration statistics on stop (implied by --shadow)",
+    )
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not (value >= 0 and value != float("inf")):
+        raise argparse.ArgumentTypeError(f"need a finite number of seconds >= 0, got {text!r}")
+    return value
+
+
+def policy_from_args(args: argparse.Namespace) -> ReapPolicy:
+    """The reap policy ``aiotimer serve`` options ask for."""
+    dump = bool(args.dump or args.dump_dir)
+    ladder = None
+    if args.grace is not None or args.group or dump:
+        ladder = Escalation(
+            dump=dump,
+            dump_timeout=args.dump_timeout,
+            soft_signal=signal.SIGTERM if args.grace is not None else None,
+            grace=args.grace if args.grace is not None else 0.0,
+            kill_signal=signal.SIGKILL,
+            group=args.group,
+        )
+    return ReapPolicy(ladder, shadow=args.shadow, unkillable_after=args.unkillable_after)
 
 
 async def _serve(args: argparse.Namespace) -> None:
@@ -62,12 +141,21 @@ async def _serve(args: argparse.Namespace) -> None:
     stop = asyncio.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
+    server = TimerServer(
+        fifo=args.fifo,
+        fifo_mode=args.mode,
+        event_log=args.event_log,
+        policy=policy_from_args(args),
+        reaper=SignalReaper(dump_dir=args.dump_dir),
+    )
     try:
-        async with TimerServer(fifo=args.fifo, fifo_mode=args.mode, event_log=args.event_log):
+        async with server:
             await stop.wait()
     finally:
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)
+    if args.shadow or args.stats:
+        print(format_summaries(server.scope_stats()), end="", flush=True)
 
 
 def run_serve(args: argparse.Namespace) -> int:

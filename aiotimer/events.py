@@ -8,6 +8,10 @@ configured, to a JSON-lines event log.
 
 Pids and scope ids are the worker's; ``signal`` values are signal numbers (``0`` or
 negative: report only).
+
+Long texts (stack dumps) are kept whole in the event objects; their logged forms
+(:meth:`Event.to_dict`, used by the logger and the event log, and :meth:`Event.describe`)
+are cut at :data:`MAX_LOGGED_TEXT` characters with a note saying how much was left out.
 """
 
 from __future__ import annotations
@@ -16,9 +20,13 @@ import dataclasses
 import logging
 import signal as _signal
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Final
+
+if TYPE_CHECKING:
+    from aiotimer._stats import SiteSummary
 
 __all__ = [
+    "MAX_LOGGED_TEXT",
     "Event",
     "ReapAbandoned",
     "ReapFailed",
@@ -34,8 +42,12 @@ __all__ = [
     "WorkerReaped",
     "WorkerSurvived",
     "WorkerUnknown",
+    "clip_text",
     "signal_name",
 ]
+
+#: The most characters of one text field (a stack dump) that logs and the event log get.
+MAX_LOGGED_TEXT: Final[int] = 64 * 1024
 
 
 def signal_name(signum: int) -> str:
@@ -44,6 +56,27 @@ def signal_name(signum: int) -> str:
         return _signal.Signals(signum).name
     except ValueError:
         return f"signal {signum}"
+
+
+def clip_text(text: str, limit: int = MAX_LOGGED_TEXT) -> str:
+    """``text`` cut to ``limit`` characters, with a note saying how many were left out."""
+    if len(text) <= limit:
+        return text
+    return (
+        text[:limit] + f"\n[aiotimer: {len(text) - limit:,} more characters not logged; "
+        "the event object holds the full text]\n"
+    )
+
+
+def _logged(value: object) -> object:
+    """``value`` in its JSON-ready, logged form."""
+    if isinstance(value, str):
+        return clip_text(value)
+    if isinstance(value, tuple):
+        return [_logged(v) for v in value]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    return value
 
 
 def _scopes(scopes: tuple[str, ...]) -> str:
@@ -62,11 +95,14 @@ class Event:
     time: float
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict: ``{"event": kind, "time": ..., <fields>}``."""
+        """A JSON-ready dict: ``{"event": kind, "time": ..., <fields>}``.
+
+        Tuples become lists, records (e.g. :class:`~aiotimer._stats.SiteSummary`) dicts,
+        and texts longer than :data:`MAX_LOGGED_TEXT` are clipped (:func:`clip_text`).
+        """
         out: dict[str, Any] = {"event": self.kind}
         for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            out[f.name] = list(value) if isinstance(value, tuple) else value
+            out[f.name] = _logged(getattr(self, f.name))
         return out
 
     def describe(self) -> str:
@@ -90,15 +126,21 @@ class ServerStarted(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ServerStopped(Event):
-    """The server stopped; ``timers`` live timers were dropped."""
+    """The server stopped; ``timers`` live timers were dropped.
+
+    ``scopes`` holds the run's duration statistics, one summary per scope site (see
+    :meth:`aiotimer.server.TimerServer.scope_stats`).
+    """
 
     kind: ClassVar[str] = "server_stopped"
     timers: int
     counters: dict[str, int]
+    scopes: tuple[SiteSummary, ...] = ()
 
     def describe(self) -> str:
         """One human-readable line."""
-        return f"timer server stopped ({self.timers} live timers dropped)"
+        sites = f", statistics of {len(self.scopes)} scope site(s)" if self.scopes else ""
+        return f"timer server stopped ({self.timers} live timers dropped{sites})"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -182,6 +224,8 @@ class WorkerReaped(Event):
     """A signal was delivered to the worker (step ``step`` of ``steps`` of its plan).
 
     ``scopes`` are the worker's timers that led to or were cleared by this reap.
+    ``stacks`` is the stack dump taken earlier in the same plan (its
+    :class:`StacksDumped` event has it too), ``None`` if the plan took none or none came.
     """
 
     kind: ClassVar[str] = "worker_reaped"
@@ -192,13 +236,15 @@ class WorkerReaped(Event):
     scopes: tuple[str, ...]
     step: int
     steps: int
+    stacks: str | None = None
 
     def describe(self) -> str:
-        """One human-readable line."""
+        """One human-readable line (the dump itself is in the ``stacks_dumped`` line)."""
         target = f"process group of worker {self.pid}" if self.group else f"worker {self.pid}"
+        dumped = "; stack dump attached" if self.stacks is not None else ""
         return (
             f"sent {signal_name(self.signal)} to {target} (step {self.step}/{self.steps}; "
-            f"scopes: {_scopes(self.scopes)})"
+            f"scopes: {_scopes(self.scopes)}{dumped})"
         )
 
 
@@ -286,7 +332,8 @@ class StacksDumped(Event):
         """One human-readable line."""
         if self.text is None:
             return f"no stack dump from worker {self.pid} (step {self.step}/{self.steps})"
-        return f"stacks of worker {self.pid} (step {self.step}/{self.steps}):\n{self.text}"
+        where = f"worker {self.pid} (step {self.step}/{self.steps})"
+        return f"stacks of {where}:\n{clip_text(self.text)}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

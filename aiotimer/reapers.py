@@ -11,11 +11,13 @@ the worker has exited (or the server stops).
 
 from __future__ import annotations
 
+import os
 from typing import Protocol, runtime_checkable
 
 import anyio
 
 from aiotimer._process import WorkerProcess
+from aiotimer.diagnostics import collect_dump, py_spy_dump
 from aiotimer.errors import ProcessGoneError, RefusedTargetError
 
 __all__ = ["Reaper", "SignalReaper"]
@@ -68,13 +70,21 @@ class SignalReaper:
     signalled; "no such process" means already gone. It refuses pid <= 1, the server's
     own process and (for group signals) the server's own process group.
 
-    :meth:`dump_stacks` is not implemented yet by this reaper: it returns ``None`` at once
-    (the escalation then proceeds to its next step).
+    Args:
+        dump_dir: where the workers' dump hooks write (see
+            :func:`aiotimer.diagnostics.dump_path_for`; default ``$AIOTIMER_DUMP_DIR`` or
+            the system temp dir).
+        py_spy: fall back to ``py-spy dump`` for a worker without the hook, when py-spy
+            is installed.
     """
 
-    __slots__ = ("_procs", "_waiting")
+    __slots__ = ("_dump_dir", "_procs", "_py_spy", "_waiting")
 
-    def __init__(self) -> None:
+    def __init__(
+        self, *, dump_dir: str | os.PathLike[str] | None = None, py_spy: bool = True
+    ) -> None:
+        self._dump_dir = dump_dir
+        self._py_spy = py_spy
         self._procs: dict[int, WorkerProcess] = {}
         # Handles a wait_exit is waiting on: detach() leaves closing them to that wait.
         self._waiting: set[WorkerProcess] = set()
@@ -117,8 +127,30 @@ class SignalReaper:
         proc.send_signal(signum, group=group)
 
     async def dump_stacks(self, pid: int, timeout: float) -> str | None:
-        """Not implemented by this reaper yet: always ``None``."""
-        return None
+        """The worker's stack dump, or ``None``; takes about ``timeout`` seconds at most.
+
+        A worker with the dump hook (:func:`aiotimer.diagnostics.install_dump_handler`)
+        is signalled through its pinned handle and its dump file read
+        (:func:`~aiotimer.diagnostics.collect_dump`); a worker without it is never
+        signalled, and is read from outside with ``py-spy dump`` instead (if enabled and
+        installed, in the time left). ``None`` for a worker that has exited, was never
+        pinned, or gave nothing.
+        """
+        proc = self._procs.get(pid)
+        if proc is None or not proc.is_alive():
+            return None
+        started = anyio.current_time()
+        try:
+            text = await collect_dump(
+                pid, send_signal=proc.send_signal, dump_dir=self._dump_dir, timeout=timeout
+            )
+        except ProcessGoneError:
+            return None  # it exited (or its pid was recycled) meanwhile
+        if text is None and self._py_spy and proc.is_alive():
+            left = timeout - (anyio.current_time() - started)
+            if left > 0:
+                text = await py_spy_dump(pid, timeout=left)
+        return text
 
     def detach(self, pid: int) -> None:
         """Close the worker's pidfd."""

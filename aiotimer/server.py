@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 import anyio
 
@@ -39,6 +39,7 @@ from aiotimer._eventlog import EventLog
 from aiotimer._policy import ReapPolicy
 from aiotimer._protocol import Decoded, Rejection, Request, validate
 from aiotimer._server_engine import Counters, Engine, ReapRetry, serve_source
+from aiotimer._stats import SiteSummary
 from aiotimer._table import Timer
 from aiotimer.errors import ServerStateError
 from aiotimer.events import Event, ServerStarted, ServerStopped, SourceFailed
@@ -61,6 +62,8 @@ __all__ = [
 
 logger = logging.getLogger("aiotimer")
 
+_T = TypeVar("_T")
+
 #: The name in-process API requests are reported under.
 API_SOURCE = "api"
 
@@ -81,8 +84,9 @@ class ServerState:
 
     ``timers`` are in deadline order; ``next_deadline`` and ``last_progress`` (when the
     loop last handled input or an expiry) are on the server's monotonic clock, and
-    ``next_expiry_in`` is seconds from the snapshot. Counters are those of the current
-    (or last) run.
+    ``next_expiry_in`` is seconds from the snapshot. Counters and ``scopes`` (the
+    duration statistics per scope site, see :meth:`TimerServer.scope_stats`) are those
+    of the current (or last) run.
     """
 
     state: Lifecycle
@@ -93,6 +97,7 @@ class ServerState:
     next_expiry_in: float | None
     counters: Counters
     last_progress: float | None
+    scopes: tuple[SiteSummary, ...] = ()
 
 
 @dataclass(eq=False)
@@ -279,6 +284,7 @@ class TimerServer:
                                 time=self._clock.time(),
                                 timers=len(run.engine.table) if run.engine else 0,
                                 counters=_counter_dict(_counters(run)),
+                                scopes=run.engine.scope_stats() if run.engine else (),
                             )
                         )
                     if run.event_log is not None:
@@ -385,8 +391,23 @@ class TimerServer:
 
     # -- introspection ------------------------------------------------------------------
 
+    def scope_stats(self) -> tuple[SiteSummary, ...]:
+        """Duration statistics per scope site of the current (or last) run.
+
+        One :class:`~aiotimer._stats.SiteSummary` per site (a default scope id
+        ``"file.py:42#17"`` belongs to site ``"file.py:42"``; any other id is its own
+        site): ``count``, ``p50``/``p99``/``max`` of the blocks' durations (within 1%),
+        ``expirations``, ``longest_expired`` and ``suggested_timeout``. Most expirations
+        first. Safe from any thread; costs O(sites).
+        """
+        run = self._run
+        engine = None if run is None else run.engine
+        if engine is None:
+            return ()
+        return _retry_copy(engine.scope_stats, ())
+
     def get_state(self) -> ServerState:
-        """A snapshot of the server (safe from any thread)."""
+        """A snapshot of the server (safe from any thread; costs O(timers + sites))."""
         run = self._run
         engine = None if run is None else run.engine
         running = self._state in (Lifecycle.RUNNING, Lifecycle.STOPPING)
@@ -395,13 +416,7 @@ class TimerServer:
         next_deadline = None
         if engine is not None and running:
             # Another thread may be mutating the table: retry until a copy succeeds.
-            for _ in range(100):
-                try:
-                    timers = engine.table.snapshot()
-                    workers = engine.workers()
-                    break
-                except RuntimeError:
-                    continue
+            timers, workers = _retry_copy(engine.snapshot, (timers, workers))
             next_deadline = timers[0].deadline if timers else None
         now = self._clock.monotonic()
         return ServerState(
@@ -413,6 +428,7 @@ class TimerServer:
             next_expiry_in=None if next_deadline is None else next_deadline - now,
             counters=_counters(run),
             last_progress=None if engine is None else engine.last_progress,
+            scopes=self.scope_stats(),
         )
 
     def __repr__(self) -> str:
@@ -445,6 +461,16 @@ def _counters(run: _Run | None) -> Counters:
         wakeups=c.wakeups,
         events_dropped=0 if run.event_log is None else run.event_log.dropped,
     )
+
+
+def _retry_copy(copy: Callable[[], _T], default: _T) -> _T:
+    """``copy()``, retried while another thread mutates what it copies; else ``default``."""
+    for _ in range(100):
+        try:
+            return copy()
+        except RuntimeError:  # "dictionary changed size during iteration"
+            continue
+    return default
 
 
 def _counter_dict(counters: Counters) -> dict[str, int]:

@@ -12,10 +12,22 @@ import pytest
 
 from aiotimer import events as ev
 from aiotimer._eventlog import EventLog
+from aiotimer._stats import SiteSummary
+
+SUMMARY = SiteSummary(
+    site="w.py:3",
+    count=2,
+    p50=0.1,
+    p99=0.2,
+    max=0.2,
+    expirations=1,
+    longest_expired=0.5,
+    suggested_timeout=0.3,
+)
 
 SAMPLES: list[ev.Event] = [
     ev.ServerStarted(time=1.0, pid=10, sources=("fifo:/x",)),
-    ev.ServerStopped(time=1.0, timers=2, counters={"expired": 1}),
+    ev.ServerStopped(time=1.0, timers=2, counters={"expired": 1}, scopes=(SUMMARY,)),
     ev.SourceFailed(time=1.0, source="fifo:/x", error="OSError()"),
     ev.TimerAcquired(time=1.0, pid=1, scope_id="a", expires_in=2.0, signal=9, source="api"),
     ev.TimerReleased(time=1.0, pid=1, scope_id="a", source="api"),
@@ -23,10 +35,14 @@ SAMPLES: list[ev.Event] = [
         time=1.0, pid=1, scope_id="a", signal=9, late=0.001, report_only=False, action="SIGKILL"
     ),
     ev.WorkerReaped(time=1.0, pid=1, signal=9, group=False, scopes=("a", "b"), step=1, steps=1),
+    ev.WorkerReaped(
+        time=1.0, pid=1, signal=9, group=True, scopes=("a",), step=2, steps=2, stacks="Thread"
+    ),
     ev.ReapFailed(time=1.0, pid=1, signal=9, error="EPERM", attempt=1, retry_in=0.1),
     ev.ReapAbandoned(time=1.0, pid=1, signal=9, error="EPERM", attempts=6),
     ev.WorkerSurvived(time=1.0, pid=1, signal=9, unkillable=True, waited=5.0),
     ev.StacksDumped(time=1.0, pid=1, text=None, step=1, steps=2),
+    ev.StacksDumped(time=1.0, pid=1, text="Current thread 0x1", step=1, steps=2),
     ev.WorkerExited(time=1.0, pid=1, cleared=("a",), reason="exited"),
     ev.WorkerUnknown(time=1.0, pid=1, scope_id="a", source="fifo:/x"),
     ev.RequestRejected(time=1.0, reason="malformed JSON", line="garbage", source="fifo:/x"),
@@ -34,9 +50,11 @@ SAMPLES: list[ev.Event] = [
 
 
 def test_every_event_kind_has_a_sample_and_a_unique_kind() -> None:
-    classes = {getattr(ev, name) for name in ev.__all__ if name not in {"Event", "signal_name"}}
+    helpers = {"Event", "signal_name", "clip_text", "MAX_LOGGED_TEXT"}
+    classes = {getattr(ev, name) for name in ev.__all__ if name not in helpers}
     assert classes == {type(e) for e in SAMPLES}
-    kinds = [e.kind for e in SAMPLES]
+    kinds = list(dict.fromkeys(e.kind for e in SAMPLES))
+    assert len(kinds) == len(classes)
     assert len(set(kinds)) == len(kinds) and "event" not in kinds
 
 
@@ -49,6 +67,28 @@ def test_event_is_frozen_json_ready_and_describable(event: ev.Event) -> None:
     assert json.loads(json.dumps(data)) == data
     assert event.describe() and event.describe() != event.kind
     assert event.level in {logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR, 50}
+
+
+def test_long_texts_are_whole_in_the_event_and_clipped_in_its_logged_forms() -> None:
+    dump = "x" * (ev.MAX_LOGGED_TEXT + 10)
+    dumped = ev.StacksDumped(time=1.0, pid=1, text=dump, step=1, steps=1)
+    reaped = ev.WorkerReaped(
+        time=1.0, pid=1, signal=9, group=False, scopes=("a",), step=2, steps=2, stacks=dump
+    )
+    assert dumped.text == dump and reaped.stacks == dump
+    for logged in (dumped.to_dict()["text"], reaped.to_dict()["stacks"], dumped.describe()):
+        assert "x" * ev.MAX_LOGGED_TEXT in logged
+        assert "x" * (ev.MAX_LOGGED_TEXT + 1) not in logged
+        assert "10 more characters not logged" in logged
+    assert "stack dump attached" in reaped.describe() and dump not in reaped.describe()
+    assert ev.clip_text("short") == "short"
+
+
+def test_server_stopped_carries_scope_statistics_as_plain_dicts() -> None:
+    stopped = ev.ServerStopped(time=1.0, timers=0, counters={}, scopes=(SUMMARY,))
+    [site] = stopped.to_dict()["scopes"]
+    assert site == dataclasses.asdict(SUMMARY)
+    assert "1 scope site" in stopped.describe()
 
 
 def test_signal_name() -> None:

@@ -28,6 +28,7 @@ from aiotimer.events import (
     ServerStarted,
     ServerStopped,
     SourceFailed,
+    StacksDumped,
     TimerAcquired,
     TimerExpired,
     TimerReleased,
@@ -561,6 +562,128 @@ async def test_event_log_is_written_and_flushed_on_stop(tmp_path: Path) -> None:
         "server_stopped",
     ]
     assert records[2]["scopes"] == ["a"]
+
+
+# -- issue 5 wiring: duration statistics, overdue blocks, stack dumps ----------------------
+
+SHADOW = ReapPolicy(Escalation(grace=1.0), shadow=True)
+
+
+def site(r: Rig, name: str) -> tuple[int, float | None, int, float | None, float | None]:
+    """(count, max, expirations, longest_expired, suggested_timeout) of site ``name``."""
+    [s] = [s for s in r.server.get_state().scopes if s.site == name]
+    return s.count, s.max, s.expirations, s.longest_expired, s.suggested_timeout
+
+
+@pytest.mark.asyncio
+async def test_released_blocks_feed_the_statistics_of_their_site() -> None:
+    async with rig() as r:
+        r.acquire(1, "w.py:3#1", at=5.0)
+        await r.advance(2.0)
+        r.release(1, "w.py:3#1")
+        r.acquire(1, "w.py:3#2", at=10.0)
+        await r.advance(1.0)
+        r.release(1, "w.py:3#2")
+        r.release(1, "w.py:3#2")  # a second release of the same block adds nothing
+        [summary] = r.server.get_state().scopes
+        assert summary.site == "w.py:3"
+        assert (summary.count, summary.p50, summary.max) == (2, 1.0, 2.0)
+        # max(1.5 * p99, 1.2 * max) = max(3.0, 2.4) -> 3.0 is already a nice number
+        assert summary.suggested_timeout == 3.0
+        assert r.server.scope_stats() == (summary,)
+    [stopped] = r.of(ServerStopped)
+    assert stopped.scopes == (summary,)
+    assert r.server.scope_stats() == (summary,)  # the last run's, after the stop
+
+
+@pytest.mark.asyncio
+async def test_shadow_mode_records_the_expiry_and_the_late_release() -> None:
+    async with rig(policy=SHADOW) as r:
+        r.acquire(1, "slow", at=1.0)
+        await r.advance(1.0)
+        [expired] = r.of(TimerExpired)
+        assert "would do: SIGTERM -> wait 1s -> SIGKILL" in expired.action
+        assert site(r, "slow") == (0, None, 1, 1.0, None)
+        await r.advance(2.5)
+        r.release(1, "slow")  # the block ended 3.5 s after it began
+        assert site(r, "slow") == (1, 3.5, 1, 1.0, 7.5)  # nice_ceil(1.5 * 3.5)
+        assert r.reaper.signals() == []
+
+
+@pytest.mark.asyncio
+async def test_report_only_timers_are_overdue_too_but_reaped_ones_are_not() -> None:
+    async with rig() as r:
+        r.acquire(1, "report", at=1.0, sig=0)
+        r.acquire(2, "reaped", at=1.0)
+        await r.advance(1.0)
+        await r.advance(1.0)
+        r.release(1, "report")
+        r.release(2, "reaped")  # too late: the worker was killed, no duration
+        assert site(r, "report") == (1, 2.0, 1, 1.0, 3.0)
+        assert site(r, "reaped") == (0, None, 1, 1.0, None)
+
+
+@pytest.mark.asyncio
+async def test_overdue_blocks_are_forgotten_on_exit_and_on_reacquire() -> None:
+    async with rig(policy=SHADOW) as r:
+        r.acquire(1, "gone", at=1.0)
+        r.acquire(2, "again", at=1.0)
+        await r.advance(1.0)
+        r.reaper.exit(1)
+        await settle()
+        r.acquire(2, "again", at=10.0)  # a new block under the same key
+        await r.advance(1.0)
+        r.release(2, "again")  # measures the new block: 1 s, not 2 s
+        r.acquire(1, "gone", at=10.0)  # pid 1 again (re-attached) ...
+        r.release(1, "gone")  # ... its old overdue block is not counted
+        assert site(r, "again") == (1, 1.0, 1, 1.0, 1.5)
+        assert site(r, "gone")[:3] == (1, 0.0, 1)
+
+
+@pytest.mark.asyncio
+async def test_the_dump_rides_on_stacks_dumped_and_each_reaped_event(tmp_path: Path) -> None:
+    policy = ReapPolicy(Escalation(dump=True, dump_timeout=2.0, grace=1.0))
+    reaper = RecordingReaper(stack_dump="Thread 0x1 in stuck_here")
+    log = tmp_path / "events.jsonl"
+    async with rig(policy=policy, reaper=reaper, event_log=log) as r:
+        r.acquire(1, "a", at=1.0)
+        await r.advance(1.0)
+        await r.advance(1.0)
+        [dumped] = r.of(StacksDumped)
+        assert (dumped.text, dumped.step, dumped.steps) == ("Thread 0x1 in stuck_here", 1, 3)
+        reaped = r.of(WorkerReaped)
+        assert [(e.signal, e.stacks) for e in reaped] == [
+            (TERM, "Thread 0x1 in stuck_here"),
+            (KILL, "Thread 0x1 in stuck_here"),
+        ]
+        assert r.reaper.methods(1)[2:5] == ["dump_stacks", "signal", "signal"]
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [rec["stacks"] for rec in records if rec["event"] == "worker_reaped"] == [
+        "Thread 0x1 in stuck_here"
+    ] * 2
+
+
+class HangingDumpReaper(RecordingReaper):
+    """A reaper whose dump never returns (a broken custom reaper)."""
+
+    async def dump_stacks(self, pid: int, timeout: float) -> str | None:
+        await super().dump_stacks(pid, timeout)
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+
+@pytest.mark.asyncio
+async def test_a_dump_that_overruns_is_cut_off_and_the_kill_still_happens() -> None:
+    policy = ReapPolicy(Escalation(dump=True, dump_timeout=2.0, soft_signal=None))
+    async with rig(policy=policy, reaper=HangingDumpReaper()) as r:
+        r.acquire(1, "a", at=1.0)
+        await r.advance(1.0)
+        await r.advance(2.9)  # the reaper's own bound (2 s) plus most of DUMP_SLACK (1 s)
+        assert r.reaper.signals() == []
+        await r.advance(0.1)
+        [dumped] = r.of(StacksDumped)
+        assert dumped.text is None
+        assert r.reaper.signals() == [(1, KILL)]
 
 
 # -- thread mode -----------------------------------------------------------------------------
