@@ -1,0 +1,337 @@
+"""The worker side: ``expires()`` blocks, and which client they talk through.
+
+>>> with expires(after=10):                # doctest: +SKIP
+...     load_batch()
+>>> async with expires(after=10):          # doctest: +SKIP
+...     await fetch()
+
+Entering a block sends an *acquire* (deadline ``after`` seconds from now) to the timer
+server; leaving it sends a *release*. If the block is still running at its deadline, the
+server reaps this process (SIGKILL by default).
+
+Which client: the one given to ``expires(client=...)``; else the context-local one
+(:func:`use_client`); else the process-wide one (:func:`configure`); else one discovered
+from the environment (``AIOTIMER_FIFO``, then torch's ``TORCHELASTIC_TIMER_FILE``).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import enum
+import logging
+import os
+import stat
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import TracebackType
+from typing import Final
+
+from aiotimer._clients import (
+    DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_SIGNAL,
+    DEFAULT_WRITE_TIMEOUT,
+    FifoClient,
+    InProcessClient,
+    QueueClient,
+    QueueRequest,
+    RequestSubmitter,
+    TimerClient,
+)
+from aiotimer._protocol import ENV_FIFO, TORCH_ENV_FIFO, Request
+from aiotimer._scope import current_pid, default_scope, scope_site
+from aiotimer.errors import NotConfiguredError
+
+__all__ = [
+    "DEFAULT_CONNECT_TIMEOUT",
+    "DEFAULT_SIGNAL",
+    "DEFAULT_WRITE_TIMEOUT",
+    "Expires",
+    "FifoClient",
+    "InProcessClient",
+    "QueueClient",
+    "QueueRequest",
+    "RequestSubmitter",
+    "TimerClient",
+    "configure",
+    "current_client",
+    "expires",
+    "expires_at",
+    "scope_site",
+    "under_timer_server",
+    "use_client",
+]
+
+log = logging.getLogger("aiotimer.client")
+
+_configured: TimerClient | None = None
+_context_client: Final[contextvars.ContextVar[TimerClient | None]] = contextvars.ContextVar(
+    "aiotimer_client", default=None
+)
+_discovered: dict[str, FifoClient] = {}
+_discovery_lock = threading.Lock()
+
+
+def configure(client: TimerClient | None) -> None:
+    """Set the process-wide default client (``None`` removes it).
+
+    Blocks that name no client, in a context without :func:`use_client`, use it.
+    """
+    global _configured
+    _configured = client
+
+
+@contextmanager
+def use_client(client: TimerClient) -> Iterator[TimerClient]:
+    """Within the ``with`` block, in this context only, ``expires()`` uses ``client``.
+
+    The override lives in a :mod:`contextvars` variable: other threads and other asyncio
+    tasks (each task runs in a copy of its creator's context) are unaffected.
+    """
+    token = _context_client.set(client)
+    try:
+        yield client
+    finally:
+        _context_client.reset(token)
+
+
+def current_client() -> TimerClient:
+    """The client ``expires()`` would use here and now.
+
+    In order: the context-local override (:func:`use_client`), the process-wide client
+    (:func:`configure`), a :class:`FifoClient` for the FIFO named by ``AIOTIMER_FIFO``
+    or torch's ``TORCHELASTIC_TIMER_FILE`` (one cached client per path).
+
+    Raises:
+        NotConfiguredError: none of these is set.
+    """
+    client = _context_client.get()
+    if client is not None:
+        return client
+    if _configured is not None:
+        return _configured
+    path = _env_fifo()
+    if path is None:
+        raise NotConfiguredError(
+            "no timer client: call aiotimer.configure(FifoClient(path)) (or use "
+            "use_client/expires(client=...)), or run the worker under a timer server: "
+            f"`aiotimer serve --fifo PATH` and export {ENV_FIFO}=PATH "
+            f"(torch's {TORCH_ENV_FIFO} works too)"
+        )
+    client = _discovered.get(path)
+    if client is None:
+        with _discovery_lock:
+            client = _discovered.setdefault(path, FifoClient(path))
+    return client
+
+
+def under_timer_server() -> bool:
+    """True when a client is set (:func:`use_client`, :func:`configure`) or the
+    environment names an existing FIFO. Never connects.
+    """
+    if _context_client.get() is not None or _configured is not None:
+        return True
+    path = _env_fifo()
+    if path is None:
+        return False
+    try:
+        return stat.S_ISFIFO(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _env_fifo() -> str | None:
+    return os.environ.get(ENV_FIFO) or os.environ.get(TORCH_ENV_FIFO) or None
+
+
+def release_failed(scope: str, exc: Exception, body_exc: BaseException | None) -> None:
+    """Re-raise a failed release, unless the block's own exception is propagating.
+
+    Then the release failure is logged and the block's exception (a ``CancelledError``
+    included) propagates untouched.
+    """
+    if body_exc is None:
+        raise exc
+    log.warning(
+        "releasing scope %r failed (%s: %s) while the block raised %s; the block's "
+        "exception propagates",
+        scope,
+        type(exc).__name__,
+        exc,
+        type(body_exc).__name__,
+    )
+
+
+class _State(enum.Enum):
+    CREATED = "created"
+    ACTIVE = "active"
+    EXITED = "exited"
+
+
+class Expires:
+    """A timed block: usable once, as ``with`` or as ``async with`` (see :func:`expires`).
+
+    Attributes:
+        scope: the scope id sent to the server.
+        deadline: the deadline on ``time.monotonic()`` (set on entry for ``expires``).
+    """
+
+    __slots__ = ("_after", "_client", "_signal", "_state", "deadline", "scope")
+
+    def __init__(
+        self,
+        scope: str,
+        *,
+        after: float | None = None,
+        deadline: float | None = None,
+        client: TimerClient | None = None,
+        signal: int | None = None,
+    ) -> None:
+        if (after is None) == (deadline is None):
+            raise TypeError("give exactly one of after= and deadline=")
+        if after is not None and not after >= 0:
+            raise ValueError(f"after must be a number >= 0, got {after!r}")
+        self.scope = scope
+        self._after = after
+        self.deadline = deadline
+        self._client = client
+        self._signal = signal
+        self._state = _State.CREATED
+
+    # -- the one place requests are built --------------------------------------------
+
+    def _acquire(self) -> tuple[TimerClient, Request]:
+        if self._state is not _State.CREATED:
+            raise RuntimeError(f"{self!r} can be entered only once")
+        client = self._client if self._client is not None else current_client()
+        mono = time.monotonic()
+        wall = time.time()
+        if self._after is not None:
+            self.deadline = mono + self._after
+        assert self.deadline is not None
+        remaining = self.deadline - mono
+        signal = client.signal if self._signal is None else self._signal
+        self._client = client
+        self._state = _State.ACTIVE
+        return client, Request(
+            pid=current_pid(),
+            scope_id=self.scope,
+            expiration_time=wall + remaining,
+            signal=signal,
+            mono=self.deadline,
+        )
+
+    def _release(self) -> tuple[TimerClient, Request]:
+        self._state = _State.EXITED
+        assert self._client is not None
+        return self._client, Request(
+            pid=current_pid(), scope_id=self.scope, expiration_time=-1, signal=0
+        )
+
+    # -- the two faces ---------------------------------------------------------------
+
+    def __enter__(self) -> Expires:
+        client, request = self._acquire()
+        try:
+            client.send(request)
+        except BaseException:
+            self._state = _State.EXITED
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        client, request = self._release()
+        try:
+            client.send(request)
+        except Exception as release_exc:
+            release_failed(self.scope, release_exc, exc)
+
+    async def __aenter__(self) -> Expires:
+        client, request = self._acquire()
+        try:
+            await client.send_async(request)
+        except BaseException:
+            self._state = _State.EXITED
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        client, request = self._release()
+        try:
+            await client.send_async(request)
+        except Exception as release_exc:
+            release_failed(self.scope, release_exc, exc)
+
+    def remaining(self) -> float | None:
+        """Seconds left before the deadline (negative once passed); ``None`` before entry."""
+        return None if self.deadline is None else self.deadline - time.monotonic()
+
+    def __repr__(self) -> str:
+        left = self.remaining()
+        when = "" if left is None else f", {left:.3f}s left"
+        return f"<Expires {self._state.value} scope={self.scope!r}{when}>"
+
+
+def expires(
+    after: float,
+    *,
+    scope: str | None = None,
+    client: TimerClient | None = None,
+    signal: int | None = None,
+) -> Expires:
+    """A block that must finish within ``after`` seconds of entering it, or be reaped.
+
+    Use as ``with expires(after=10): ...`` or ``async with expires(after=10): ...``.
+    A block is used once; nested and concurrent blocks are independent timers.
+
+    Args:
+        after: seconds from entering the block to its deadline (>= 0).
+        scope: the scope id; by default ``"file.py:LINE#N"`` with a process-wide ``N``,
+            unique per block, so concurrent tasks on one line never collide. Blocks that
+            share an explicit scope share one timer (torch's behaviour).
+        client: the transport; by default :func:`current_client` on entry.
+        signal: the signal to reap with (``<= 0``: report only); default: the client's.
+
+    Raises (on entry or exit):
+        NotConfiguredError: no client given, set or discoverable.
+        ServerUnavailableError: no server within the client's ``connect_timeout``.
+        ClientBackpressureError: the server's pipe stayed full for ``write_timeout``.
+
+    A failing release never hides the block's own exception (it is logged instead),
+    and a cancelled task still sends its release.
+    """
+    return Expires(
+        default_scope() if scope is None else scope, after=after, client=client, signal=signal
+    )
+
+
+def expires_at(
+    deadline: float,
+    *,
+    scope: str | None = None,
+    client: TimerClient | None = None,
+    signal: int | None = None,
+) -> Expires:
+    """Like :func:`expires`, with an absolute ``deadline`` on the ``time.monotonic()`` clock.
+
+    ``deadline`` is **not** epoch time: compute it as ``time.monotonic() + seconds``
+    (asyncio's ``loop.time()`` is the same clock on Linux but is not guaranteed to be).
+    A deadline already past is sent as "expire now".
+    """
+    return Expires(
+        default_scope() if scope is None else scope,
+        deadline=deadline,
+        client=client,
+        signal=signal,
+    )

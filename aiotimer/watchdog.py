@@ -1,0 +1,219 @@
+"""Heartbeats: a timer that a loop keeps pushing forward.
+
+>>> with watchdog(30) as wd:               # doctest: +SKIP
+...     for batch in loader:
+...         train(batch)
+...         wd.kick()
+
+The block is reaped when ``timeout`` seconds pass without a kick (entering counts as
+the first kick). Kicks are rate-limited on the client side: a kick less than
+``min_kick_interval`` after the last one *sent* only records the time locally, so a tight
+loop costs a clock read per kick, not a server request.
+
+Guarantee: the server's deadline is never earlier than
+``last_kick + timeout - min_kick_interval``, and never later than
+``last_kick + timeout``. So a loop that stops kicking is reaped between
+``timeout - min_kick_interval`` and ``timeout`` seconds after its last kick
+(plus the server's reaping latency), and a loop that kicks at least every
+``timeout - min_kick_interval`` seconds is never reaped.
+"""
+
+from __future__ import annotations
+
+import math
+from types import TracebackType
+
+from aiotimer._clock import Clock, MonotonicClock
+from aiotimer._protocol import Request
+from aiotimer._scope import current_pid, default_scope
+from aiotimer.client import TimerClient, current_client, release_failed
+
+__all__ = ["Watchdog", "watchdog"]
+
+_SYSTEM_CLOCK = MonotonicClock()
+
+
+class Watchdog:
+    """A heartbeat timer (see :func:`watchdog`). Use once, as ``with`` or ``async with``."""
+
+    __slots__ = (
+        "_client",
+        "_clock",
+        "_entered",
+        "_exited",
+        "_last_kick",
+        "_last_sent",
+        "_signal",
+        "min_kick_interval",
+        "scope",
+        "sent",
+        "timeout",
+    )
+
+    def __init__(
+        self,
+        timeout: float,
+        *,
+        scope: str,
+        client: TimerClient | None = None,
+        min_kick_interval: float | None = None,
+        signal: int | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        if not (math.isfinite(timeout) and timeout > 0):
+            raise ValueError(f"timeout must be a finite number > 0, got {timeout!r}")
+        interval = timeout / 10 if min_kick_interval is None else min_kick_interval
+        if not (0 <= interval < timeout):
+            raise ValueError(
+                f"min_kick_interval must be >= 0 and < timeout ({timeout}), got {interval!r}"
+            )
+        self.timeout = float(timeout)
+        self.min_kick_interval = float(interval)
+        self.scope = scope
+        self._client = client
+        self._signal = signal
+        self._clock: Clock = clock if clock is not None else _SYSTEM_CLOCK
+        self._entered = self._exited = False
+        self._last_kick = self._last_sent = -math.inf
+        #: How many acquires this watchdog has sent (entry included).
+        self.sent = 0
+
+    @property
+    def last_kick(self) -> float:
+        """The clock's monotonic time of the latest kick (entry counts as one)."""
+        return self._last_kick
+
+    @property
+    def server_deadline(self) -> float:
+        """The deadline (monotonic) the server holds: ``last sent kick + timeout``."""
+        return self._last_sent + self.timeout
+
+    # -- the one place requests are built --------------------------------------------
+
+    def _due(self) -> Request | None:
+        """Record a kick now; return the acquire to send, or ``None`` if rate-limited."""
+        if not self._entered or self._exited:
+            raise RuntimeError(f"kick() outside the watchdog's block: {self!r}")
+        now = self._clock.monotonic()
+        self._last_kick = now
+        if now - self._last_sent < self.min_kick_interval:
+            return None
+        self._last_sent = now
+        self.sent += 1
+        client = self._client
+        assert client is not None
+        return Request(
+            pid=current_pid(),
+            scope_id=self.scope,
+            expiration_time=self._clock.time() + self.timeout,
+            signal=client.signal if self._signal is None else self._signal,
+            mono=now + self.timeout,
+        )
+
+    def _enter(self) -> tuple[TimerClient, Request]:
+        if self._entered:
+            raise RuntimeError(f"{self!r} can be entered only once")
+        if self._client is None:
+            self._client = current_client()
+        self._entered = True
+        request = self._due()
+        assert request is not None
+        return self._client, request
+
+    def _exit(self) -> tuple[TimerClient, Request]:
+        self._exited = True
+        assert self._client is not None
+        return self._client, Request(
+            pid=current_pid(), scope_id=self.scope, expiration_time=-1, signal=0
+        )
+
+    # -- kicks -------------------------------------------------------------------------
+
+    def kick(self) -> None:
+        """Push the deadline to ``timeout`` seconds from now (rate-limited; may block
+        for a bounded time if the server's pipe is full — use :meth:`akick` in async code).
+        """
+        request = self._due()
+        if request is not None:
+            assert self._client is not None
+            self._client.send(request)
+
+    async def akick(self) -> None:
+        """Like :meth:`kick`, waiting by awaiting instead of blocking."""
+        request = self._due()
+        if request is not None:
+            assert self._client is not None
+            await self._client.send_async(request)
+
+    # -- the two faces -----------------------------------------------------------------
+
+    def __enter__(self) -> Watchdog:
+        client, request = self._enter()
+        client.send(request)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        client, request = self._exit()
+        try:
+            client.send(request)
+        except Exception as release_exc:
+            release_failed(self.scope, release_exc, exc)
+
+    async def __aenter__(self) -> Watchdog:
+        client, request = self._enter()
+        await client.send_async(request)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        client, request = self._exit()
+        try:
+            await client.send_async(request)
+        except Exception as release_exc:
+            release_failed(self.scope, release_exc, exc)
+
+    def __repr__(self) -> str:
+        state = "exited" if self._exited else "active" if self._entered else "created"
+        return (
+            f"<Watchdog {state} scope={self.scope!r} timeout={self.timeout:g}s "
+            f"min_kick_interval={self.min_kick_interval:g}s sent={self.sent}>"
+        )
+
+
+def watchdog(
+    timeout: float,
+    *,
+    scope: str | None = None,
+    client: TimerClient | None = None,
+    min_kick_interval: float | None = None,
+    signal: int | None = None,
+    clock: Clock | None = None,
+) -> Watchdog:
+    """A heartbeat block: reaped when ``timeout`` seconds pass without a :meth:`~Watchdog.kick`.
+
+    Args:
+        timeout: seconds allowed between kicks (entering the block is the first kick).
+        scope: the scope id (default: ``"file.py:LINE#N"``, as for ``expires``).
+        client: the transport (default: :func:`~aiotimer.client.current_client`).
+        min_kick_interval: kicks closer than this to the last one sent are not sent
+            (default ``timeout / 10``); see the module docstring for the guarantee.
+        signal: the signal to reap with; default: the client's.
+        clock: the time source (tests pass :class:`aiotimer.testing.FakeClock`).
+    """
+    return Watchdog(
+        timeout,
+        scope=default_scope() if scope is None else scope,
+        client=client,
+        min_kick_interval=min_kick_interval,
+        signal=signal,
+        clock=clock,
+    )

@@ -1,0 +1,266 @@
+"""``expires()`` / ``expires_at()``: requests built, scope ids, exceptions, cancellation.
+
+The unit layer: a recording client stands in for the transport.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+import time
+
+import anyio
+import pytest
+
+from aiotimer._protocol import Request
+from aiotimer._scope import default_scope, scope_site
+from aiotimer.client import Expires, configure, expires, expires_at, use_client
+from aiotimer.errors import ServerUnavailableError
+
+
+class RecordingClient:
+    """A fake transport: records requests; can be told to fail acquires or releases."""
+
+    def __init__(self, *, signal: int = 9) -> None:
+        self.signal = signal
+        self.requests: list[Request] = []
+        self.fail_release: Exception | None = None
+        self.fail_acquire: Exception | None = None
+
+    def _record(self, request: Request) -> None:
+        failure = self.fail_release if request.is_release else self.fail_acquire
+        if failure is not None:
+            raise failure
+        self.requests.append(request)
+
+    def send(self, request: Request) -> None:
+        self._record(request)
+
+    async def send_async(self, request: Request) -> None:
+        await anyio.lowlevel.checkpoint()
+        self._record(request)
+
+    def acquired(self) -> list[str]:
+        return [r.scope_id for r in self.requests if not r.is_release]
+
+
+@pytest.fixture
+def client() -> RecordingClient:
+    return RecordingClient()
+
+
+def test_sync_block_sends_acquire_then_release(client: RecordingClient) -> None:
+    before_wall, before_mono = time.time(), time.monotonic()
+    with expires(after=5, client=client) as block:
+        assert isinstance(block, Expires)
+        assert len(client.requests) == 1
+    after_wall, after_mono = time.time(), time.monotonic()
+    acquire, release = client.requests
+    assert acquire.pid == release.pid == os.getpid()
+    assert acquire.scope_id == release.scope_id == block.scope
+    assert before_wall + 5 <= acquire.expiration_time <= after_wall + 5
+    assert acquire.mono is not None and before_mono + 5 <= acquire.mono <= after_mono + 5
+    assert acquire.signal == 9
+    assert release.is_release and release.signal == 0
+
+
+@pytest.mark.asyncio
+async def test_async_block_sends_acquire_then_release(client: RecordingClient) -> None:
+    async with expires(after=5, client=client, signal=signal.SIGTERM) as block:
+        assert [r.scope_id for r in client.requests] == [block.scope]
+    assert [r.is_release for r in client.requests] == [False, True]
+    assert client.requests[0].signal == signal.SIGTERM
+
+
+def test_expires_at_takes_a_monotonic_deadline(client: RecordingClient) -> None:
+    deadline = time.monotonic() + 7
+    with expires_at(deadline, client=client) as block:
+        pass
+    acquire = client.requests[0]
+    assert acquire.mono == deadline == block.deadline
+    # The epoch deadline is the same instant on the wall clock (generous tolerance).
+    assert abs(acquire.expiration_time - (time.time() + 7)) < 1.0
+
+
+def test_default_scope_names_the_callers_line() -> None:
+    client = RecordingClient()
+    with expires(after=1, client=client) as block:
+        line = _lineno() - 1
+    assert block.scope.startswith(f"test_expires.py:{line}#")
+    assert scope_site(block.scope) == f"test_expires.py:{line}"
+
+
+def _lineno() -> int:
+    return sys._getframe(1).f_lineno
+
+
+def test_default_scopes_are_unique_across_nested_and_repeated_blocks(
+    client: RecordingClient,
+) -> None:
+    for _ in range(3):
+        with expires(after=1, client=client), expires(after=1, client=client):
+            pass
+    scopes = client.acquired()
+    assert len(scopes) == 6 and len(set(scopes)) == 6
+    assert len({scope_site(s) for s in scopes}) == 1  # same line, different ids
+
+
+@pytest.mark.asyncio
+async def test_concurrent_tasks_on_one_line_never_collide(client: RecordingClient) -> None:
+    live: set[str] = set()
+    overlaps = 0
+
+    async def item() -> None:
+        nonlocal overlaps
+        async with expires(after=5, client=client) as block:
+            assert block.scope not in live
+            live.add(block.scope)
+            overlaps = max(overlaps, len(live))
+            await anyio.sleep(0.01)
+            async with expires(after=1, client=client) as inner:
+                assert inner.scope != block.scope
+            live.discard(block.scope)
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(50):
+            tg.start_soon(item)
+    assert overlaps > 1
+    assert len(set(client.acquired())) == 100
+
+
+def test_scope_site_leaves_other_ids_alone() -> None:
+    assert scope_site("a.py:12#7") == "a.py:12"
+    assert scope_site("load#3") == "load#3"
+    assert scope_site("train.py#42") == "train.py#42"  # torch's format: no line separator
+    assert scope_site("x:1#abc") == "x:1#abc"
+    assert default_scope(0).startswith("test_expires.py:")
+
+
+def test_explicit_scope_is_used_as_is(client: RecordingClient) -> None:
+    with expires(after=1, scope="load", client=client):
+        pass
+    assert [r.scope_id for r in client.requests] == ["load", "load"]
+
+
+def test_a_block_is_used_once(client: RecordingClient) -> None:
+    block = expires(after=1, client=client)
+    with block:
+        pass
+    with pytest.raises(RuntimeError, match="only once"), block:
+        pass
+    assert "exited" in repr(block)
+
+
+def test_invalid_after_is_rejected() -> None:
+    with pytest.raises(ValueError):
+        expires(after=-1)
+    with pytest.raises(ValueError):
+        expires(after=float("nan"))
+
+
+def test_body_exception_is_not_masked_by_a_failing_release(
+    client: RecordingClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    client.fail_release = ServerUnavailableError("server gone")
+    with (
+        caplog.at_level(logging.WARNING, "aiotimer.client"),
+        pytest.raises(KeyError, match="body"),
+        expires(after=1, client=client),
+    ):
+        raise KeyError("body")
+    assert "server gone" in caplog.text and "KeyError" in caplog.text
+
+
+def test_release_error_propagates_when_the_body_succeeded(client: RecordingClient) -> None:
+    client.fail_release = ServerUnavailableError("server gone")
+    with pytest.raises(ServerUnavailableError), expires(after=1, client=client):
+        pass
+
+
+def test_a_failed_acquire_skips_the_body(client: RecordingClient) -> None:
+    client.fail_acquire = ServerUnavailableError("no server")
+    ran = False
+    with pytest.raises(ServerUnavailableError), expires(after=1, client=client):
+        ran = True
+    assert not ran and client.requests == []
+
+
+@pytest.mark.asyncio
+async def test_async_body_exception_is_not_masked(client: RecordingClient) -> None:
+    client.fail_release = ServerUnavailableError("server gone")
+    with pytest.raises(ZeroDivisionError):
+        async with expires(after=1, client=client):
+            _ = 1 / 0
+
+
+@pytest.mark.asyncio
+async def test_cancellation_propagates_untouched_and_still_releases() -> None:
+    client = RecordingClient()
+    entered = asyncio.Event()
+
+    async def body() -> None:
+        async with expires(after=5, client=client):
+            entered.set()
+            await asyncio.sleep(3600)
+
+    task = asyncio.create_task(body())
+    await entered.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert task.cancelled()
+    assert [r.is_release for r in client.requests] == [False, True]
+
+
+@pytest.mark.asyncio
+async def test_cancellation_propagates_even_when_the_release_fails() -> None:
+    client = RecordingClient()
+    client.fail_release = ServerUnavailableError("gone")
+    entered = asyncio.Event()
+
+    async def body() -> None:
+        async with expires(after=5, client=client):
+            entered.set()
+            await asyncio.sleep(3600)
+
+    task = asyncio.create_task(body())
+    await entered.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+def test_the_configured_client_is_used_on_entry(client: RecordingClient) -> None:
+    block = expires(after=1)  # no client yet: resolved when entered
+    configure(client)
+    try:
+        with block:
+            pass
+    finally:
+        configure(None)
+    assert len(client.requests) == 2
+
+
+def test_use_client_overrides_configure(client: RecordingClient) -> None:
+    other = RecordingClient()
+    configure(other)
+    try:
+        with use_client(client), expires(after=1):
+            pass
+        with expires(after=1):
+            pass
+    finally:
+        configure(None)
+    assert len(client.requests) == 2 and len(other.requests) == 2
+
+
+def test_repr_shows_state_and_time_left(client: RecordingClient) -> None:
+    block = expires(after=3, scope="s", client=client)
+    assert repr(block) == "<Expires created scope='s'>"
+    with block:
+        assert "active" in repr(block) and "s left" in repr(block)
+        remaining = block.remaining()
+        assert remaining is not None and 0 < remaining <= 3

@@ -1,0 +1,123 @@
+"""``watchdog()``: kicks push the deadline; client-side rate limiting keeps its guarantee."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from aiotimer._protocol import Request
+from aiotimer.errors import ServerUnavailableError
+from aiotimer.testing import FakeClock
+from aiotimer.watchdog import Watchdog, watchdog
+
+
+class RecordingClient:
+    """A fake transport that records requests."""
+
+    signal = 9
+
+    def __init__(self) -> None:
+        self.requests: list[Request] = []
+        self.fail_release: Exception | None = None
+
+    def send(self, request: Request) -> None:
+        if request.is_release and self.fail_release is not None:
+            raise self.fail_release
+        self.requests.append(request)
+
+    async def send_async(self, request: Request) -> None:
+        self.send(request)
+
+    def acquires(self) -> list[Request]:
+        return [r for r in self.requests if not r.is_release]
+
+
+def test_entry_is_the_first_kick_and_exit_releases() -> None:
+    clock, client = FakeClock(100.0), RecordingClient()
+    with watchdog(30, client=client, clock=clock) as wd:
+        assert isinstance(wd, Watchdog)
+        [first] = client.requests
+        assert first.mono == 130.0
+        assert first.expiration_time == clock.time() + 30
+        assert first.scope_id.startswith("test_watchdog.py:")
+    assert client.requests[-1].is_release
+    assert client.requests[-1].scope_id == first.scope_id
+
+
+def test_kicks_within_the_interval_are_recorded_not_sent() -> None:
+    clock, client = FakeClock(), RecordingClient()
+    with watchdog(10, client=client, clock=clock, min_kick_interval=1.0) as wd:
+        for _ in range(7):
+            clock.advance(0.125)  # exact in binary: no rounding at the boundary
+            wd.kick()
+        assert wd.sent == 1 and wd.last_kick == 0.875
+        clock.advance(0.125)
+        wd.kick()  # 1.0 s after the last one sent: goes out
+        assert wd.sent == 2
+        assert client.acquires()[-1].mono == pytest.approx(11.0)
+        assert wd.server_deadline == pytest.approx(11.0)
+
+
+def test_default_interval_is_a_tenth_of_the_timeout() -> None:
+    assert watchdog(30, client=RecordingClient()).min_kick_interval == 3.0
+
+
+@pytest.mark.parametrize("interval", [-1.0, 10.0, 11.0])
+def test_interval_must_be_below_the_timeout(interval: float) -> None:
+    with pytest.raises(ValueError):
+        watchdog(10, client=RecordingClient(), min_kick_interval=interval)
+
+
+def test_kick_outside_the_block_is_an_error() -> None:
+    wd = watchdog(10, client=RecordingClient())
+    with pytest.raises(RuntimeError):
+        wd.kick()
+    with wd:
+        pass
+    with pytest.raises(RuntimeError):
+        wd.kick()
+
+
+def test_body_exception_is_not_masked_by_a_failing_release() -> None:
+    client = RecordingClient()
+    client.fail_release = ServerUnavailableError("gone")
+    with pytest.raises(KeyError), watchdog(10, client=client):
+        raise KeyError("body")
+
+
+@pytest.mark.asyncio
+async def test_async_face_kicks_by_awaiting() -> None:
+    clock, client = FakeClock(), RecordingClient()
+    async with watchdog(5, client=client, clock=clock, min_kick_interval=0.5) as wd:
+        for _ in range(10):
+            clock.advance(0.25)
+            await wd.akick()
+            await anyio.lowlevel.checkpoint()
+    assert wd.sent == 1 + 5  # entry, then every second kick
+    assert client.requests[-1].is_release
+    assert "exited" in repr(wd)
+
+
+@given(
+    timeout=st.floats(0.5, 100),
+    fraction=st.floats(0, 0.9),
+    gaps=st.lists(st.floats(0, 20), max_size=60),
+)
+def test_the_server_deadline_stays_within_the_guarantee(
+    timeout: float, fraction: float, gaps: list[float]
+) -> None:
+    """After every kick: last + timeout - interval <= server deadline <= last + timeout."""
+    clock, client = FakeClock(), RecordingClient()
+    interval = timeout * fraction
+    with watchdog(timeout, client=client, clock=clock, min_kick_interval=interval) as wd:
+        for gap in gaps:
+            clock.advance(gap)
+            wd.kick()
+            deadline = client.acquires()[-1].mono
+            assert deadline is not None
+            assert deadline == wd.server_deadline
+            slack = 1e-9 * max(1.0, abs(deadline))
+            assert wd.last_kick + timeout - interval - slack <= deadline
+            assert deadline <= wd.last_kick + timeout + slack
