@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from aiotimer import demo
 from aiotimer._policy import Escalation, ReapPolicy
 from aiotimer._stats import format_summaries
 from aiotimer.errors import AiotimerError
@@ -177,6 +178,12 @@ def run_serve(args: argparse.Namespace) -> int:
 #: Every subcommand, in the order ``--help`` lists them.
 COMMANDS: list[Command] = [
     Command("serve", "run a timer server on a FIFO", _configure_serve, run_serve),
+    Command(
+        "demo",
+        "watch a server reap a stuck worker among healthy ones (about 5 seconds)",
+        demo.configure_parser,
+        demo.run_demo,
+    ),
 ]
 
 
