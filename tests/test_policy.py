@@ -22,6 +22,7 @@ from aiotimer._policy import (
 )
 from aiotimer._protocol import Request
 from aiotimer._table import Timer
+from aiotimer.cli import build_parser, policy_from_args
 from aiotimer.testing import FakeClock
 
 TERM = int(signal.SIGTERM)
@@ -355,3 +356,37 @@ def test_escalator_never_signals_a_dead_worker(plan: list[Step], fatal: int, del
     drive(esc, clock, worker)  # Worker.signal asserts it is alive
     if worker.death is not None and clock.monotonic() >= worker.death:
         assert esc.outcome is Outcome.EXITED
+
+
+# -- the `aiotimer serve` options that build a policy -----------------------------------------
+
+
+def serve_policy(*options: str) -> ReapPolicy:
+    return policy_from_args(build_parser().parse_args(["serve", "--fifo", "f", *options]))
+
+
+def test_serve_without_reaping_options_keeps_torch_semantics() -> None:
+    policy = serve_policy()
+    assert (policy.default, policy.shadow, policy.unkillable_after) == (None, False, 5.0)
+    assert serve_policy("--shadow").shadow
+
+
+def test_serve_reaping_options_make_a_ladder() -> None:
+    assert format_plan(serve_policy("--grace", "3").intended(timer())) == (
+        "SIGTERM -> wait 3s -> SIGKILL"
+    )
+    assert format_plan(serve_policy("--group").intended(timer())) == "SIGKILL to group"
+    dumped = serve_policy("--dump-dir", "/tmp", "--dump-timeout", "4", "--unkillable-after", "1")
+    assert format_plan(dumped.intended(timer())) == "dump stacks (4s) -> SIGKILL"
+    assert dumped.unkillable_after == 1.0
+    full = serve_policy("--shadow", "--dump", "--grace", "0.5", "--group")
+    assert full.shadow and full.plan(timer()) == ()
+    assert format_plan(full.intended(timer())) == (
+        "dump stacks (2s) -> SIGTERM to group -> wait 0.5s -> SIGKILL to group"
+    )
+
+
+@pytest.mark.parametrize("bad", ["-1", "nan", "inf", "soon"])
+def test_serve_rejects_bad_durations(bad: str) -> None:
+    with pytest.raises(SystemExit):
+        serve_policy("--grace", bad)

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import anyio
 import pytest
@@ -124,4 +125,19 @@ async def test_signal_reaper_refuses_and_reports_unknown() -> None:
     assert reaper.attach(1)
     with pytest.raises(RefusedTargetError):
         await reaper.signal(1, signal.SIGKILL)
+    reaper.close()
+
+
+@pytest.mark.process
+@pytest.mark.timeout(20)
+@pytest.mark.asyncio
+async def test_signal_reaper_never_signals_a_worker_without_the_dump_hook(
+    child: subprocess.Popen[bytes], tmp_path: Path
+) -> None:
+    reaper = SignalReaper(dump_dir=tmp_path, py_spy=False)
+    assert reaper.attach(child.pid)
+    assert await reaper.dump_stacks(child.pid, 0.5) is None
+    await anyio.sleep(0.1)
+    assert child.poll() is None  # SIGUSR1 would have killed it
+    assert await reaper.dump_stacks(4_000_000, 0.5) is None  # never attached
     reaper.close()
