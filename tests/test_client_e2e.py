@@ -1,0 +1,279 @@
+"""End to end: real worker processes, a real server, real signals.
+
+The server runs in this process (thread mode) on a FIFO in a temporary directory; the
+workers are fresh Python processes that find it through the environment only (no
+``configure()``). Workers of one test are started together so that interpreter start-up
+(up to a few seconds on a busy 2-core machine) is paid once per test.
+
+Tolerances: deadlines are 1-2.5 s, healthy blocks last a few ms, and every wait is
+bounded by a generous ``WAIT`` so a stalled machine fails a test instead of hanging it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from aiotimer._protocol import ENV_FIFO, TORCH_ENV_FIFO
+from aiotimer.events import Event, WorkerReaped
+from aiotimer.server import TimerServer, TimerServerThread
+
+pytestmark = pytest.mark.process
+
+#: The longest a test waits for its workers (they normally finish within ~5 s).
+WAIT = 40.0
+KILLED = -signal.SIGKILL
+
+
+class Harness:
+    """A server in a thread plus helpers to start workers against its FIFO."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.fifo = tmp_path / "timer.fifo"
+        self.events: list[Event] = []
+        self.thread = self.new_server()
+        self.procs: list[subprocess.Popen[str]] = []
+
+    def new_server(self) -> TimerServerThread:
+        thread = TimerServerThread(TimerServer(fifo=self.fifo, on_event=self.events.append))
+        thread.start()
+        return thread
+
+    def spawn(self, code: str, *, env_var: str = ENV_FIFO) -> subprocess.Popen[str]:
+        env = {k: v for k, v in os.environ.items() if k not in (ENV_FIFO, TORCH_ENV_FIFO)}
+        env[env_var] = str(self.fifo)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(code)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.procs.append(proc)
+        return proc
+
+    def wait(self, proc: subprocess.Popen[str]) -> tuple[int, str, str]:
+        out, err = proc.communicate(timeout=WAIT)
+        return proc.returncode, out, err
+
+    def reaped_pids(self) -> set[int]:
+        return {e.pid for e in self.events if isinstance(e, WorkerReaped)}
+
+    def was_reaped(self, pid: int) -> bool:
+        """Whether the server reported reaping ``pid`` (the event may trail the death)."""
+        deadline = time.monotonic() + 5.0
+        while pid not in self.reaped_pids() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return pid in self.reaped_pids()
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.communicate()
+        self.thread.stop(WAIT)
+
+
+@pytest.fixture
+def harness(tmp_path: Path) -> Iterator[Harness]:
+    h = Harness(tmp_path)
+    yield h
+    h.close()
+
+
+SYNC_WORKER = """
+    import time
+    from aiotimer.client import expires
+    for i in range(20):
+        with expires(after=1.0):
+            with expires(after=1.0):
+                time.sleep(0.002)
+    with expires(after=1.0):
+        if {stuck}:
+            time.sleep(60)
+    print("done", flush=True)
+"""
+
+ASYNC_WORKER = """
+    import asyncio, time
+    from aiotimer.client import expires
+    async def main():
+        for i in range(20):
+            async with expires(after=1.0):
+                async with expires(after=1.0):
+                    await asyncio.sleep(0.002)
+        async with expires(after=1.0):
+            if {stuck}:
+                time.sleep(60)  # a blocking call: the event loop is stuck too
+        print("done", flush=True)
+    asyncio.run(main())
+"""
+
+THREADS_WORKER = """
+    import threading, time
+    from aiotimer.client import expires
+    def work(n):
+        for i in range(20):
+            with expires(after=2.0):
+                with expires(after=2.0):
+                    time.sleep(0.001)
+        if {stuck} and n == 3:
+            with expires(after=1.0):
+                time.sleep(60)
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(8)]
+    for t in threads: t.start()
+    for t in threads: t.join()
+    print("done", flush=True)
+"""
+
+TASKS_WORKER = """
+    import asyncio, random
+    from aiotimer.client import expires
+    async def item(n):
+        async with expires(after=2.5):
+            await asyncio.sleep(random.uniform(0, 0.05))
+            async with expires(after=2.5):
+                await asyncio.sleep(random.uniform(0, 0.05))
+                async with expires(after=2.5):
+                    await asyncio.sleep(0)
+    async def main():
+        await asyncio.gather(*(item(n) for n in range(300)))
+        print("done", flush=True)
+    asyncio.run(main())
+"""
+
+
+@pytest.mark.timeout(60)
+def test_sync_async_threads_and_tasks_only_the_stuck_are_reaped(harness: Harness) -> None:
+    workers = {
+        (name, stuck): harness.spawn(code.format(stuck=stuck))
+        for name, code in [
+            ("sync", SYNC_WORKER),
+            ("async", ASYNC_WORKER),
+            ("threads", THREADS_WORKER),
+        ]
+        for stuck in (False, True)
+    }
+    tasks = harness.spawn(TASKS_WORKER)
+    for (name, stuck), proc in workers.items():
+        code, out, err = harness.wait(proc)
+        if stuck:
+            assert code == KILLED, (name, code, out, err)
+            assert harness.was_reaped(proc.pid)
+        else:
+            assert (code, out) == (0, "done\n"), (name, err)
+    code, out, err = harness.wait(tasks)
+    assert (code, out) == (0, "done\n"), err
+    healthy = {p.pid for (_, stuck), p in workers.items() if not stuck} | {tasks.pid}
+    assert not healthy & harness.reaped_pids()
+    assert len(harness.thread.server.get_state().timers) == 0
+
+
+@pytest.mark.timeout(60)
+def test_torch_variable_alone_is_enough(harness: Harness) -> None:
+    ok = harness.spawn(SYNC_WORKER.format(stuck=False), env_var=TORCH_ENV_FIFO)
+    stuck = harness.spawn(SYNC_WORKER.format(stuck=True), env_var=TORCH_ENV_FIFO)
+    assert harness.wait(ok)[:2] == (0, "done\n")
+    assert harness.wait(stuck)[0] == KILLED
+    assert harness.was_reaped(stuck.pid)
+    assert harness.reaped_pids() == {stuck.pid}
+
+
+RESTART_WORKER = """
+    import threading, time
+    from aiotimer.client import expires
+    def busy():  # keeps sending: it notices the restart and re-registers open blocks
+        end = time.monotonic() + {busy_for}
+        n = 0
+        while time.monotonic() < end:
+            with expires(after=2.0):
+                time.sleep(0.01)
+            n += 1
+        print("busy", n, flush=True)
+    t = threading.Thread(target=busy)
+    t.start()
+    if {stuck}:
+        with expires(after=2.5, scope="stuck-block"):
+            print("entered", flush=True)
+            time.sleep(60)
+    t.join()
+    print("done", flush=True)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_clients_recover_from_a_server_restart(harness: Harness) -> None:
+    healthy = harness.spawn(RESTART_WORKER.format(stuck=False, busy_for=4.0))
+    stuck = harness.spawn(RESTART_WORKER.format(stuck=True, busy_for=60))
+    assert stuck.stdout is not None
+    assert stuck.stdout.readline() == "entered\n"
+    first_events = len(harness.events)
+    harness.thread.stop(WAIT)  # the server goes away (its FIFO with it) ...
+    time.sleep(0.3)
+    harness.thread = harness.new_server()  # ... and comes back, empty
+    code, out, err = harness.wait(healthy)
+    assert code == 0 and out.endswith("done\n"), err
+    # The new server learnt the stuck block from the client's replay and reaps it.
+    code, _, err = harness.wait(stuck)
+    assert code == KILLED, err
+    assert harness.was_reaped(stuck.pid)
+    reaped = [e for e in harness.events[first_events:] if isinstance(e, WorkerReaped)]
+    assert [e.pid for e in reaped] == [stuck.pid]
+    assert "stuck-block" in reaped[0].scopes
+
+
+NO_SERVER_WORKER = """
+    import time
+    from aiotimer.client import FifoClient, expires
+    from aiotimer.errors import ServerUnavailableError
+    client = FifoClient({path!r}, connect_timeout=0.5) if {explicit} else None
+    started = time.monotonic()
+    try:
+        with expires(after=1, client=client):
+            pass
+    except ServerUnavailableError as exc:
+        print(f"{{time.monotonic() - started:.3f}}", flush=True)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_no_server_is_a_typed_error_within_the_connect_timeout(harness: Harness) -> None:
+    harness.thread.stop(WAIT)
+    explicit = harness.spawn(NO_SERVER_WORKER.format(path=str(harness.fifo), explicit=True))
+    default = harness.spawn(NO_SERVER_WORKER.format(path="", explicit=False))
+    for proc, bound in ((explicit, 0.5), (default, 2.0)):  # 2.0: the default timeout
+        code, out, err = harness.wait(proc)
+        assert code == 0 and out, err
+        assert bound <= float(out) < bound + 3.0  # 3 s of slack for a busy machine
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("args", "status", "verdict"),
+    [
+        (["--workers", "3"], 0, "the stuck worker was reaped"),
+        (["--workers", "2", "--deadline", "30", "--budget", "2"], 1, "NOT reaped"),
+    ],
+    ids=["reaped", "not-reaped-in-budget"],
+)
+def test_demo(args: list[str], status: int, verdict: str) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in (ENV_FIFO, TORCH_ENV_FIFO)}
+    done = subprocess.run(
+        [sys.executable, "-m", "aiotimer", "demo", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=WAIT,
+        env=env,
+    )
+    assert done.returncode == status, done.stdout + done.stderr
+    assert verdict in done.stdout
+    assert "\x1b[" not in done.stdout  # no colours when stdout is not a terminal
