@@ -14,9 +14,10 @@ or a worker clear only *tombstones* the entry (sets its timer slot to ``None``) 
 it as stale. Stale entries are discarded when they surface at the top of the heap
 (``pop_expired`` and ``next_deadline``), and when they dominate (more than 100 of them
 *and* more than half of the heap, as asyncio does for cancelled timer handles) the heap is
-rebuilt from the live entries. That rebuild costs O(heap) = O(stale) and removes every
-stale entry, so it amortises to O(1) per deletion. Every operation is therefore O(log n)
-amortised, independent of how many timers have come and gone.
+rebuilt from the live entries of ``_by_pid``. That rebuild costs O(live), less than the
+O(stale) deletions that triggered it, and removes every stale entry, so it amortises to
+O(1) per deletion. Every operation is therefore O(log n) amortised, independent of how
+many timers have come and gone.
 
 The check runs after every operation that creates stale entries or removes live ones
 (``pop_expired`` too: expiring the live entries in front of a heap whose tail is stale
@@ -245,6 +246,7 @@ class TimerTable:
 
     def _maybe_compact(self) -> None:
         if self._stale > _COMPACT_MIN_STALE and self._stale * 2 > len(self._heap):
-            self._heap = [e for e in self._heap if e[2] is not None]
+            # From the index, not by filtering the heap: O(live), and live < stale here.
+            self._heap = [e for scopes in self._by_pid.values() for e in scopes.values()]
             heapq.heapify(self._heap)
             self._stale = 0

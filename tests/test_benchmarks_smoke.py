@@ -23,7 +23,7 @@ def _repo_root_importable(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_bench_table_quick(capsys: pytest.CaptureFixture[str]) -> None:
     bench_table = importlib.import_module("benchmarks.bench_table")
-    assert bench_table.main(["--quick", "--sizes", "1000,3000", "--repeat", "1"]) == 0
+    assert bench_table.main(["--quick", "--sizes", "1000,3000", "--rounds", "1"]) == 0
     out = capsys.readouterr().out
     assert "live timers" in out
     assert "\n1,000 " in out
