@@ -31,9 +31,8 @@ import pytest
 torch_timer = pytest.importorskip("torch.distributed.elastic.timer")
 
 import aiotimer.compat.torch as compat  # noqa: E402
-from aiotimer._clients import FifoClient  # noqa: E402
 from aiotimer._protocol import TORCH_ENV_FIFO  # noqa: E402
-from aiotimer.client import expires  # noqa: E402
+from aiotimer.client import FifoClient, expires  # noqa: E402
 from aiotimer.events import Event, WorkerReaped  # noqa: E402
 from aiotimer.server import TimerServer, TimerServerThread  # noqa: E402
 

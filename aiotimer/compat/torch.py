@@ -62,16 +62,16 @@ from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Protocol, Self
 
-from aiotimer._clients import (
+from aiotimer._clock import Clock, MonotonicClock
+from aiotimer._protocol import Request, RequestTooLargeError
+from aiotimer._scope import current_pid, default_scope
+from aiotimer._table import Timer
+from aiotimer.client import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_WRITE_TIMEOUT,
     FifoClient,
     QueueClient,
 )
-from aiotimer._clock import Clock, MonotonicClock
-from aiotimer._protocol import Request, RequestTooLargeError
-from aiotimer._scope import current_pid, default_scope
-from aiotimer._table import Timer
 from aiotimer.errors import NotConfiguredError, ServerStateError, ServerUnavailableError
 from aiotimer.events import (
     Event,
@@ -86,7 +86,7 @@ from aiotimer.server import TimerServer as _AioTimerServer
 from aiotimer.server import TimerServerThread
 
 if TYPE_CHECKING:
-    from aiotimer._clients import TimerClient as _AioTimerClient
+    from aiotimer.client import TimerClient as _AioTimerClient
 
 __all__ = [
     "FileTimerClient",
