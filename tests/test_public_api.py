@@ -1,0 +1,118 @@
+"""Pin the public surface: a change to what aiotimer exports must be deliberate."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from importlib.metadata import version
+
+import pytest
+
+import aiotimer
+
+PUBLIC_MODULES = [
+    "aiotimer",
+    "aiotimer.client",
+    "aiotimer.server",
+    "aiotimer.events",
+    "aiotimer.errors",
+    "aiotimer.reapers",
+    "aiotimer.sources",
+    "aiotimer.watchdog",
+    "aiotimer.diagnostics",
+    "aiotimer.testing",
+    "aiotimer.compat.torch",
+]
+
+EXPECTED_TOP_LEVEL = {
+    "PIPE_BUF",
+    "AiotimerError",
+    "ClientBackpressureError",
+    "Clock",
+    "Counters",
+    "Decoded",
+    "DurationStats",
+    "Escalation",
+    "Event",
+    "Expires",
+    "FifoClient",
+    "FifoSource",
+    "InProcessClient",
+    "Lifecycle",
+    "LineDecoder",
+    "MonotonicClock",
+    "NotConfiguredError",
+    "ProcessGoneError",
+    "QueueClient",
+    "QueueSource",
+    "ReapError",
+    "ReapPolicy",
+    "ReapRetry",
+    "Reaper",
+    "RefusedTargetError",
+    "Rejection",
+    "Request",
+    "RequestSink",
+    "RequestTooLargeError",
+    "ServerState",
+    "ServerStateError",
+    "ServerUnavailableError",
+    "SignalReaper",
+    "SiteSummary",
+    "Source",
+    "SourceError",
+    "Timer",
+    "TimerClient",
+    "TimerKey",
+    "TimerServer",
+    "TimerServerThread",
+    "TimerTable",
+    "Watchdog",
+    "__version__",
+    "configure",
+    "current_client",
+    "encode",
+    "events",
+    "expires",
+    "expires_at",
+    "under_timer_server",
+    "use_client",
+    "watchdog",
+}
+
+
+def test_top_level_surface_is_pinned() -> None:
+    assert set(aiotimer.__all__) == EXPECTED_TOP_LEVEL
+    assert len(aiotimer.__all__) == len(set(aiotimer.__all__)), "duplicate names in __all__"
+
+
+@pytest.mark.parametrize("module_name", PUBLIC_MODULES)
+def test_every_exported_name_exists_and_is_documented(module_name: str) -> None:
+    module = importlib.import_module(module_name)
+    assert module.__doc__, f"{module_name} has no module docstring"
+    exported = getattr(module, "__all__", None)
+    assert exported is not None, f"{module_name} must declare __all__"
+    for name in exported:
+        assert hasattr(module, name), f"{module_name}.__all__ names missing {name!r}"
+        obj = getattr(module, name)
+        if inspect.isclass(obj) or inspect.isfunction(obj):
+            assert inspect.getdoc(obj), f"{module_name}.{name} has no docstring"
+
+
+def test_public_classes_document_their_public_methods() -> None:
+    undocumented = []
+    for name in aiotimer.__all__:
+        obj = getattr(aiotimer, name)
+        if not inspect.isclass(obj) or issubclass(obj, BaseException):
+            continue
+        for attr, member in vars(obj).items():
+            if attr.startswith("_") or not inspect.isfunction(member):
+                continue
+            if not inspect.getdoc(member):
+                undocumented.append(f"{name}.{attr}")
+    assert not undocumented, f"public methods without docstrings: {undocumented}"
+
+
+def test_version_matches_package_metadata() -> None:
+
+    assert aiotimer.__version__ == version("aiotimer")
