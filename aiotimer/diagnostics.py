@@ -33,6 +33,7 @@ import asyncio
 import atexit
 import contextlib
 import faulthandler
+import logging
 import math
 import os
 import shutil
@@ -59,6 +60,7 @@ __all__ = [
     "HookInfo",
     "collect_dump",
     "dump_path_for",
+    "ensure_dump_handler",
     "format_tasks",
     "hook_info",
     "install_dump_handler",
@@ -67,6 +69,8 @@ __all__ = [
     "read_dump",
     "uninstall_dump_handler",
 ]
+
+logger = logging.getLogger("aiotimer")
 
 #: The environment variable naming the directory of dump files (worker and server alike).
 ENV_DUMP_DIR: Final[str] = "AIOTIMER_DUMP_DIR"
@@ -180,6 +184,29 @@ def install_dump_handler(
         dump_dir=None if dump_dir is None else os.fspath(dump_dir),
     )
     return target
+
+
+def ensure_dump_handler() -> Path | None:
+    """Install the default dump hook unless one is installed; never raises.
+
+    For library code such as ``aiotimer.configure()``: a no-op when this process already
+    has a hook (keeping its path and signal), and ``None`` instead of an error when the
+    hook cannot be installed (not the main thread, or the dump file cannot be created;
+    the latter is logged). The file is :func:`dump_path_for` ``(os.getpid())``, i.e. in
+    ``$AIOTIMER_DUMP_DIR`` or the system temp dir, where the server looks by default.
+
+    Returns:
+        The dump file's path, or ``None`` if no hook is installed.
+    """
+    if _hook is not None:
+        return _hook.path
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    try:
+        return install_dump_handler()
+    except OSError as exc:
+        logger.warning("no stack dumps for this worker: cannot create its dump file: %s", exc)
+        return None
 
 
 def uninstall_dump_handler() -> None:

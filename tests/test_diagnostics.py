@@ -24,6 +24,7 @@ from aiotimer.diagnostics import (
     ENV_DUMP_DIR,
     collect_dump,
     dump_path_for,
+    ensure_dump_handler,
     format_tasks,
     hook_info,
     install_dump_handler,
@@ -142,6 +143,28 @@ def test_reinstall_replaces_the_hook(tmp_path: Path) -> None:
         assert not first.exists()
         assert second.read_text().endswith(f"signal={int(signal.SIGUSR2)}\n")
         assert signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL
+    finally:
+        uninstall_dump_handler()
+
+
+def test_ensure_installs_once_keeps_an_existing_hook_and_never_raises(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv(ENV_DUMP_DIR, str(tmp_path))
+    try:
+        path = ensure_dump_handler()
+        assert path == dump_path_for(os.getpid(), tmp_path) and path.exists()
+        assert ensure_dump_handler() == path  # kept, not re-created
+        custom = install_dump_handler(tmp_path / "custom.txt", signum=signal.SIGUSR2)
+        assert ensure_dump_handler() == custom
+        results: list[Path | None] = []
+        uninstall_dump_handler()
+        thread = threading.Thread(target=lambda: results.append(ensure_dump_handler()))
+        thread.start()
+        thread.join()
+        assert results == [None]  # only the main thread can install
+        monkeypatch.setenv(ENV_DUMP_DIR, str(tmp_path / "missing"))
+        assert ensure_dump_handler() is None  # cannot create the file: logged, not raised
     finally:
         uninstall_dump_handler()
 
