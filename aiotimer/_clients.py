@@ -175,6 +175,8 @@ class _Broken(_Outcome):
 
 
 _SENT: Final = None
+_monotonic: Final = time.monotonic
+_write: Final = os.write
 _NO_READER_ERRNOS: Final = frozenset({errno.ENXIO, errno.ENOENT})
 _live_fifo_clients: weakref.WeakSet[FifoClient] = weakref.WeakSet()
 
@@ -237,7 +239,7 @@ class FifoClient:
         self._lock = threading.Lock()
         self._fd: int | None = None  # persistent descriptor (aiotimer server only)
         self._server: _Marker | None = None  # whom the persistent descriptor talks to
-        self._checked_at = 0.0  # when the marker was last found unchanged
+        self._recheck_at = 0.0  # when the marker is due to be checked again (monotonic)
         self._connected_before = False
         self._open_scopes: dict[str, Request] = {}  # live acquires, for replay
         self._backlog: list[bytes] = []  # replayed acquires not yet written
@@ -260,14 +262,12 @@ class FifoClient:
 
     def send(self, request: Request) -> None:
         """Deliver ``request``, blocking at most ``connect_timeout + write_timeout``."""
-        self._track(request)
-        if not self._write_fast(request):
+        if not self._try_send(request):
             _drive(self._sending(request))
 
     async def send_async(self, request: Request) -> None:
         """Deliver ``request``; waits are awaited (releases are shielded from cancellation)."""
-        self._track(request)
-        if not self._write_fast(request):
+        if not self._try_send(request):
             await _drive_async(self._sending(request), shield=request.is_release)
 
     def close(self) -> None:
@@ -293,15 +293,14 @@ class FifoClient:
 
     # -- internals --------------------------------------------------------------------
 
-    def _track(self, request: Request) -> None:
-        if request.is_release:
+    def _try_send(self, request: Request) -> bool:
+        """Track ``request`` for replay, then the fast path: one ``os.write`` on the
+        persistent descriptor. False means: take the slow path (:meth:`_sending`)."""
+        if request.expiration_time < 0:
             self._open_scopes.pop(request.scope_id, None)
         else:
             self._open_scopes[request.scope_id] = request
-
-    def _write_fast(self, request: Request) -> bool:
-        """One ``os.write`` on the persistent descriptor; False means: take the slow path."""
-        if self._fd is None or time.monotonic() - self._checked_at > self.marker_check_interval:
+        if self._fd is None or _monotonic() > self._recheck_at:
             return False
         data = encode(request)
         with self._lock:
@@ -309,7 +308,7 @@ class FifoClient:
             if fd is None or self._backlog:
                 return False
             try:
-                os.write(fd, data)
+                _write(fd, data)
             except OSError:
                 return False  # nothing was written (<= PIPE_BUF is all or nothing)
         return True
@@ -403,7 +402,7 @@ class FifoClient:
             server = _read_marker(self._path)
             if server is not None:
                 self._fd, self._server = fd, server
-                self._checked_at = time.monotonic()
+                self._recheck_at = time.monotonic() + self.marker_check_interval
                 if self._connected_before:
                     self._queue_replay_locked()
                 self._connected_before = True
@@ -415,9 +414,9 @@ class FifoClient:
     def _recheck_marker_locked(self) -> None:
         """Every ``marker_check_interval``: has another server taken over the FIFO?"""
         now = time.monotonic()
-        if now - self._checked_at <= self.marker_check_interval:
+        if now <= self._recheck_at:
             return
-        self._checked_at = now
+        self._recheck_at = now + self.marker_check_interval
         server = _read_marker(self._path)
         if server == self._server:
             return

@@ -17,7 +17,6 @@ from the environment (``AIOTIMER_FIFO``, then torch's ``TORCHELASTIC_TIMER_FILE`
 from __future__ import annotations
 
 import contextvars
-import enum
 import logging
 import os
 import stat
@@ -163,10 +162,11 @@ def release_failed(scope: str, exc: Exception, body_exc: BaseException | None) -
     )
 
 
-class _State(enum.Enum):
-    CREATED = "created"
-    ACTIVE = "active"
-    EXITED = "exited"
+# Lifecycle of an Expires (plain ints: this is the hot path).
+_CREATED, _ACTIVE, _EXITED = 0, 1, 2
+_STATE_NAMES: Final = ("created", "active", "exited")
+_monotonic: Final = time.monotonic
+_wall: Final = time.time
 
 
 class Expires:
@@ -182,14 +182,13 @@ class Expires:
     def __init__(
         self,
         scope: str,
-        *,
-        after: float | None = None,
-        deadline: float | None = None,
-        client: TimerClient | None = None,
-        signal: int | None = None,
+        after: float | None,
+        deadline: float | None,
+        client: TimerClient | None,
+        signal: int | None,
     ) -> None:
         if (after is None) == (deadline is None):
-            raise TypeError("give exactly one of after= and deadline=")
+            raise TypeError("give exactly one of after and deadline")
         if after is not None and not after >= 0:
             raise ValueError(f"after must be a number >= 0, got {after!r}")
         self.scope = scope
@@ -197,37 +196,31 @@ class Expires:
         self.deadline = deadline
         self._client = client
         self._signal = signal
-        self._state = _State.CREATED
+        self._state = _CREATED
 
     # -- the one place requests are built --------------------------------------------
 
     def _acquire(self) -> tuple[TimerClient, Request]:
-        if self._state is not _State.CREATED:
+        if self._state != _CREATED:
             raise RuntimeError(f"{self!r} can be entered only once")
-        client = self._client if self._client is not None else current_client()
-        mono = time.monotonic()
-        wall = time.time()
-        if self._after is not None:
-            self.deadline = mono + self._after
-        assert self.deadline is not None
-        remaining = self.deadline - mono
+        client = self._client
+        if client is None:
+            client = self._client = current_client()
+        mono = _monotonic()
+        deadline = self.deadline if self._after is None else mono + self._after
+        self.deadline = deadline
+        self._state = _ACTIVE
+        assert deadline is not None
         signal = client.signal if self._signal is None else self._signal
-        self._client = client
-        self._state = _State.ACTIVE
+        # Positional: pid, scope_id, expiration_time (epoch), signal, version, mono.
         return client, Request(
-            pid=current_pid(),
-            scope_id=self.scope,
-            expiration_time=wall + remaining,
-            signal=signal,
-            mono=self.deadline,
+            current_pid(), self.scope, _wall() + (deadline - mono), signal, None, deadline
         )
 
     def _release(self) -> tuple[TimerClient, Request]:
-        self._state = _State.EXITED
+        self._state = _EXITED
         assert self._client is not None
-        return self._client, Request(
-            pid=current_pid(), scope_id=self.scope, expiration_time=-1, signal=0
-        )
+        return self._client, Request(current_pid(), self.scope, -1, 0)
 
     # -- the two faces ---------------------------------------------------------------
 
@@ -236,7 +229,7 @@ class Expires:
         try:
             client.send(request)
         except BaseException:
-            self._state = _State.EXITED
+            self._state = _EXITED
             raise
         return self
 
@@ -257,7 +250,7 @@ class Expires:
         try:
             await client.send_async(request)
         except BaseException:
-            self._state = _State.EXITED
+            self._state = _EXITED
             raise
         return self
 
@@ -280,7 +273,7 @@ class Expires:
     def __repr__(self) -> str:
         left = self.remaining()
         when = "" if left is None else f", {left:.3f}s left"
-        return f"<Expires {self._state.value} scope={self.scope!r}{when}>"
+        return f"<Expires {_STATE_NAMES[self._state]} scope={self.scope!r}{when}>"
 
 
 def expires(
@@ -311,9 +304,7 @@ def expires(
     A failing release never hides the block's own exception (it is logged instead),
     and a cancelled task still sends its release.
     """
-    return Expires(
-        default_scope() if scope is None else scope, after=after, client=client, signal=signal
-    )
+    return Expires(default_scope() if scope is None else scope, after, None, client, signal)
 
 
 def expires_at(
@@ -329,9 +320,4 @@ def expires_at(
     (asyncio's ``loop.time()`` is the same clock on Linux but is not guaranteed to be).
     A deadline already past is sent as "expire now".
     """
-    return Expires(
-        default_scope() if scope is None else scope,
-        deadline=deadline,
-        client=client,
-        signal=signal,
-    )
+    return Expires(default_scope() if scope is None else scope, None, deadline, client, signal)

@@ -1,0 +1,299 @@
+"""Client cost of one ``with expires()`` block (acquire + release), against torch's.
+
+Run from the repository root::
+
+    python -m benchmarks.bench_client            # about 10-20 s
+    python -m benchmarks.bench_client --quick    # about 1 s, for a smoke run
+
+Every case writes into the same FIFO, drained by a separate reader *process* (no GIL
+contention with the measured client). The reader grows the pipe to 1 MiB, as aiotimer's
+server does, and reads up to 1 MiB per call, sleeping 1 ms after a short read: like a busy
+server, it batches, so most writes do not have to wake it. A marker file in the reader's
+name makes aiotimer's client treat it as an aiotimer server (one persistent descriptor,
+``mono`` extension); the "torch server" rows hide the marker, so the client opens, writes
+and closes per request, exactly as it must with torch's ``FileTimerServer``.
+
+Cases (each block is an acquire line plus a release line):
+
+* ``raw os.write x2`` — two ``os.write`` of pre-encoded lines: the physical floor;
+* aiotimer ``with expires()`` sync and ``async with expires()`` (asyncio loop), with an
+  explicit scope and with the default ``file:line#n`` scope;
+* ``default_scope()`` alone (``sys._getframe``; torch uses ``inspect.stack()``);
+* when torch is importable: ``torch.distributed.elastic.timer.expires`` with its
+  ``FileTimerClient``, explicit and default scope — the reference of the ratios.
+
+Cases are interleaved (every round times each case once) because the shared machine's
+load drifts; rounds are short (2,000 blocks) and many (30), and the table shows the best
+and the median round, in microseconds per block.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiotimer._protocol import MARKER_SUFFIX, Request, encode
+from aiotimer._scope import default_scope
+from aiotimer.client import FifoClient, expires
+from benchmarks._util import format_table, gc_paused
+
+TARGET_US = 5.0
+
+_READER = r"""
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDONLY)
+try:
+    fcntl.fcntl(fd, 1031, 1 << 20)  # F_SETPIPE_SZ
+except OSError:
+    pass
+print("ready", flush=True)
+while True:
+    chunk = os.read(fd, 1 << 20)
+    if not chunk:
+        break
+    if len(chunk) < 1 << 16:
+        time.sleep(0.001)
+"""
+
+
+@dataclass
+class Case:
+    """One measured way of running ``blocks`` blocks; ``run`` returns elapsed seconds."""
+
+    name: str
+    blocks: int
+    run: Callable[[int], float]
+    reference: bool = False
+    rounds: list[float] = field(default_factory=list)
+
+    def best_us(self) -> float:
+        return min(self.rounds) / self.blocks * 1e6
+
+    def median_us(self) -> float:
+        ordered = sorted(self.rounds)
+        return ordered[len(ordered) // 2] / self.blocks * 1e6
+
+
+@contextmanager
+def draining_fifo() -> Iterator[Path]:
+    """A FIFO with a reader process draining it, and an aiotimer marker naming it."""
+    with tempfile.TemporaryDirectory(prefix="aiotimer-bench-") as tmp:
+        fifo = Path(tmp) / "bench.fifo"
+        os.mkfifo(fifo, 0o600)
+        reader = subprocess.Popen(
+            [sys.executable, "-c", _READER, str(fifo)], stdout=subprocess.PIPE, text=True
+        )
+        try:
+            keep = os.open(fifo, os.O_WRONLY)  # holds the pipe open between cases
+            try:
+                assert reader.stdout is not None and reader.stdout.readline() == "ready\n"
+                marker = {"server": "aiotimer", "pid": reader.pid, "protocol": 1}
+                Path(str(fifo) + MARKER_SUFFIX).write_text(json.dumps(marker))
+                yield fifo
+            finally:
+                os.close(keep)
+        finally:
+            reader.kill()
+            reader.wait()
+            if reader.stdout is not None:
+                reader.stdout.close()
+
+
+@contextmanager
+def marker_hidden(fifo: Path) -> Iterator[None]:
+    """Without the marker the client must treat the reader as torch's server."""
+    marker = Path(str(fifo) + MARKER_SUFFIX)
+    hidden = marker.with_name(marker.name + ".hidden")
+    marker.rename(hidden)
+    try:
+        yield
+    finally:
+        hidden.rename(marker)
+
+
+def aiotimer_cases(fifo: Path, blocks: int, runner: asyncio.Runner) -> list[Case]:
+    client = FifoClient(fifo)
+    torch_mode = FifoClient(fifo)
+    pid = os.getpid()
+    acquire_line = encode(
+        Request(pid=pid, scope_id="x.py:1#1", expiration_time=1.0, signal=9, mono=1.0)
+    )
+    release_line = encode(Request(pid=pid, scope_id="x.py:1#1", expiration_time=-1, signal=0))
+    raw_fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+
+    def raw(n: int) -> float:
+        write = os.write
+        start = time.perf_counter()
+        for _ in range(n):
+            write(raw_fd, acquire_line)
+            write(raw_fd, release_line)
+        return time.perf_counter() - start
+
+    def sync_scoped(n: int) -> float:
+        start = time.perf_counter()
+        for _ in range(n):
+            with expires(after=30, scope="bench", client=client):
+                pass
+        return time.perf_counter() - start
+
+    def sync_default(n: int) -> float:
+        start = time.perf_counter()
+        for _ in range(n):
+            with expires(after=30, client=client):
+                pass
+        return time.perf_counter() - start
+
+    async def async_blocks(n: int, scoped: bool) -> float:
+        start = time.perf_counter()
+        if scoped:
+            for _ in range(n):
+                async with expires(after=30, scope="bench", client=client):
+                    pass
+        else:
+            for _ in range(n):
+                async with expires(after=30, client=client):
+                    pass
+        return time.perf_counter() - start
+
+    def scope_only(n: int) -> float:
+        start = time.perf_counter()
+        for _ in range(n):
+            default_scope()
+        return time.perf_counter() - start
+
+    def sync_torch_server(n: int) -> float:
+        with marker_hidden(fifo):
+            torch_mode.close()
+            start = time.perf_counter()
+            for _ in range(n):
+                with expires(after=30, scope="bench", client=torch_mode):
+                    pass
+            return time.perf_counter() - start
+
+    few = max(1, blocks // 20)
+    return [
+        Case("raw os.write x2 (floor)", blocks, raw),
+        Case("aiotimer: with expires(), scope given", blocks, sync_scoped),
+        Case("aiotimer: with expires(), default scope", blocks, sync_default),
+        Case(
+            "aiotimer: async with expires(), scope given",
+            blocks,
+            lambda n: runner.run(async_blocks(n, True)),
+        ),
+        Case(
+            "aiotimer: async with expires(), default scope",
+            blocks,
+            lambda n: runner.run(async_blocks(n, False)),
+        ),
+        Case("aiotimer: default_scope() alone", blocks, scope_only),
+        Case("aiotimer: with expires(), torch server (no marker)", few, sync_torch_server),
+    ]
+
+
+def torch_cases(fifo: Path, blocks: int) -> list[Case]:
+    """torch's ``expires`` + ``FileTimerClient``; empty when torch is not importable."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from torch.distributed.elastic import timer as torch_timer  # noqa: PLC0415
+    except ImportError:
+        return []
+    client: Any = torch_timer.FileTimerClient(str(fifo))
+    torch_expires: Any = torch_timer.expires
+
+    def scoped(n: int) -> float:
+        start = time.perf_counter()
+        for _ in range(n):
+            with torch_expires(after=30, scope="bench", client=client):
+                pass
+        return time.perf_counter() - start
+
+    def default(n: int) -> float:
+        start = time.perf_counter()
+        for _ in range(n):
+            with torch_expires(after=30, client=client):
+                pass
+        return time.perf_counter() - start
+
+    # torch's blocks cost ~50 us (open/write/close) and its default scope (inspect.stack)
+    # milliseconds: fewer blocks per round keep every round short.
+    return [
+        Case(
+            "torch: expires() + FileTimerClient, scope given",
+            max(1, blocks // 20),
+            scoped,
+            reference=True,
+        ),
+        Case("torch: expires() + FileTimerClient, default scope", max(1, blocks // 200), default),
+    ]
+
+
+def measure(cases: Sequence[Case], rounds: int) -> None:
+    for case in cases:  # warm up: connect, fill caches
+        case.run(max(1, case.blocks // 10))
+    for _ in range(rounds):
+        for case in cases:
+            with gc_paused():
+                case.rounds.append(case.run(case.blocks))
+
+
+def report(cases: Sequence[Case]) -> str:
+    reference = next((c for c in cases if c.reference), None)
+    headers = ["case (us per block = acquire + release)", "best", "median", "vs torch"]
+    rows = []
+    for case in cases:
+        ratio = "" if reference is None else f"{reference.best_us() / case.best_us():.1f}x"
+        rows.append([case.name, f"{case.best_us():.2f}", f"{case.median_us():.2f}", ratio])
+    lines = [format_table(headers, rows), ""]
+    by_name = {c.name: c for c in cases}
+    for name in (
+        "aiotimer: with expires(), default scope",
+        "aiotimer: async with expires(), default scope",
+    ):
+        best = by_name[name].best_us()
+        verdict = "meets" if best < TARGET_US else "MISSES"
+        lines.append(f"{name}: {best:.2f} us best ({verdict} the < {TARGET_US:g} us target)")
+    if reference is None:
+        lines.append("torch is not importable: no reference measured")
+    else:
+        ours = by_name["aiotimer: with expires(), default scope"].best_us()
+        theirs = by_name["torch: expires() + FileTimerClient, default scope"].best_us()
+        lines.append(
+            f"default-scope block: aiotimer {ours:.2f} us vs torch {theirs:.2f} us "
+            f"= {theirs / ours:.0f}x faster"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the benchmark and print its table; returns the exit status."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small counts, for a smoke run")
+    parser.add_argument("--blocks", type=int, default=None, help="blocks per round")
+    parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds")
+    args = parser.parse_args(argv)
+    # Short rounds, many of them: the best round is the least disturbed by other load.
+    blocks = args.blocks or (300 if args.quick else 2_000)
+    rounds = args.rounds or (3 if args.quick else 30)
+    with draining_fifo() as fifo, asyncio.Runner() as runner:
+        cases = aiotimer_cases(fifo, blocks, runner) + torch_cases(fifo, blocks)
+        measure(cases, rounds)
+    print(f"client cost per block, {blocks:,} blocks x {rounds} interleaved rounds")
+    print(report(cases))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
