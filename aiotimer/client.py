@@ -40,6 +40,7 @@ from aiotimer._clients import (
 )
 from aiotimer._protocol import ENV_FIFO, TORCH_ENV_FIFO, Request
 from aiotimer._scope import current_pid, default_scope, scope_site
+from aiotimer.diagnostics import ensure_dump_handler
 from aiotimer.errors import NotConfiguredError
 
 __all__ = [
@@ -72,13 +73,22 @@ _discovered: dict[str, FifoClient] = {}
 _discovery_lock = threading.Lock()
 
 
-def configure(client: TimerClient | None) -> None:
+def configure(client: TimerClient | None, *, dump_hook: bool = True) -> None:
     """Set the process-wide default client (``None`` removes it).
 
     Blocks that name no client, in a context without :func:`use_client`, use it.
+
+    With ``dump_hook`` (the default), configuring a client also installs the worker-side
+    stack-dump hook (:func:`aiotimer.diagnostics.ensure_dump_handler`: on ``SIGUSR1``
+    every thread's stack and every asyncio task's await chain go to a file the server
+    reads before reaping; any previous ``SIGUSR1`` handler is still called). It is
+    installed only from the main thread and never raises; pass ``dump_hook=False`` to
+    leave ``SIGUSR1`` alone.
     """
     global _configured
     _configured = client
+    if client is not None and dump_hook:
+        ensure_dump_handler()
 
 
 @contextmanager

@@ -544,7 +544,7 @@ def test_under_timer_server_needs_an_existing_fifo(
     clean_env.setenv(ENV_FIFO, str(fifo))
     assert under_timer_server()
     clean_env.delenv(ENV_FIFO)
-    configure(QueueClient(queue.Queue()))
+    configure(QueueClient(queue.Queue()), dump_hook=False)
     assert under_timer_server()
 
 
@@ -552,7 +552,7 @@ def test_configure_is_process_wide_and_use_client_is_per_thread(
     clean_env: pytest.MonkeyPatch,
 ) -> None:
     shared, mine, theirs = (QueueClient(queue.Queue()) for _ in range(3))
-    configure(shared)
+    configure(shared, dump_hook=False)
     seen: dict[str, TimerClient] = {}
     barrier = threading.Barrier(2)
 
@@ -577,7 +577,7 @@ def test_configure_is_process_wide_and_use_client_is_per_thread(
 @pytest.mark.asyncio
 async def test_use_client_is_per_task(clean_env: pytest.MonkeyPatch) -> None:
     clients = [QueueClient(queue.Queue()) for _ in range(3)]
-    configure(clients[0])
+    configure(clients[0], dump_hook=False)
     seen: list[TimerClient] = []
 
     async def task(client: TimerClient) -> None:
@@ -619,3 +619,34 @@ def test_errno_of_no_reader_is_enxio(fifo: Path) -> None:
     with pytest.raises(OSError) as info:
         os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
     assert info.value.errno == errno.ENXIO
+
+
+HOOK_PROBE = """
+import os, queue, signal, sys
+from aiotimer import QueueClient, configure
+from aiotimer.diagnostics import dump_path_for
+configure(QueueClient(queue.Queue()), dump_hook=sys.argv[1] == "on")
+handler = signal.getsignal(signal.SIGUSR1)
+print("hooked" if handler not in (signal.SIG_DFL, None) else "default")
+print(dump_path_for(os.getpid()).exists())
+"""
+
+
+@pytest.mark.process
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    ("flag", "expected"), [("on", ["hooked", "True"]), ("off", ["default", "False"])]
+)
+def test_configure_installs_the_stack_dump_hook_unless_told_not_to(
+    flag: str, expected: list[str], tmp_path: Path
+) -> None:
+    env = {**os.environ, "AIOTIMER_DUMP_DIR": str(tmp_path)}
+    out = subprocess.run(
+        [sys.executable, "-c", HOOK_PROBE, flag],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=25,
+        check=True,
+    )
+    assert out.stdout.split() == expected

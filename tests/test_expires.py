@@ -235,7 +235,7 @@ async def test_cancellation_propagates_even_when_the_release_fails() -> None:
 
 def test_the_configured_client_is_used_on_entry(client: RecordingClient) -> None:
     block = expires(after=1)  # no client yet: resolved when entered
-    configure(client)
+    configure(client, dump_hook=False)
     try:
         with block:
             pass
@@ -246,7 +246,7 @@ def test_the_configured_client_is_used_on_entry(client: RecordingClient) -> None
 
 def test_use_client_overrides_configure(client: RecordingClient) -> None:
     other = RecordingClient()
-    configure(other)
+    configure(other, dump_hook=False)
     try:
         with use_client(client), expires(after=1):
             pass

@@ -16,6 +16,7 @@ from typing import TypeAlias
 import anyio
 import pytest
 
+from aiotimer._clients import QueueRequest
 from aiotimer._protocol import Decoded, Request
 from aiotimer.errors import SourceError
 from aiotimer.sources.mpqueue import QueueSource
@@ -104,6 +105,23 @@ async def test_torch_shaped_objects_and_requests_are_converted(mpq: MpQueue) -> 
     assert {name for _, name in sink.batches} == {"mpqueue"}
     assert sink.threads == {threading.get_ident()}, "submit must run in the loop's thread"
     assert sink.rejections == []
+
+
+@pytest.mark.asyncio
+async def test_queue_client_requests_keep_their_signal_and_monotonic_deadline(
+    mpq: MpQueue,
+) -> None:
+    sink = RecordingSink()
+    source = QueueSource(mpq, default_signal=signal.SIGKILL)
+    async with serving(source, sink):
+        mpq.put(QueueRequest(7, "q", 1e10, signal=signal.SIGTERM, mono=123.5))
+        mpq.put(QueueRequest(7, "q", -1, signal=0))
+        await wait_until(lambda: len(sink.requests) == 2)
+    acquire, release = sink.requests
+    assert acquire == Request(
+        pid=7, scope_id="q", expiration_time=1e10, signal=signal.SIGTERM, mono=123.5
+    )
+    assert release.is_release and release.mono is None
 
 
 @pytest.mark.asyncio

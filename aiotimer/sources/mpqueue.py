@@ -74,8 +74,13 @@ def _convert(item: object, default_signal: int) -> Request | Rejection:
             "pid": getattr(item, "worker_id"),  # noqa: B009 (duck typing)
             "scope_id": getattr(item, "scope_id"),  # noqa: B009
             "expiration_time": getattr(item, "expiration_time"),  # noqa: B009
-            "signal": default_signal,
+            # torch's TimerRequest has no signal; aiotimer's QueueRequest carries one, and
+            # may carry a monotonic deadline (the server prefers it, as on the FIFO).
+            "signal": getattr(item, "signal", default_signal),
         }
+        mono = getattr(item, "mono", None)
+        if mono is not None:
+            fields["mono"] = mono
     else:
         reason = (
             f"not a timer request: {type(item).__name__} (expected a TimerRequest with "
