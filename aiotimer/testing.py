@@ -3,6 +3,8 @@
 * :class:`FakeClock` — a :class:`~aiotimer.Clock` that moves only when told to.
 * :class:`RecordingReaper` — a reaper that records every call and kills nothing.
 * :class:`MemorySource` — a request source tests push requests or raw lines into.
+* :class:`RecordingSink` — a request sink that records what a source delivers (for
+  testing sources, yours included).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import signal
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -20,7 +23,7 @@ from aiotimer._protocol import Decoded, LineDecoder, Request
 from aiotimer.errors import ProcessGoneError, ReapError
 from aiotimer.sources._base import RequestSink
 
-__all__ = ["FakeClock", "MemorySource", "ReaperCall", "RecordingReaper"]
+__all__ = ["FakeClock", "MemorySource", "ReaperCall", "RecordingReaper", "RecordingSink"]
 
 
 class FakeClock:
@@ -239,3 +242,35 @@ class MemorySource:
 
     def __repr__(self) -> str:
         return f"<MemorySource {self._name!r} serving={self.serving}>"
+
+
+class RecordingSink:
+    """A :class:`~aiotimer.sources.RequestSink` that records every batch a source submits.
+
+    ``batches`` holds ``(Decoded, source_name)`` pairs in arrival order; ``threads`` the
+    ids of the threads ``submit`` ran in (a source must call it from the loop's thread).
+    With ``fail_with``, ``submit`` records the batch and then raises it, to test how a
+    source handles a failing sink.
+    """
+
+    def __init__(self, fail_with: BaseException | None = None) -> None:
+        self.batches: list[tuple[Decoded, str]] = []
+        self.threads: set[int] = set()
+        self.fail_with = fail_with
+
+    def submit(self, batch: Decoded, source: str) -> None:
+        """Record ``batch`` from ``source`` (then raise ``fail_with`` if set)."""
+        self.threads.add(threading.get_ident())
+        self.batches.append((batch, source))
+        if self.fail_with is not None:
+            raise self.fail_with
+
+    @property
+    def requests(self) -> list[Request]:
+        """Every request received, in arrival order."""
+        return [r for batch, _ in self.batches for r in batch.requests]
+
+    @property
+    def rejections(self) -> list[str]:
+        """The reason of every rejection received, in arrival order."""
+        return [r.reason for batch, _ in self.batches for r in batch.rejections]

@@ -16,9 +16,10 @@ from contextlib import asynccontextmanager, contextmanager
 import anyio
 import pytest
 
-from aiotimer._protocol import MARKER_SUFFIX, Decoded, Request
+from aiotimer._protocol import MARKER_SUFFIX
 from aiotimer.errors import SourceError
 from aiotimer.sources.fifo import MAX_READS_PER_WAKE, PIPE_SIZE, FifoSource
+from aiotimer.testing import RecordingSink
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(30)]
 
@@ -36,24 +37,6 @@ def torch_line(pid: int, scope: str, expiration: float = 1e10, sig: int = 9) -> 
         "signal": sig,
     }
     return (json.dumps(body) + "\n").encode()
-
-
-class RecordingSink:
-    """A sink that records every batch with the source name."""
-
-    def __init__(self) -> None:
-        self.batches: list[tuple[Decoded, str]] = []
-
-    def submit(self, batch: Decoded, source: str) -> None:
-        self.batches.append((batch, source))
-
-    @property
-    def requests(self) -> list[Request]:
-        return [r for b, _ in self.batches for r in b.requests]
-
-    @property
-    def rejections(self) -> list[str]:
-        return [r.reason for b, _ in self.batches for r in b.rejections]
 
 
 async def wait_until(cond: Callable[[], bool], timeout: float = PROMPT) -> None:

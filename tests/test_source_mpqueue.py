@@ -17,9 +17,10 @@ import anyio
 import pytest
 
 from aiotimer._clients import QueueRequest
-from aiotimer._protocol import Decoded, Request
+from aiotimer._protocol import Request
 from aiotimer.errors import SourceError
 from aiotimer.sources.mpqueue import QueueSource
+from aiotimer.testing import RecordingSink
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(30)]
 
@@ -28,29 +29,6 @@ PROMPT = 3.0
 BRIDGE_THREAD = "aiotimer-mpqueue"
 
 MpQueue: TypeAlias = "multiprocessing.queues.Queue[object]"
-
-
-class RecordingSink:
-    """A sink that records every batch (and may be told to fail)."""
-
-    def __init__(self, fail_with: BaseException | None = None) -> None:
-        self.batches: list[tuple[Decoded, str]] = []
-        self.threads: set[int] = set()
-        self.fail_with = fail_with
-
-    def submit(self, batch: Decoded, source: str) -> None:
-        self.threads.add(threading.get_ident())
-        self.batches.append((batch, source))
-        if self.fail_with is not None:
-            raise self.fail_with
-
-    @property
-    def requests(self) -> list[Request]:
-        return [r for b, _ in self.batches for r in b.requests]
-
-    @property
-    def rejections(self) -> list[str]:
-        return [r.reason for b, _ in self.batches for r in b.rejections]
 
 
 async def wait_until(cond: Callable[[], bool], timeout: float = PROMPT) -> None:
