@@ -5,7 +5,11 @@ Every client implements :class:`TimerClient`: ``send(request)`` for synchronous 
 sending logic is written once as a generator that *yields* what it needs to wait for
 (:class:`_Sleep` or :class:`_Writable`); :func:`_drive` waits by blocking (bounded),
 :func:`_drive_async` waits by awaiting. The common case (descriptor open, room in the
-pipe) never creates the generator at all: one ``os.write`` under a lock.
+pipe) never creates the generator at all: one ``os.write`` under a lock. For
+:func:`aiotimer.expires` blocks, :class:`FifoClient` also takes the acquire without a
+:class:`~aiotimer._protocol.Request` object and encodes both lines of the block at once
+(``_acquire_now`` / ``_release_now``): that is the path measured by
+``benchmarks/bench_client.py``.
 
 Clients:
 
@@ -35,7 +39,8 @@ from typing import Any, Final, Protocol, runtime_checkable
 
 import anyio
 
-from aiotimer._protocol import MARKER_SUFFIX, Request, encode
+from aiotimer._protocol import MARKER_SUFFIX, Request, encode, encode_block
+from aiotimer._scope import current_pid
 from aiotimer.errors import ClientBackpressureError, ServerUnavailableError
 
 __all__ = [
@@ -241,7 +246,9 @@ class FifoClient:
         self._server: _Marker | None = None  # whom the persistent descriptor talks to
         self._recheck_at = 0.0  # when the marker is due to be checked again (monotonic)
         self._connected_before = False
-        self._open_scopes: dict[str, Request] = {}  # live acquires, for replay
+        # Live blocks: scope -> (acquire line, release line). The acquire lines are
+        # replayed after a restart; the release line is ready for the block's exit.
+        self._open_scopes: dict[str, tuple[bytes, bytes]] = {}
         self._backlog: list[bytes] = []  # replayed acquires not yet written
         _live_fifo_clients.add(self)
 
@@ -294,23 +301,55 @@ class FifoClient:
     # -- internals --------------------------------------------------------------------
 
     def _try_send(self, request: Request) -> bool:
-        """Track ``request`` for replay, then the fast path: one ``os.write`` on the
-        persistent descriptor. False means: take the slow path (:meth:`_sending`)."""
+        """Track ``request`` for replay, then the fast path (:meth:`_write_now`).
+        False means: take the slow path (:meth:`_sending`)."""
         if request.expiration_time < 0:
             self._open_scopes.pop(request.scope_id, None)
-        else:
-            self._open_scopes[request.scope_id] = request
-        if self._fd is None or _monotonic() > self._recheck_at:
+            return self._fd is not None and self._write_now(encode(request), _monotonic())
+        lines = self._open_scopes[request.scope_id] = _lines_of(request)
+        return self._write_now(lines[0], _monotonic())
+
+    def _acquire_now(
+        self, scope: str, expiration_time: float, signal: int, mono: float, now: float
+    ) -> bool:
+        """An ``expires()`` block's acquire, with no :class:`Request` built: track it
+        and write it at once if the fast path is open (``now`` is ``time.monotonic()``).
+
+        False means: send the equivalent :class:`Request` with :meth:`send` or
+        :meth:`send_async` (it is tracked already; tracking again is harmless).
+        """
+        lines = self._open_scopes[scope] = encode_block(
+            current_pid(), scope, expiration_time, signal, mono
+        )
+        return self._write_now(lines[0], now)
+
+    def _release_now(self, scope: str) -> bool:
+        """An ``expires()`` block's release, if its acquire is tracked by this process.
+
+        False means: send ``Request(current_pid(), scope, -1, 0)`` with :meth:`send` or
+        :meth:`send_async` (also after a fork: the child tracks none of its parent's
+        blocks, so its release names its own pid, as a Request built in it would).
+        """
+        lines = self._open_scopes.pop(scope, None)
+        return lines is not None and self._write_now(lines[1], _monotonic())
+
+    def _write_now(self, line: bytes, now: float) -> bool:
+        """The fast path: one ``os.write`` on the persistent descriptor. False means:
+        take the slow path (no descriptor, marker check due, replay pending, full pipe
+        or broken pipe); nothing was written then (<= ``PIPE_BUF`` is all or nothing)."""
+        if now > self._recheck_at:
             return False
-        data = encode(request)
-        with self._lock:
+        lock = self._lock
+        lock.acquire()  # cheaper than `with` on the hot path
+        try:
             fd = self._fd
             if fd is None or self._backlog:
                 return False
-            try:
-                _write(fd, data)
-            except OSError:
-                return False  # nothing was written (<= PIPE_BUF is all or nothing)
+            _write(fd, line)
+        except OSError:
+            return False
+        finally:
+            lock.release()
         return True
 
     def _sending(self, request: Request) -> _Steps:
@@ -428,7 +467,7 @@ class FifoClient:
         self._queue_replay_locked()
 
     def _queue_replay_locked(self) -> None:
-        self._backlog = [encode(r) for r in list(self._open_scopes.values())]
+        self._backlog = [lines[0] for lines in list(self._open_scopes.values())]
         log.info("(re)connected to %s; re-sending %d open scopes", self._path, len(self._backlog))
 
     def _close_locked(self) -> None:
@@ -455,6 +494,15 @@ class FifoClient:
         self._backlog = []
         self._open_scopes = {}  # the parent's blocks are not the child's
         self._connected_before = False
+
+
+def _lines_of(request: Request) -> tuple[bytes, bytes]:
+    """The acquire line of ``request`` and the release line of its scope."""
+    if request.mono is not None and request.grace is None and not (request.group or request.dump):
+        return encode_block(
+            request.pid, request.scope_id, request.expiration_time, request.signal, request.mono
+        )
+    return encode(request), encode(Request(request.pid, request.scope_id, -1, 0))
 
 
 def _torch_request(request: Request) -> Request:

@@ -53,6 +53,7 @@ __all__ = [
     "Request",
     "RequestTooLargeError",
     "encode",
+    "encode_block",
     "validate",
 ]
 
@@ -383,10 +384,66 @@ def encode(req: Request) -> bytes:
         text += ', "group": true'
     if req.dump:
         text += ', "dump": true'
-    data = (text + "}\n").encode("ascii")
+    return _fits((text + "}\n").encode("ascii"))
+
+
+def _fits(data: bytes) -> bytes:
     if len(data) > PIPE_BUF:
         raise RequestTooLargeError(
             f"request line is {len(data)} bytes (newline included) but at most "
             f"{PIPE_BUF} bytes can be written atomically; use a shorter scope_id"
         )
     return data
+
+
+# -- the hot path: both lines of one block --------------------------------------------
+#
+# A block's two lines share everything up to the expiration time:
+#
+#   {"version": 1, "pid": P, "scope_id": S, "expiration_time": E, "signal": N, "mono": M}
+#   {"version": 1, "pid": P, "scope_id": S, "expiration_time": -1, "signal": 0}
+#
+# so encode_block() builds that head once and appends the two tails. The numbers cost
+# most: float.__repr__ (what json.dumps writes) runs David Gay's dtoa on big integers,
+# ~0.5 us per float. msgspec writes floats with Ryu, ~0.06 us: the same digits (both
+# print the shortest string that reads back as the same float, and of those the one
+# closest to it), and for 1e-4 <= x < 1e16 the same notation as repr (plain decimal
+# with ".0" when integral; outside it, repr switches to "1e-05" / "1e+16" and msgspec
+# to "1e-5" / "1e16"). So E and M take msgspec's path inside that range, and the whole
+# block falls back to encode() outside it (also for NaN and infinities, which encode()
+# rejects). tests/test_protocol.py pins the equality, over all of that range.
+_FAST_MIN: Final[float] = 1e-4
+_FAST_MAX: Final[float] = 1e16
+_ryu: Final = msgspec.json.encode
+
+
+def encode_block(
+    pid: int, scope_id: str, expiration_time: float, signal: int, mono: float
+) -> tuple[bytes, bytes]:
+    """The acquire and the release line of one timed block, newlines included.
+
+    Byte for byte ``encode(Request(pid, scope_id, expiration_time, signal, mono=mono))``
+    and ``encode(Request(pid, scope_id, -1, 0))``, several times faster (this is the
+    client's hot path: see the comment above).
+
+    Raises:
+        RequestTooLargeError: the acquire line exceeds ``PIPE_BUF`` bytes (the release
+            line is always shorter).
+        ValueError: a number is not finite.
+    """
+    if not (_FAST_MIN <= expiration_time < _FAST_MAX and _FAST_MIN <= mono < _FAST_MAX):
+        return (
+            encode(Request(pid, scope_id, expiration_time, signal, None, mono)),
+            encode(Request(pid, scope_id, -1, 0)),
+        )
+    head = (
+        f'{{"version": {PROTOCOL_VERSION}, "pid": {int(pid)}, '
+        f'"scope_id": {encode_basestring_ascii(scope_id)}, "expiration_time": '
+    ).encode("ascii")
+    acquire = b'%s%s, "signal": %d, "mono": %s}\n' % (
+        head,
+        _ryu(expiration_time),
+        signal,
+        _ryu(mono),
+    )
+    return _fits(acquire), head + b'-1, "signal": 0}\n'

@@ -6,7 +6,9 @@ own id and concurrent tasks (or threads) on the same line never collide. The rea
 side groups statistics by stripping the ``#n`` suffix (:func:`scope_site`).
 
 Cost: one ``sys._getframe`` (no ``inspect.stack()``, which builds every frame's source
-context), one dict lookup for the file's basename and an f-string.
+context), one dict lookup and an f-string. The ``"{basename}:{lineno}#"`` part is cached
+per call site, keyed by the caller's code object and instruction offset: computing
+``f_lineno`` walks the code's line table, which costs more the longer the function.
 """
 
 from __future__ import annotations
@@ -14,12 +16,17 @@ from __future__ import annotations
 import itertools
 import os
 import sys
+from types import CodeType
 from typing import Final
 
 __all__ = ["current_pid", "default_scope", "scope_site"]
 
 _counter: Final = itertools.count(1)  # next() on it is atomic under the GIL
-_basenames: dict[str, str] = {}
+#: Call site (code object, instruction offset) -> "basename:lineno#".
+_sites: dict[tuple[CodeType, int], str] = {}
+#: Past this many call sites the cache starts over (code objects created on the fly, by
+#: exec or templating, would otherwise pile up in it).
+_MAX_SITES: Final = 4096
 _pid = os.getpid()
 
 
@@ -29,11 +36,19 @@ def default_scope(depth: int = 1) -> str:
     ``default_scope()`` called from ``f`` names the line that called ``f``.
     """
     frame = sys._getframe(depth + 1)
-    filename = frame.f_code.co_filename
-    base = _basenames.get(filename)
-    if base is None:
-        base = _basenames[filename] = os.path.basename(filename) or filename
-    return f"{base}:{frame.f_lineno}#{next(_counter)}"
+    key = (frame.f_code, frame.f_lasti)
+    site = _sites.get(key)
+    if site is None:
+        site = _new_site(key, frame.f_lineno)
+    return f"{site}{next(_counter)}"
+
+
+def _new_site(key: tuple[CodeType, int], lineno: int) -> str:
+    if len(_sites) >= _MAX_SITES:
+        _sites.clear()
+    filename = key[0].co_filename
+    site = _sites[key] = f"{os.path.basename(filename) or filename}:{lineno}#"
+    return site
 
 
 def scope_site(scope_id: str) -> str:

@@ -209,38 +209,56 @@ class Expires:
         self._state = _CREATED
 
     # -- the one place requests are built --------------------------------------------
+    #
+    # The hot path (a FifoClient with its descriptor open) builds no Request at all:
+    # the client encodes both lines of the block on entry and writes them directly.
+    # Every other case builds the Request and goes through send()/send_async().
 
-    def _acquire(self) -> tuple[TimerClient, Request]:
+    def _acquire(self) -> Request | None:
+        """Enter: fix the deadline and send the acquire at once if the client can;
+        otherwise return the acquire for ``send``/``send_async``."""
         if self._state != _CREATED:
             raise RuntimeError(f"{self!r} can be entered only once")
         client = self._client
         if client is None:
             client = self._client = current_client()
         mono = _monotonic()
-        deadline = self.deadline if self._after is None else mono + self._after
+        wall = _wall()
+        after = self._after
+        deadline = self.deadline if after is None else mono + after
+        assert deadline is not None
         self.deadline = deadline
         self._state = _ACTIVE
-        assert deadline is not None
         signal = client.signal if self._signal is None else self._signal
+        expiration_time = wall + (deadline - mono)
+        if client.__class__ is FifoClient:
+            try:
+                if client._acquire_now(self.scope, expiration_time, signal, deadline, mono):
+                    return None
+            except BaseException:
+                self._state = _EXITED
+                raise
         # Positional: pid, scope_id, expiration_time (epoch), signal, version, mono.
-        return client, Request(
-            current_pid(), self.scope, _wall() + (deadline - mono), signal, None, deadline
-        )
+        return Request(current_pid(), self.scope, expiration_time, signal, None, deadline)
 
-    def _release(self) -> tuple[TimerClient, Request]:
+    def _release(self) -> Request | None:
+        """Exit: send the release at once if the client can; otherwise return it."""
         self._state = _EXITED
-        assert self._client is not None
-        return self._client, Request(current_pid(), self.scope, -1, 0)
+        client = self._client
+        if client.__class__ is FifoClient and client._release_now(self.scope):
+            return None
+        return Request(current_pid(), self.scope, -1, 0)
 
     # -- the two faces ---------------------------------------------------------------
 
     def __enter__(self) -> Expires:
-        client, request = self._acquire()
-        try:
-            client.send(request)
-        except BaseException:
-            self._state = _EXITED
-            raise
+        request = self._acquire()
+        if request is not None:
+            try:
+                self._sender().send(request)
+            except BaseException:
+                self._state = _EXITED
+                raise
         return self
 
     def __exit__(
@@ -249,19 +267,21 @@ class Expires:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        client, request = self._release()
         try:
-            client.send(request)
+            request = self._release()
+            if request is not None:
+                self._sender().send(request)
         except Exception as release_exc:
             release_failed(self.scope, release_exc, exc)
 
     async def __aenter__(self) -> Expires:
-        client, request = self._acquire()
-        try:
-            await client.send_async(request)
-        except BaseException:
-            self._state = _EXITED
-            raise
+        request = self._acquire()
+        if request is not None:
+            try:
+                await self._sender().send_async(request)
+            except BaseException:
+                self._state = _EXITED
+                raise
         return self
 
     async def __aexit__(
@@ -270,11 +290,17 @@ class Expires:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        client, request = self._release()
         try:
-            await client.send_async(request)
+            request = self._release()
+            if request is not None:
+                await self._sender().send_async(request)
         except Exception as release_exc:
             release_failed(self.scope, release_exc, exc)
+
+    def _sender(self) -> TimerClient:
+        client = self._client
+        assert client is not None
+        return client
 
     def remaining(self) -> float | None:
         """Seconds left before the deadline (negative once passed); ``None`` before entry."""

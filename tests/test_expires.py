@@ -15,6 +15,7 @@ import time
 import anyio
 import pytest
 
+from aiotimer import _scope
 from aiotimer._protocol import Request
 from aiotimer._scope import default_scope, scope_site
 from aiotimer.client import Expires, configure, expires, expires_at, use_client
@@ -129,6 +130,31 @@ async def test_concurrent_tasks_on_one_line_never_collide(client: RecordingClien
             tg.start_soon(item)
     assert overlaps > 1
     assert len(set(client.acquired())) == 100
+
+
+def test_cached_call_sites_keep_naming_their_own_lines(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sites are cached per (code, instruction): two calls on two lines of one function
+    keep their own line numbers however often they run, also when the cache starts over."""
+    monkeypatch.setattr(_scope, "_MAX_SITES", 2)
+    monkeypatch.setattr(_scope, "_sites", {})
+    first_line = _lineno() + 3
+    got: list[tuple[str, str]] = []
+    for _ in range(3):
+        a = default_scope(0)
+        b = default_scope(0)
+        got.append((scope_site(a), scope_site(b)))
+    for i in range(5):  # more sites than the cache holds: it starts over, still right
+        assert scope_site(exec_scope(i)) == f"<generated {i}>:{i + 1}"
+    assert got == [(f"test_expires.py:{first_line}", f"test_expires.py:{first_line + 1}")] * 3
+    assert len(_scope._sites) <= 2
+
+
+def exec_scope(i: int) -> str:
+    """A default scope taken from a freshly compiled code object, on its line ``i + 1``."""
+    code = compile("\n" * i + "scope = default_scope(0)", f"<generated {i}>", "exec")
+    namespace = {"default_scope": default_scope}
+    exec(code, namespace)
+    return str(namespace["scope"])
 
 
 def test_scope_site_leaves_other_ids_alone() -> None:
