@@ -6,23 +6,56 @@ Timers are keyed by ``(pid, scope_id)``. Two structures hold them:
 
 * ``_by_pid``: ``pid -> {scope_id -> entry}``, the source of truth for what is live;
   it makes acquire/release O(1) dict work and "clear this worker" O(timers of the worker).
-* ``_heap``: a ``heapq`` of entries ``[deadline, seq, timer]`` ordered by deadline, ties
-  broken by acquisition order (``seq``).
+* ``_heap``: a ``heapq`` of entries ``(deadline, seq, timer)`` ordered by deadline, ties
+  broken by acquisition order (``seq``, unique, so timers themselves are never compared).
 
-Removing from the middle of a heap is O(n), so we never do it. A release, a replacement
-or a worker clear only *tombstones* the entry (sets its timer slot to ``None``) and counts
-it as stale. Stale entries are discarded when they surface at the top of the heap
-(``pop_expired`` and ``next_deadline``), and when they dominate (more than 100 of them
-*and* more than half of the heap, as asyncio does for cancelled timer handles) the heap is
-rebuilt from the live entries of ``_by_pid``. That rebuild costs O(live), less than the
-O(stale) deletions that triggered it, and removes every stale entry, so it amortises to
-O(1) per deletion. Every operation is therefore O(log n) amortised, independent of how
-many timers have come and gone.
+An entry is *live* while the index maps its key to that very entry (``is``); otherwise it
+is *stale*. Removing from the middle of a heap is O(n), so we never do it: a release, a
+replacement or a worker clear only updates the index, which makes the old entry stale
+where it lies (lazy deletion; ``stale = heap_size - len``). Stale entries are discarded
+when they surface at the top of the heap (``pop_expired`` and ``next_deadline``).
 
-The check runs after every operation that creates stale entries or removes live ones
-(``pop_expired`` too: expiring the live entries in front of a heap whose tail is stale
-would otherwise leave a heap of tombstones). Hence, after every public call, either
-``stale <= 100`` or ``stale <= live``, i.e. ``heap_size <= max(2 * len, len + 100)``.
+Compaction, deamortised. When stale entries dominate (more than ``min_stale`` of them
+*and* more than half of the heap, as asyncio does for cancelled timer handles) a new heap
+is built *incrementally* while the old one stays authoritative for pops and peeks:
+
+1. Start: copy the list of pids (O(workers)) and remember the current ``seq``.
+2. Every mutating call then does at most ``rebuild_step`` units of the scan: take the
+   next worker's entries (a C-level copy of its dict's items), and for each entry that
+   is still live and not newer than the start, ``heappush`` it into the new heap.
+3. An acquire during the scan pushes its entry into *both* heaps. Anything released,
+   replaced, cleared or expired meanwhile is stale in both, since liveness is decided by
+   the index, not by the heap an entry sits in. Whenever entries leave the old heap's
+   top (``pop_expired``, ``next_deadline``), the new heap drops its entries that precede
+   the old top too: they are stale, and the work matches the old heap's pops.
+4. When the scan is done the new heap replaces the old one, and the rule is checked again.
+   The old heap is *retired*: every mutating call frees ``4 * rebuild_step`` of its
+   entries, since freeing the stale ones all at once costs as much as a rebuild did.
+
+Why every live entry is in the new heap exactly once at the swap: an entry live at the
+swap was either live at the start (its seq is not newer; its worker was in the pid list;
+it was live when its worker was scanned, since an entry never comes back to life) and
+pushed by the scan, or acquired during the scan (newer seq, so skipped by the scan) and
+pushed by its acquire. The new heap holds nothing else but entries gone stale since.
+
+The scan is O(live + workers) in all, O(1) per call plus one worker's dict copy; it is
+spread over about ``(live + workers) / rebuild_step`` calls, so no call stalls the loop
+for a whole rebuild. Each entry costs one push and is discarded once, so every
+operation stays O(log n) amortised, independent of how many timers have come and gone.
+
+The bound on ``heap_size``. After any call that ends with no compaction in progress,
+``heap_size <= max(2 * len, len + min_stale)``: the rule is checked after every call that
+can break it (a new-key acquire and a stale pop cannot). While compactions run (back to
+back, when one ends with stale entries dominating again), let ``P`` be the largest live
+count since the table was last not compacting, ``s = rebuild_step`` and
+``B = max(2P, P + min_stale) + 1``. A compaction starts from at most ``B`` entries (the
+rule held before the call that started it, which added at most one). It scans
+``U <= 2P + A + 1`` units (at most ``P`` workers and ``P`` entries live at its start, the
+``A`` entries acquired during it, the swap), and every acquire does ``s`` of them, so
+``A <= U / s + 1``, i.e. ``A <= (2P + 1 + s) // (s - 1)``. Hence, always,
+``heap_size <= B + (2P + 1 + s) // (s - 1)`` (at the default ``s`` about ``B + P / 7``),
+and with ``s >= 4`` the next compaction again starts from at most ``P + A <= B``
+entries. The state machine in tests/test_table.py pins both bounds.
 
 Time is an argument (``pop_expired(now)``), never read here: the caller owns the clock.
 """
@@ -34,12 +67,19 @@ from collections.abc import Iterator, KeysView
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Timer", "TimerKey", "TimerTable"]
+__all__ = ["MIN_STALE", "REBUILD_STEP", "Timer", "TimerKey", "TimerTable"]
 
 TimerKey = tuple[int, str]
 
-#: Compact when more than this many entries are stale *and* they are over half the heap.
-_COMPACT_MIN_STALE = 100
+#: Default ``min_stale``: compact when more entries than this are stale *and* they are
+#: over half the heap.
+MIN_STALE = 100
+#: Default ``rebuild_step``: units of an incremental compaction done per mutating call
+#: (a unit is one entry or one worker). Larger finishes a compaction in fewer calls;
+#: smaller makes the worst call cheaper. Each unit is ~0.1-0.3 us.
+REBUILD_STEP = 16
+#: Entries of a replaced heap freed per unit of ``rebuild_step`` (about 0.1 us each).
+_FREED_PER_UNIT = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,12 +105,16 @@ class Timer:
         return (self.pid, self.scope_id)
 
 
-# A heap entry: [deadline, seq, timer-or-None]. A list so it can be tombstoned in place.
-_Entry = list[Any]
+# A heap entry: (deadline, seq, timer). Live while the index maps the key to it (``is``).
+_Entry = tuple[float, int, Timer]
 
 
 class TimerTable:
     """Live timers keyed by ``(pid, scope_id)``, ordered by deadline.
+
+    ``min_stale`` and ``rebuild_step`` tune compaction (see the module docs): how many
+    stale entries are always tolerated, and how much of an incremental rebuild each
+    mutating call does (at least 4).
 
     >>> t = TimerTable()
     >>> t.acquire(Timer(pid=42, scope_id="load", deadline=10.0, signal=9))
@@ -82,14 +126,40 @@ class TimerTable:
     0
     """
 
-    __slots__ = ("_by_pid", "_count", "_heap", "_seq", "_stale")
+    __slots__ = (
+        "_by_pid",
+        "_count",
+        "_heap",
+        "_min_stale",
+        "_next_heap",
+        "_retired",
+        "_scan_items",
+        "_scan_pid",
+        "_scan_pids",
+        "_scan_seq",
+        "_seq",
+        "_step",
+    )
 
-    def __init__(self) -> None:
+    def __init__(self, *, min_stale: int = MIN_STALE, rebuild_step: int = REBUILD_STEP) -> None:
+        if min_stale < 0:
+            raise ValueError(f"min_stale must not be negative: {min_stale}")
+        if rebuild_step < 4:
+            raise ValueError(f"rebuild_step must be at least 4: {rebuild_step}")
+        self._min_stale = min_stale
+        self._step = rebuild_step
         self._by_pid: dict[int, dict[str, _Entry]] = {}
         self._heap: list[_Entry] = []
         self._count = 0
-        self._stale = 0
         self._seq = 0
+        # The compaction in progress: None when there is none (see the module docs).
+        self._scan_pids: list[int] | None = None
+        self._scan_pid = 0
+        self._scan_items: list[tuple[str, _Entry]] = []
+        self._scan_seq = 0
+        self._next_heap: list[_Entry] = []
+        # Replaced heaps, freed a slice per mutating call (see _background_step).
+        self._retired: list[list[_Entry]] = []
 
     # -- mutation -------------------------------------------------------------------
 
@@ -107,24 +177,23 @@ class TimerTable:
         if scopes is None:
             scopes = self._by_pid[timer.pid] = {}
         old_entry = scopes.get(timer.scope_id)
-        old: Timer | None = None
-        if old_entry is not None:
-            old = old_entry[2]
-            self._tombstone(old_entry)
-        else:
+        if old_entry is None:
             self._count += 1
         self._seq += 1
-        entry: _Entry = [timer.deadline, self._seq, timer]
+        entry: _Entry = (timer.deadline, self._seq, timer)
         scopes[timer.scope_id] = entry
         heapq.heappush(self._heap, entry)
-        if old is not None:
-            self._maybe_compact()
-        return old
+        if self._scan_pids is not None:
+            heapq.heappush(self._next_heap, entry)
+            self._background_step(replaced=old_entry is not None)
+        elif old_entry is not None or self._retired:
+            self._background_step(replaced=old_entry is not None)
+        return None if old_entry is None else old_entry[2]
 
     def release(self, pid: int, scope_id: str) -> Timer | None:
         """Remove the timer ``(pid, scope_id)``; releasing an unknown key is a no-op.
 
-        Returns the removed timer, or ``None``. O(1) plus amortised compaction.
+        Returns the removed timer, or ``None``. O(1) plus a bounded compaction step.
         """
         scopes = self._by_pid.get(pid)
         if scopes is None:
@@ -134,23 +203,18 @@ class TimerTable:
             return None
         if not scopes:
             del self._by_pid[pid]
-        timer: Timer = entry[2]
         self._count -= 1
-        self._tombstone(entry)
-        self._maybe_compact()
-        return timer
+        self._background_step(replaced=True)
+        return entry[2]
 
     def clear_worker(self, pid: int) -> list[Timer]:
         """Remove every timer of worker ``pid``; return them in deadline order."""
         scopes = self._by_pid.pop(pid, None)
         if not scopes:
             return []
-        removed = sorted((e for e in scopes.values()), key=lambda e: (e[0], e[1]))
-        timers: list[Timer] = [e[2] for e in removed]
-        for entry in removed:
-            self._tombstone(entry)
+        timers = [e[2] for e in sorted(scopes.values())]
         self._count -= len(timers)
-        self._maybe_compact()
+        self._background_step(replaced=True)
         return timers
 
     def pop_expired(self, now: float) -> list[Timer]:
@@ -158,32 +222,39 @@ class TimerTable:
 
         O(log n) per expired (or stale) entry popped.
         """
-        heap = self._heap
+        heap, by_pid = self._heap, self._by_pid
         expired: list[Timer] = []
         while heap and heap[0][0] <= now:
             entry = heapq.heappop(heap)
-            timer: Timer | None = entry[2]
-            if timer is None:
-                self._stale -= 1
-                continue
-            scopes = self._by_pid[timer.pid]
+            timer = entry[2]
+            scopes = by_pid.get(timer.pid)
+            if scopes is None or scopes.get(timer.scope_id) is not entry:
+                continue  # stale
             del scopes[timer.scope_id]
             if not scopes:
-                del self._by_pid[timer.pid]
-            self._count -= 1
+                del by_pid[timer.pid]
             expired.append(timer)
+        if self._scan_pids is not None:
+            self._trim_next_heap()
         if expired:
-            self._maybe_compact()
+            self._count -= len(expired)
+            self._background_step(replaced=True)
         return expired
 
     # -- queries --------------------------------------------------------------------
 
     def next_deadline(self) -> float | None:
         """The earliest live deadline, or ``None`` when the table is empty. O(1) amortised."""
-        heap = self._heap
-        while heap and heap[0][2] is None:
+        heap, by_pid = self._heap, self._by_pid
+        while heap:
+            entry = heap[0]
+            timer = entry[2]
+            scopes = by_pid.get(timer.pid)
+            if scopes is not None and scopes.get(timer.scope_id) is entry:  # live
+                break
             heapq.heappop(heap)
-            self._stale -= 1
+        if self._scan_pids is not None:
+            self._trim_next_heap()
         return heap[0][0] if heap else None
 
     def get(self, pid: int, scope_id: str) -> Timer | None:
@@ -211,8 +282,7 @@ class TimerTable:
 
     def snapshot(self) -> tuple[Timer, ...]:
         """An immutable copy of every live timer, in expiry order (deadline, then age)."""
-        entries = [e for scopes in self._by_pid.values() for e in scopes.values()]
-        entries.sort(key=lambda e: (e[0], e[1]))
+        entries = sorted(e for scopes in self._by_pid.values() for e in scopes.values())
         return tuple(e[2] for e in entries)
 
     def __len__(self) -> int:
@@ -235,18 +305,78 @@ class TimerTable:
 
     @property
     def heap_size(self) -> int:
-        """Entries in the heap, live and stale (for diagnostics and tests)."""
+        """Entries in the (authoritative) heap, live and stale, for diagnostics and tests.
+
+        Bounded as the module docs derive.
+        """
         return len(self._heap)
+
+    @property
+    def compacting(self) -> bool:
+        """Whether an incremental compaction is in progress (for diagnostics and tests)."""
+        return self._scan_pids is not None
 
     # -- internals ------------------------------------------------------------------
 
-    def _tombstone(self, entry: _Entry) -> None:
-        entry[2] = None
-        self._stale += 1
+    def _background_step(self, *, replaced: bool) -> None:
+        """After a mutating call (``replaced``: it made an entry stale): free some retired
+        entries, and scan some of the compaction in progress or check whether to start one."""
+        retired = self._retired
+        if retired:
+            # Freeing a whole retired heap at once would cost ~0.1 us per stale entry,
+            # tens of ms at 100k timers: free it in bounded slices instead.
+            del retired[-1][-self._step * _FREED_PER_UNIT :]
+            if not retired[-1]:
+                retired.pop()
+        if self._scan_pids is not None:
+            self._compact_step()
+        elif replaced:
+            self._maybe_compact()
 
     def _maybe_compact(self) -> None:
-        if self._stale > _COMPACT_MIN_STALE and self._stale * 2 > len(self._heap):
-            # From the index, not by filtering the heap: O(live), and live < stale here.
-            self._heap = [e for scopes in self._by_pid.values() for e in scopes.values()]
-            heapq.heapify(self._heap)
-            self._stale = 0
+        heap_size = len(self._heap)
+        stale = heap_size - self._count
+        if stale > self._min_stale and stale * 2 > heap_size:
+            self._scan_pids = list(self._by_pid)
+            self._scan_seq = self._seq
+
+    def _trim_next_heap(self) -> None:
+        """Pop the new heap's entries that precede the old heap's top: they were popped
+        from the old heap already, so they are stale (every live entry is in the old
+        heap). Without this, the twins of timers that expired during the scan would all
+        surface at once after the swap."""
+        heap, new_heap = self._heap, self._next_heap
+        while new_heap and (not heap or new_heap[0] < heap[0]):
+            heapq.heappop(new_heap)
+
+    def _compact_step(self) -> None:
+        """Scan up to ``rebuild_step`` units; swap in the new heap when the scan is done."""
+        pids = self._scan_pids
+        assert pids is not None
+        pending, new_heap, by_pid = self._scan_items, self._next_heap, self._by_pid
+        newest, push = self._scan_seq, heapq.heappush
+        budget = self._step
+        while budget > 0:
+            if pending:  # the rest of one worker's (scope_id, entry) pairs
+                chunk = pending[-budget:]
+                del pending[-budget:]
+                budget -= len(chunk)
+                scopes = by_pid.get(self._scan_pid)
+                if scopes is not None:
+                    for scope_id, entry in chunk:
+                        if entry[1] <= newest and scopes.get(scope_id) is entry:  # live, old
+                            push(new_heap, entry)
+            elif pids:
+                budget -= 1
+                pid = pids.pop()
+                scopes = by_pid.get(pid)
+                if scopes:
+                    self._scan_pid = pid
+                    pending = self._scan_items = list(scopes.items())
+            else:
+                self._retired.append(self._heap)
+                self._heap = new_heap
+                self._next_heap = []
+                self._scan_pids = None
+                self._maybe_compact()
+                return

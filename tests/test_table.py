@@ -15,18 +15,29 @@ from dataclasses import dataclass
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
 
 import aiotimer._table
-from aiotimer._table import Timer, TimerTable
-
-#: Stale entries the table tolerates before compacting (``_COMPACT_MIN_STALE``).
-MIN_STALE = 100
+from aiotimer._table import MIN_STALE, REBUILD_STEP, Timer, TimerTable
 
 
-def heap_bound(live: int) -> int:
-    """The largest heap the compaction rule allows for ``live`` timers."""
-    return max(2 * live, live + MIN_STALE)
+def heap_bound(live: int, min_stale: int = MIN_STALE) -> int:
+    """The largest heap the compaction rule allows for ``live`` timers (no compaction
+    in progress)."""
+    return max(2 * live, live + min_stale)
+
+
+def compacting_bound(peak: int, min_stale: int, step: int) -> int:
+    """The largest heap while compactions run, ``peak`` being the largest live count
+    since the table was last not compacting (derived in ``_table``'s docstring)."""
+    b = max(2 * peak, peak + min_stale) + 1
+    return b + (2 * peak + 1 + step) // (step - 1)
 
 
 def timer(pid: int, scope: str, deadline: float, signal: int = 9) -> Timer:
@@ -167,14 +178,20 @@ def test_nan_deadline_is_refused() -> None:
 
 
 def test_compaction_threshold_is_exact() -> None:
-    """Up to 100 tombstones are tolerated; beyond that, once they are half the heap."""
+    """Up to 100 stale entries are tolerated; beyond that, once they are half the heap."""
     t = TimerTable()
     t.acquire(timer(1, "live", 0.0))
     for _ in range(MIN_STALE):
-        t.acquire(timer(1, "live", 0.0))  # each replacement leaves one tombstone
+        t.acquire(timer(1, "live", 0.0))  # each replacement leaves one stale entry
     assert t.heap_size == heap_bound(1) == 1 + MIN_STALE
-    t.acquire(timer(1, "live", 0.0))  # the 101st tombstone: compact
-    assert t.heap_size == 1
+    assert not t.compacting
+    t.acquire(timer(1, "live", 0.0))  # the 101st stale entry: a compaction starts...
+    assert t.compacting
+    assert t.heap_size == 2 + MIN_STALE  # ...but does no work in this call
+    t.acquire(timer(2, "other", 1.0))  # 1 worker + 1 entry + the swap: within one step
+    assert not t.compacting
+    assert t.heap_size == 2
+    assert [x.scope_id for x in t.pop_expired(1.0)] == ["live", "other"]
 
     t = TimerTable()
     for i in range(400):
@@ -182,21 +199,82 @@ def test_compaction_threshold_is_exact() -> None:
     for i in range(200):
         t.release(1, f"s{i}")
     assert (len(t), t.heap_size) == (200, heap_bound(200))  # stale == live: not yet
+    assert not t.compacting
     t.release(1, "s200")
-    assert (len(t), t.heap_size) == (199, 199)
+    assert t.compacting
+    calls = 0
+    while t.compacting:  # 1 worker + 199 entries + the swap, 16 units per call
+        calls += 1
+        t.release(1, f"s{400 - calls}")
+    assert calls == math.ceil((1 + 199 + 1) / REBUILD_STEP)
+    assert len(t) == 199 - calls
+    # Scanned into the new heap, then released: stale there, but few.
+    assert len(t) < t.heap_size <= heap_bound(len(t))
+
+
+def test_timer_acquired_during_compaction_lands_once_in_the_new_heap() -> None:
+    t = TimerTable(min_stale=0, rebuild_step=4)
+    for pid, scope in [(1, "a"), (2, "b"), (3, "c")]:
+        t.acquire(timer(pid, scope, float(pid)))
+    t.release(1, "a")
+    t.release(2, "b")  # 2 stale of 3: compact; only worker 3 is left to scan
+    assert t.compacting
+    # Pushed into both heaps; then the scan of worker 3 must skip it (it is newer).
+    t.acquire(timer(3, "d", 0.5))
+    assert not t.compacting
+    assert (t.heap_size, len(t)) == (2, 2)
+    assert [x.scope_id for x in t.pop_expired(9.0)] == ["d", "c"]
+
+
+def test_rebuild_step_and_min_stale_are_validated() -> None:
+    with pytest.raises(ValueError, match="rebuild_step"):
+        TimerTable(rebuild_step=3)
+    with pytest.raises(ValueError, match="min_stale"):
+        TimerTable(min_stale=-1)
+
+
+def test_compaction_is_spread_over_calls() -> None:
+    """No call rebuilds a big heap at once; pops stay right while the rebuild runs."""
+    t = TimerTable()
+    for i in range(20_000):
+        t.acquire(timer(1 + i % 50, f"s{i}", float(i)))
+    for i in range(0, 20_000, 2):
+        t.release(1 + i % 50, f"s{i}")
+    t.release(2, "s1")  # stale now over half the heap
+    assert t.compacting
+    calls = 0
+    while t.compacting:
+        calls += 1
+        t.acquire(timer(999, f"n{calls}", 0.5 + calls))  # pushed into both heaps
+        if calls % 100 == 0:  # expire some of the old and some of the new timers
+            before = len(t)
+            expired = t.pop_expired(calls / 2)
+            assert [x.deadline for x in expired] == sorted(x.deadline for x in expired)
+            assert len(t) == before - len(expired)
+    # At most 50 workers + 9,999 live entries + the swap, plus the entries acquired
+    # meanwhile; fewer when expired before their worker is scanned.
+    assert 100 < calls <= (50 + 9_999 + 1 + calls) / REBUILD_STEP + 1
+    assert t.heap_size <= heap_bound(len(t))
+    remaining = t.pop_expired(math.inf)
+    assert len(remaining) == len(t) + len(remaining)  # everything left is poppable
+    assert [x.deadline for x in remaining] == sorted(x.deadline for x in remaining)
+    assert len(t) == 0
 
 
 def test_expiring_the_live_front_compacts_a_stale_tail() -> None:
-    """pop_expired must not leave a heap of tombstones behind (regression)."""
+    """pop_expired must not leave a heap of stale entries behind (regression)."""
     t = TimerTable()
     for i in range(1000):
         t.acquire(timer(1, f"soon{i}", float(i)))
         t.acquire(timer(2, f"late{i}", 1e6 + i))
-    t.clear_worker(2)  # 1000 tombstones at the back, not yet half the heap
+    t.clear_worker(2)  # 1000 stale entries at the back, not yet over half the heap
     assert t.heap_size == 2000
+    assert not t.compacting
     assert len(t.pop_expired(1e5)) == 1000
     assert len(t) == 0
-    assert t.heap_size <= heap_bound(0)
+    assert t.compacting
+    t.acquire(timer(3, "next", 1.0))  # no worker left to scan: the swap
+    assert t.heap_size == 1
 
 
 def test_clear_worker_with_many_timers_compacts() -> None:
@@ -207,7 +285,10 @@ def test_clear_worker_with_many_timers_compacts() -> None:
     assert len(t) == 2500
     assert t.heap_size <= heap_bound(2500)
     t.clear_worker(2)
-    assert t.heap_size == 0
+    assert t.compacting
+    assert t.next_deadline() is None  # the stale entries are skipped meanwhile
+    t.acquire(timer(3, "x", 1.0))
+    assert t.heap_size == 1
 
 
 # -- the model-based state machine ----------------------------------------------------
@@ -226,14 +307,30 @@ OFFSETS = st.integers(-2, 12).map(float)
 
 
 class TableMachine(RuleBasedStateMachine):
-    """TimerTable against a dict ``key -> (timer, acquisition seq)``."""
+    """TimerTable against a dict ``key -> (timer, acquisition seq)``.
+
+    The table is built with small compaction tunables (or the defaults), so that
+    compactions start often and run across many steps, interleaved with every operation.
+    """
 
     def __init__(self) -> None:
         super().__init__()
         self.table = TimerTable()
+        self.min_stale, self.step = MIN_STALE, REBUILD_STEP
         self.model: dict[tuple[int, str], ModelTimer] = {}
         self.seq = 0
         self.now = 0.0
+        self.peak = 0  # the largest live count since the table was last seen not compacting
+
+    @initialize(
+        tunables=st.one_of(
+            st.just((MIN_STALE, REBUILD_STEP)),
+            st.tuples(st.integers(0, 6), st.integers(4, 6)),
+        )
+    )
+    def build(self, tunables: tuple[int, int]) -> None:
+        self.min_stale, self.step = tunables
+        self.table = TimerTable(min_stale=self.min_stale, rebuild_step=self.step)
 
     def _model_acquire(self, t: Timer) -> Timer | None:
         old = self.model.get(t.key)
@@ -310,9 +407,22 @@ class TableMachine(RuleBasedStateMachine):
         assert self.table.snapshot() == tuple(self._in_expiry_order(list(self.model.values())))
 
     @invariant()
+    def next_deadline_is_the_earliest_live(self) -> None:
+        expected = min((m.timer.deadline for m in self.model.values()), default=None)
+        assert self.table.next_deadline() == expected
+
+    @invariant()
     def heap_stays_bounded(self) -> None:
-        live = len(self.model)
-        assert live <= self.table.heap_size <= heap_bound(live)
+        """The two bounds derived in ``_table``'s docstring. Within one rule the live
+        count only moves one way, so its peak is at a rule boundary, where it is seen."""
+        live, size = len(self.model), self.table.heap_size
+        assert live <= size
+        if self.table.compacting:
+            self.peak = max(self.peak, live)
+            assert size <= compacting_bound(self.peak, self.min_stale, self.step)
+        else:
+            self.peak = live
+            assert size <= heap_bound(live, self.min_stale)
 
 
 TableMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
