@@ -8,7 +8,7 @@ sending logic is written once as a generator that *yields* what it needs to wait
 pipe) never creates the generator at all: one ``os.write`` under a lock. For
 :func:`aiotimer.expires` blocks, :class:`FifoClient` also takes the acquire without a
 :class:`~aiotimer._protocol.Request` object and encodes both lines of the block at once
-(``_acquire_now`` / ``_release_now``): that is the path measured by
+(``FifoClient._send_now``): that is the path measured by
 ``benchmarks/bench_client.py``.
 
 Clients:
@@ -39,8 +39,7 @@ from typing import Any, Final, Protocol, runtime_checkable
 
 import anyio
 
-from aiotimer._protocol import MARKER_SUFFIX, Request, encode, encode_block
-from aiotimer._scope import current_pid
+from aiotimer._protocol import MARKER_SUFFIX, Request, block_encoder, encode
 from aiotimer.errors import ClientBackpressureError, ServerUnavailableError
 
 __all__ = [
@@ -242,6 +241,8 @@ class FifoClient:
         #: published the marker is still the one reading (see the class docstring).
         self.marker_check_interval = 1.0
         self._lock = threading.Lock()
+        self._pid = os.getpid()  # refreshed in a forked child, with the encoder
+        self._encode_block = block_encoder(self._pid, self._signal)
         self._fd: int | None = None  # persistent descriptor (aiotimer server only)
         self._server: _Marker | None = None  # whom the persistent descriptor talks to
         self._recheck_at = 0.0  # when the marker is due to be checked again (monotonic)
@@ -301,42 +302,54 @@ class FifoClient:
     # -- internals --------------------------------------------------------------------
 
     def _try_send(self, request: Request) -> bool:
-        """Track ``request`` for replay, then the fast path (:meth:`_write_now`).
-        False means: take the slow path (:meth:`_sending`)."""
+        """Track ``request`` for replay, then the fast path (:meth:`_send_now`) if the
+        request is one it writes. False means: take the slow path (:meth:`_sending`)."""
+        scope = request.scope_id
+        plain = request.grace is None and not (request.group or request.dump)
+        if plain and request.pid == self._pid:
+            if request.expiration_time < 0:
+                if request.signal == 0:  # the release line _send_now writes
+                    return self._send_now(scope, -1.0, None, 0.0, _monotonic())
+            elif request.mono is not None:
+                return self._send_now(
+                    scope, request.expiration_time, request.signal, request.mono, _monotonic()
+                )
+        # Any other request takes the slow path, which writes encode(request) as is.
         if request.expiration_time < 0:
-            self._open_scopes.pop(request.scope_id, None)
-            return self._fd is not None and self._write_now(encode(request), _monotonic())
-        lines = self._open_scopes[request.scope_id] = _lines_of(request)
-        return self._write_now(lines[0], _monotonic())
+            self._open_scopes.pop(scope, None)
+        else:
+            self._open_scopes[scope] = (
+                encode(request),
+                encode(Request(request.pid, scope, -1, 0)),
+            )
+        return False
 
-    def _acquire_now(
-        self, scope: str, expiration_time: float, signal: int, mono: float, now: float
+    def _send_now(
+        self, scope: str, expiration_time: float, signal: int | None, mono: float, now: float
     ) -> bool:
-        """An ``expires()`` block's acquire, with no :class:`Request` built: track it
-        and write it at once if the fast path is open (``now`` is ``time.monotonic()``).
+        """The fast path of a request of this process: an acquire (``signal`` ``None``
+        means the client's) or a release (negative ``expiration_time``; ``signal`` and
+        ``mono`` unused). Tracks it for replay, then one ``os.write`` on the persistent
+        descriptor. ``now`` is ``time.monotonic()`` (``-inf``: skip the marker check).
 
+        :func:`aiotimer.expires` blocks call it directly, with no :class:`Request` built.
         False means: send the equivalent :class:`Request` with :meth:`send` or
-        :meth:`send_async` (it is tracked already; tracking again is harmless).
+        :meth:`send_async` (no descriptor, marker check due, replay pending, full or
+        broken pipe); nothing was written then (<= ``PIPE_BUF`` is all or nothing).
         """
-        lines = self._open_scopes[scope] = encode_block(
-            current_pid(), scope, expiration_time, signal, mono
-        )
-        return self._write_now(lines[0], now)
-
-    def _release_now(self, scope: str) -> bool:
-        """An ``expires()`` block's release, if its acquire is tracked by this process.
-
-        False means: send ``Request(current_pid(), scope, -1, 0)`` with :meth:`send` or
-        :meth:`send_async` (also after a fork: the child tracks none of its parent's
-        blocks, so its release names its own pid, as a Request built in it would).
-        """
-        lines = self._open_scopes.pop(scope, None)
-        return lines is not None and self._write_now(lines[1], _monotonic())
-
-    def _write_now(self, line: bytes, now: float) -> bool:
-        """The fast path: one ``os.write`` on the persistent descriptor. False means:
-        take the slow path (no descriptor, marker check due, replay pending, full pipe
-        or broken pipe); nothing was written then (<= ``PIPE_BUF`` is all or nothing)."""
+        if expiration_time < 0:
+            tracked = self._open_scopes.pop(scope, None)
+            # Untracked: a second release of a shared scope, or one after a fork (the
+            # child tracks none of its parent's blocks): the release of this process.
+            line = encode(Request(self._pid, scope, -1, 0)) if tracked is None else tracked[1]
+        else:
+            encode_block = (
+                self._encode_block
+                if signal is None or signal == self._signal
+                else block_encoder(self._pid, signal)
+            )
+            lines = self._open_scopes[scope] = encode_block(scope, expiration_time, mono)
+            line = lines[0]
         if now > self._recheck_at:
             return False
         lock = self._lock
@@ -487,6 +500,8 @@ class FifoClient:
 
     def _after_fork_in_child(self) -> None:
         self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._encode_block = block_encoder(self._pid, self._signal)
         fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)
@@ -494,15 +509,6 @@ class FifoClient:
         self._backlog = []
         self._open_scopes = {}  # the parent's blocks are not the child's
         self._connected_before = False
-
-
-def _lines_of(request: Request) -> tuple[bytes, bytes]:
-    """The acquire line of ``request`` and the release line of its scope."""
-    if request.mono is not None and request.grace is None and not (request.group or request.dump):
-        return encode_block(
-            request.pid, request.scope_id, request.expiration_time, request.signal, request.mono
-        )
-    return encode(request), encode(Request(request.pid, request.scope_id, -1, 0))
 
 
 def _torch_request(request: Request) -> Request:

@@ -16,14 +16,16 @@ from __future__ import annotations
 import itertools
 import os
 import sys
-from types import CodeType
+from types import CodeType, FrameType
 from typing import Final
 
 __all__ = ["current_pid", "default_scope", "scope_site"]
 
 _counter: Final = itertools.count(1)  # next() on it is atomic under the GIL
-#: Call site (code object, instruction offset) -> "basename:lineno#".
-_sites: dict[tuple[CodeType, int], str] = {}
+#: Call site (id of the code object, instruction offset) -> ("basename:lineno#", the code
+#: object). Keyed by id: hashing a code object hashes its constants, ~1 us for a long
+#: function. The entry holds the code object, so its id cannot be reused meanwhile.
+_sites: dict[tuple[int, int], tuple[str, CodeType]] = {}
 #: Past this many call sites the cache starts over (code objects created on the fly, by
 #: exec or templating, would otherwise pile up in it).
 _MAX_SITES: Final = 4096
@@ -36,18 +38,17 @@ def default_scope(depth: int = 1) -> str:
     ``default_scope()`` called from ``f`` names the line that called ``f``.
     """
     frame = sys._getframe(depth + 1)
-    key = (frame.f_code, frame.f_lasti)
-    site = _sites.get(key)
-    if site is None:
-        site = _new_site(key, frame.f_lineno)
+    entry = _sites.get((id(frame.f_code), frame.f_lasti))
+    site = _new_site(frame) if entry is None else entry[0]
     return f"{site}{next(_counter)}"
 
 
-def _new_site(key: tuple[CodeType, int], lineno: int) -> str:
+def _new_site(frame: FrameType) -> str:
     if len(_sites) >= _MAX_SITES:
         _sites.clear()
-    filename = key[0].co_filename
-    site = _sites[key] = f"{os.path.basename(filename) or filename}:{lineno}#"
+    code = frame.f_code
+    site = f"{os.path.basename(code.co_filename) or code.co_filename}:{frame.f_lineno}#"
+    _sites[id(code), frame.f_lasti] = (site, code)
     return site
 
 

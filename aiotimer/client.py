@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import math
 import os
 import stat
 import threading
@@ -177,6 +178,10 @@ _CREATED, _ACTIVE, _EXITED = 0, 1, 2
 _STATE_NAMES: Final = ("created", "active", "exited")
 _monotonic: Final = time.monotonic
 _wall: Final = time.time
+#: A release skips FifoClient's marker check (a clock read): a release that reaches a
+#: new server it does not concern is ignored there, and the block's acquire, or the
+#: next one, runs the check (and the replay) anyway.
+_NO_MARKER_CHECK: Final = -math.inf
 
 
 class Expires:
@@ -188,6 +193,12 @@ class Expires:
     """
 
     __slots__ = ("_after", "_client", "_signal", "_state", "deadline", "scope")
+    scope: str
+    deadline: float | None
+    _after: float | None
+    _client: TimerClient | None
+    _signal: int | None
+    _state: int
 
     def __init__(
         self,
@@ -200,7 +211,17 @@ class Expires:
         if (after is None) == (deadline is None):
             raise TypeError("give exactly one of after and deadline")
         if after is not None and not after >= 0:
-            raise ValueError(f"after must be a number >= 0, got {after!r}")
+            raise _negative_after(after)
+        self._init(scope, after, deadline, client, signal)
+
+    def _init(
+        self,
+        scope: str,
+        after: float | None,
+        deadline: float | None,
+        client: TimerClient | None,
+        signal: int | None,
+    ) -> None:
         self.scope = scope
         self._after = after
         self.deadline = deadline
@@ -229,24 +250,20 @@ class Expires:
         assert deadline is not None
         self.deadline = deadline
         self._state = _ACTIVE
-        signal = client.signal if self._signal is None else self._signal
         expiration_time = wall + (deadline - mono)
         if client.__class__ is FifoClient:
             try:
-                if client._acquire_now(self.scope, expiration_time, signal, deadline, mono):
+                if client._send_now(self.scope, expiration_time, self._signal, deadline, mono):
                     return None
             except BaseException:
                 self._state = _EXITED
                 raise
+        signal = client.signal if self._signal is None else self._signal
         # Positional: pid, scope_id, expiration_time (epoch), signal, version, mono.
         return Request(current_pid(), self.scope, expiration_time, signal, None, deadline)
 
-    def _release(self) -> Request | None:
-        """Exit: send the release at once if the client can; otherwise return it."""
-        self._state = _EXITED
-        client = self._client
-        if client.__class__ is FifoClient and client._release_now(self.scope):
-            return None
+    def _release(self) -> Request:
+        """The release, for ``send``/``send_async`` (when the client's hot path is shut)."""
         return Request(current_pid(), self.scope, -1, 0)
 
     # -- the two faces ---------------------------------------------------------------
@@ -267,10 +284,14 @@ class Expires:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        self._state = _EXITED
+        client = self._client
         try:
-            request = self._release()
-            if request is not None:
-                self._sender().send(request)
+            if not (
+                client.__class__ is FifoClient
+                and client._send_now(self.scope, -1.0, None, 0.0, _NO_MARKER_CHECK)
+            ):
+                self._sender().send(self._release())
         except Exception as release_exc:
             release_failed(self.scope, release_exc, exc)
 
@@ -290,10 +311,14 @@ class Expires:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        self._state = _EXITED
+        client = self._client
         try:
-            request = self._release()
-            if request is not None:
-                await self._sender().send_async(request)
+            if not (
+                client.__class__ is FifoClient
+                and client._send_now(self.scope, -1.0, None, 0.0, _NO_MARKER_CHECK)
+            ):
+                await self._sender().send_async(self._release())
         except Exception as release_exc:
             release_failed(self.scope, release_exc, exc)
 
@@ -340,7 +365,11 @@ def expires(
     A failing release never hides the block's own exception (it is logged instead),
     and a cancelled task still sends its release.
     """
-    return Expires(default_scope() if scope is None else scope, after, None, client, signal)
+    if not after >= 0:  # also refuses NaN
+        raise _negative_after(after)
+    block = _new(Expires)  # no __init__: a C-level call per block, and checked already
+    block._init(default_scope() if scope is None else scope, after, None, client, signal)
+    return block
 
 
 def expires_at(
@@ -356,4 +385,15 @@ def expires_at(
     (asyncio's ``loop.time()`` is the same clock on Linux but is not guaranteed to be).
     A deadline already past is sent as "expire now".
     """
-    return Expires(default_scope() if scope is None else scope, None, deadline, client, signal)
+    if deadline is None:
+        raise TypeError("give exactly one of after and deadline")
+    block = _new(Expires)
+    block._init(default_scope() if scope is None else scope, None, deadline, client, signal)
+    return block
+
+
+_new: Final = object.__new__
+
+
+def _negative_after(after: object) -> ValueError:
+    return ValueError(f"after must be a number >= 0, got {after!r}")

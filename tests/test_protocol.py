@@ -32,8 +32,8 @@ from aiotimer._protocol import (
     Rejection,
     Request,
     RequestTooLargeError,
+    block_encoder,
     encode,
-    encode_block,
     validate,
 )
 
@@ -603,10 +603,10 @@ def test_round_trip(req: Request) -> None:
         assert line == (json.dumps(torch_dict) + "\n").encode()
 
 
-# -- encode_block: the client's hot path ---------------------------------------------------
+# -- block_encoder: the client's hot path ---------------------------------------------------
 
 # Floats drawn over their whole bit range, so every exponent (and the edges of the range
-# where encode_block formats with msgspec instead of repr) is exercised, not only the
+# where block_encoder formats with msgspec instead of repr) is exercised, not only the
 # "nice" values a float strategy favours.
 any_float_bits = st.integers(0, 2**63 - 1).map(
     lambda bits: struct.unpack("<d", struct.pack("<q", bits))[0]
@@ -637,43 +637,46 @@ def reference_block(
     signal=st.one_of(st.integers(-64, 64), st.sampled_from([-(2**31), 2**31 - 1])),
     mono=block_numbers,
 )
-def test_encode_block_is_byte_identical_to_encode(
+def test_block_encoder_is_byte_identical_to_encode(
     pid: int, scope_id: str, expiration_time: float, signal: int, mono: float
 ) -> None:
     try:
         expected = reference_block(pid, scope_id, expiration_time, signal, mono)
     except ValueError as exc:  # non-finite numbers: the same refusal
         with pytest.raises(type(exc)):
-            encode_block(pid, scope_id, expiration_time, signal, mono)
+            block_encoder(pid, signal)(scope_id, expiration_time, mono)
         return
-    assert encode_block(pid, scope_id, expiration_time, signal, mono) == expected
+    assert block_encoder(pid, signal)(scope_id, expiration_time, mono) == expected
 
 
 @settings(deadline=None, max_examples=2000)
 @given(x=fast_range)
-def test_encode_block_numbers_are_float_repr(x: float) -> None:
-    """The premise of encode_block's fast path: inside its range, msgspec writes floats
+def test_block_encoder_numbers_are_float_repr(x: float) -> None:
+    """The premise of block_encoder's fast path: inside its range, msgspec writes floats
     exactly as float.__repr__ (and so json.dumps, and so torch) does."""
-    acquire, _ = encode_block(1, "s", x, 9, x)
+    acquire, _ = block_encoder(1, 9)("s", x, x)
     number = repr(x).encode()
     head = b'{"version": 1, "pid": 1, "scope_id": "s", "expiration_time": '
     assert acquire == head + number + b', "signal": 9, "mono": ' + number + b"}\n"
 
 
-def test_encode_block_on_realistic_clocks() -> None:
+def test_block_encoder_on_realistic_clocks() -> None:
     """Many blocks as a client sends them: epoch deadlines and monotonic deadlines."""
     rng = random.Random(4)
     wall, mono = time.time(), time.monotonic()
+    encode_block = block_encoder(4242, 9)
     for i in range(20_000):
         after = rng.choice([rng.random() * 3600, float(rng.randrange(1, 600)), 1e-3 * i])
-        args = (4242, f"train.py:{i % 300}#{i}", wall + after + rng.random(), 9, mono + after)
-        assert encode_block(*args) == reference_block(*args)
+        scope, expiration_time = f"train.py:{i % 300}#{i}", wall + after + rng.random()
+        assert encode_block(scope, expiration_time, mono + after) == reference_block(
+            4242, scope, expiration_time, 9, mono + after
+        )
 
 
-def test_encode_block_size_limit() -> None:
+def test_block_encoder_size_limit() -> None:
     fits = scope_for_line_size(PIPE_BUF - len(', "mono": 5.0'))
-    acquire, release = encode_block(1, fits, 5.0, 9, 5.0)
+    acquire, release = block_encoder(1, 9)(fits, 5.0, 5.0)
     assert len(acquire) == PIPE_BUF
     assert (acquire, release) == reference_block(1, fits, 5.0, 9, 5.0)
     with pytest.raises(RequestTooLargeError, match=f"{PIPE_BUF + 1} bytes"):
-        encode_block(1, fits + "x", 5.0, 9, 5.0)
+        block_encoder(1, 9)(fits + "x", 5.0, 5.0)
