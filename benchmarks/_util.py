@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-__all__ = ["Timing", "format_table", "gc_paused", "time_repeated"]
+__all__ = ["GcPauses", "Timing", "format_table", "gc_paused", "time_repeated"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +33,35 @@ class Timing:
     def rate(self) -> float:
         """Units per second in the fastest run."""
         return 1.0 / self.best
+
+
+class GcPauses:
+    """Records the cyclic GC's pauses, per generation, while used as a context manager
+    (through :data:`gc.callbacks`)."""
+
+    def __init__(self) -> None:
+        self.pauses: dict[int, list[float]] = {0: [], 1: [], 2: []}
+        self._start = 0.0
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.pauses[info["generation"]].append(time.perf_counter() - self._start)
+
+    def __enter__(self) -> GcPauses:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        gc.callbacks.remove(self._callback)
+
+    def summary(self) -> str:
+        """``gen0 n=.. max=..ms, gen1 ..., gen2 ...``."""
+        return ", ".join(
+            f"gen{g} n={len(p)} max={max(p, default=0.0) * 1e3:.1f}ms"
+            for g, p in self.pauses.items()
+        )
 
 
 @contextmanager
