@@ -21,6 +21,7 @@ import logging
 import math
 import os
 import stat
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -40,7 +41,7 @@ from aiotimer._clients import (
     TimerClient,
 )
 from aiotimer._protocol import ENV_FIFO, TORCH_ENV_FIFO, Request
-from aiotimer._scope import current_pid, default_scope, scope_site
+from aiotimer._scope import _counter, _new_site, _sites, current_pid, default_scope, scope_site
 from aiotimer.diagnostics import ensure_dump_handler
 from aiotimer.errors import NotConfiguredError
 
@@ -182,6 +183,7 @@ _wall: Final = time.time
 #: new server it does not concern is ignored there, and the block's acquire, or the
 #: next one, runs the check (and the replay) anyway.
 _NO_MARKER_CHECK: Final = -math.inf
+_getframe: Final = sys._getframe
 
 
 class Expires:
@@ -211,17 +213,7 @@ class Expires:
         if (after is None) == (deadline is None):
             raise TypeError("give exactly one of after and deadline")
         if after is not None and not after >= 0:
-            raise _negative_after(after)
-        self._init(scope, after, deadline, client, signal)
-
-    def _init(
-        self,
-        scope: str,
-        after: float | None,
-        deadline: float | None,
-        client: TimerClient | None,
-        signal: int | None,
-    ) -> None:
+            raise ValueError(f"after must be a number >= 0, got {after!r}")
         self.scope = scope
         self._after = after
         self.deadline = deadline
@@ -365,10 +357,12 @@ def expires(
     A failing release never hides the block's own exception (it is logged instead),
     and a cancelled task still sends its release.
     """
-    if not after >= 0:  # also refuses NaN
-        raise _negative_after(after)
-    block = _new(Expires)  # no __init__: a C-level call per block, and checked already
-    block._init(default_scope() if scope is None else scope, after, None, client, signal)
+    if scope is None:  # default_scope(), inlined: this is the hot path
+        frame = _getframe(1)
+        site = _sites.get((id(frame.f_code), frame.f_lasti))
+        scope = f"{_new_site(frame) if site is None else site[0]}{next(_counter)}"
+    block = _new(Expires)
+    _init(block, scope, after, None, client, signal)
     return block
 
 
@@ -385,15 +379,12 @@ def expires_at(
     (asyncio's ``loop.time()`` is the same clock on Linux but is not guaranteed to be).
     A deadline already past is sent as "expire now".
     """
-    if deadline is None:
-        raise TypeError("give exactly one of after and deadline")
     block = _new(Expires)
-    block._init(default_scope() if scope is None else scope, None, deadline, client, signal)
+    _init(block, default_scope() if scope is None else scope, None, deadline, client, signal)
     return block
 
 
+# Blocks are made by calling __init__ as a plain function on a new object: the same
+# checks and fields, without the C-level call of Expires(...), which costs more.
 _new: Final = object.__new__
-
-
-def _negative_after(after: object) -> ValueError:
-    return ValueError(f"after must be a number >= 0, got {after!r}")
+_init: Final = Expires.__init__

@@ -24,7 +24,15 @@ from pathlib import Path
 import anyio
 import pytest
 
-from aiotimer._protocol import ENV_FIFO, MARKER_SUFFIX, TORCH_ENV_FIFO, LineDecoder, Request
+from aiotimer import _clients
+from aiotimer._protocol import (
+    ENV_FIFO,
+    MARKER_SUFFIX,
+    TORCH_ENV_FIFO,
+    LineDecoder,
+    Request,
+    encode,
+)
 from aiotimer.client import (
     FifoClient,
     InProcessClient,
@@ -446,6 +454,163 @@ def test_forked_child_uses_its_own_descriptor(
     ]
     client.send(release("parent"))  # the parent's descriptor still works
     assert reader.requests()[0].scope_id == "parent"
+
+
+# -- FIFO: the hot path of expires() blocks ----------------------------------------------
+
+
+def lines_of(data: bytes) -> list[bytes]:
+    return [line + b"\n" for line in data.split(b"\n")[:-1]]
+
+
+def assert_each_line_is_encode_of_itself(data: bytes) -> list[Request]:
+    """Every line is byte for byte what encode() writes for the request it decodes to."""
+    got = []
+    for line in lines_of(data):
+        (req,) = LineDecoder().feed(line).requests
+        assert encode(req) == line
+        got.append(req)
+    return got
+
+
+@pytest.mark.process
+@pytest.mark.asyncio
+async def test_expires_blocks_write_exactly_the_bytes_of_encode(
+    aiotimer_fifo: Path, reader: Reader, client_factory: list[FifoClient]
+) -> None:
+    client = fifo_client(client_factory, aiotimer_fifo)
+    with expires(5, scope="sync", client=client):
+        pass
+    assert client.persistent  # the rest goes through the descriptor's fast path
+    with expires(5, scope='tricky "é\\ scope', client=client, signal=15):
+        pass
+    async with expires(5, client=client) as block:
+        pass
+    got = assert_each_line_is_encode_of_itself(reader.read())
+    pid = os.getpid()
+    assert [(r.pid, r.scope_id, r.is_release, r.signal) for r in got] == [
+        (pid, "sync", False, 9),
+        (pid, "sync", True, 0),
+        (pid, 'tricky "é\\ scope', False, 15),
+        (pid, 'tricky "é\\ scope', True, 0),
+        (pid, block.scope, False, 9),
+        (pid, block.scope, True, 0),
+    ]
+    assert got[4].mono == block.deadline
+    assert abs(got[4].expiration_time - (time.time() + 5)) < SLACK
+
+
+@pytest.mark.process
+def test_generic_requests_keep_their_exact_bytes(
+    aiotimer_fifo: Path, reader: Reader, client_factory: list[FifoClient]
+) -> None:
+    """Requests the fast path does not write as given (extension keys, another pid, no
+    mono, a release with a signal) take the slow path, which writes encode(request)."""
+    client = fifo_client(client_factory, aiotimer_fifo)
+    pid = os.getpid()
+    requests = [
+        acquire("plain"),
+        Request(pid, "ext", 1_763_712_010.5, 15, mono=1010.5, grace=2.5, group=True, dump=True),
+        Request(pid + 1, "other", 1_763_712_010.5, 9, mono=1010.5),
+        acquire("nomono", mono=False),
+        Request(pid, "nomono", -7.5, 9),
+        release("plain"),
+        release("never-acquired"),
+    ]
+    for request in requests:
+        client.send(request)
+    assert reader.read() == b"".join(encode(r) for r in requests)
+
+
+@pytest.mark.process
+def test_blocks_sharing_a_scope_release_it_twice(
+    aiotimer_fifo: Path, reader: Reader, client_factory: list[FifoClient]
+) -> None:
+    client = fifo_client(client_factory, aiotimer_fifo)
+    with expires(5, scope="shared", client=client), expires(6, scope="shared", client=client):
+        pass
+    got = assert_each_line_is_encode_of_itself(reader.read())
+    assert [(r.scope_id, r.is_release) for r in got] == [
+        ("shared", False),
+        ("shared", False),
+        ("shared", True),
+        ("shared", True),  # untracked by then: encoded afresh, same bytes
+    ]
+
+
+@pytest.mark.process
+def test_a_block_left_in_a_forked_child_releases_with_the_childs_pid(
+    aiotimer_fifo: Path, reader: Reader, client_factory: list[FifoClient]
+) -> None:
+    client = fifo_client(client_factory, aiotimer_fifo)
+    block = expires(10, scope="straddles", client=client)
+    block.__enter__()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        with contextlib.suppress(BaseException):
+            block.__exit__(None, None, None)
+            code = 0
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    block.__exit__(None, None, None)
+    got = assert_each_line_is_encode_of_itself(reader.read())
+    assert [(r.pid, r.is_release) for r in got] == [
+        (os.getpid(), False),
+        (pid, True),  # the child's release cannot end the parent's timer
+        (os.getpid(), True),
+    ]
+
+
+@pytest.mark.process
+def test_releases_skip_the_marker_check(
+    aiotimer_fifo: Path,
+    reader: Reader,
+    client_factory: list[FifoClient],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Only acquires pay for the marker check: a release that reaches a new server is
+    ignored there, and the next acquire runs the check and the replay anyway."""
+    client = fifo_client(client_factory, aiotimer_fifo)
+    client.marker_check_interval = 0.0
+    reads: list[str] = []
+    real_read_marker = _clients._read_marker
+
+    def counting(path: str) -> object:
+        reads.append(path)
+        return real_read_marker(path)
+
+    monkeypatch.setattr(_clients, "_read_marker", counting)
+    with expires(5, scope="a", client=client):
+        acquire_reads = len(reads)
+        assert acquire_reads >= 1
+    assert len(reads) == acquire_reads
+    assert [r.is_release for r in reader.requests()] == [False, True]
+
+
+@pytest.mark.process
+def test_an_open_block_is_replayed_byte_for_byte_after_a_restart(
+    aiotimer_fifo: Path, client_factory: list[FifoClient]
+) -> None:
+    client = fifo_client(client_factory, aiotimer_fifo)
+    client.marker_check_interval = 0.0
+    first = Reader(aiotimer_fifo)
+    try:
+        with expires(30, client=client) as block:
+            original = first.read()
+            Path(str(aiotimer_fifo) + MARKER_SUFFIX).unlink()
+            write_marker(aiotimer_fifo, pid=os.getppid())  # a new server, same FIFO
+            with expires(5, scope="next", client=client):
+                pass
+        replayed = lines_of(first.read())
+    finally:
+        first.close()
+    assert replayed[0] == original  # the open block, re-registered as it was sent
+    decoded = [LineDecoder().feed(line).requests[0] for line in replayed]
+    assert decoded[0].scope_id == block.scope
+    assert {r.scope_id for r in decoded[1:-1]} == {"next"}
+    assert (decoded[-1].scope_id, decoded[-1].is_release) == (block.scope, True)
 
 
 # -- queue and in-process clients ---------------------------------------------------------

@@ -187,6 +187,18 @@ def test_invalid_after_is_rejected() -> None:
         expires(after=float("nan"))
 
 
+def test_the_constructors_check_their_arguments() -> None:
+    """expires()/expires_at() skip Expires(...)'s C-level call but not its checks."""
+    with pytest.raises(TypeError, match="exactly one"):
+        expires_at(None)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="exactly one"):
+        Expires("s", 1.0, 2.0, None, None)
+    with pytest.raises(ValueError, match=">= 0"):
+        Expires("s", -1.0, None, None, None)
+    block = Expires("s", 1.0, None, None, None)
+    assert (block.scope, block.deadline, repr(block)) == ("s", None, "<Expires created scope='s'>")
+
+
 def test_body_exception_is_not_masked_by_a_failing_release(
     client: RecordingClient, caplog: pytest.LogCaptureFixture
 ) -> None:
