@@ -17,7 +17,13 @@ Expired timers are handled in deadline order: the policy turns each into a plan
 (:mod:`aiotimer._policy`). An empty plan is "report only". Otherwise the worker's other
 timers are cleared and one *reap* task per worker carries the plan out through the
 policy's :class:`~aiotimer._policy.Escalator`, so a slow reap
-(a grace wait, a retry back-off) never delays another expiry. A failed signal is
+(a grace wait, a retry back-off) never delays another expiry. When the plan starts with
+a signal and the reaper can signal without blocking
+(:class:`~aiotimer.reapers.NonBlockingReaper`), that first signal goes out inline, in the
+expiry handler, before anything else is done about the timer (a spawned task would only
+run one loop iteration later, perhaps after a chunk of input to decode); its outcome is
+reported right after the :class:`~aiotimer.events.TimerExpired` event, and the reap task
+resumes after it, retrying it if it failed. A failed signal is
 reported and retried with exponential back-off, and finally reported as abandoned; it is
 never reported as success. A :class:`~aiotimer._policy.DumpStacks` step's text rides on
 the :class:`~aiotimer.events.StacksDumped` event and on every later
@@ -44,7 +50,17 @@ import anyio
 import anyio.abc
 
 from aiotimer._clock import Clock
-from aiotimer._policy import DumpStacks, Outcome, ReapPolicy, SendSignal, Step, Wait, format_plan
+from aiotimer._policy import (
+    Action,
+    DumpStacks,
+    Escalator,
+    Outcome,
+    ReapPolicy,
+    SendSignal,
+    Step,
+    Wait,
+    format_plan,
+)
 from aiotimer._protocol import Decoded, Request
 from aiotimer._stats import DurationStats, Overdue, SiteSummary
 from aiotimer._table import Timer, TimerTable
@@ -63,7 +79,7 @@ from aiotimer.events import (
     WorkerSurvived,
     WorkerUnknown,
 )
-from aiotimer.reapers import Reaper
+from aiotimer.reapers import NonBlockingReaper, Reaper, as_nonblocking
 from aiotimer.sources._base import Source
 
 __all__ = ["DUMP_SLACK", "Counters", "Engine", "ReapRetry", "serve_source"]
@@ -140,6 +156,19 @@ class _Worker:
     gone: bool = False
 
 
+@dataclass(slots=True, eq=False)
+class _Reap:
+    """One reap of a worker: its escalator, and what its events report."""
+
+    worker: _Worker
+    escalator: Escalator
+    first: Action | None  # the escalator's first action, taken when the timer expired
+    steps: int  # the plan's signal and dump steps
+    scopes: tuple[str, ...] = ()  # the worker's timers this reap clears
+    stacks: str | None = None  # the dump's text, once a DumpStacks step ran
+    verdict: float | bool | None = None  # of ``first``'s attempt 1 if made inline
+
+
 class _StartedProxy:
     """A task status that remembers whether ``started()`` was called."""
 
@@ -177,6 +206,7 @@ class Engine:
         self._tg = task_group
         self._clock = clock
         self._reaper = reaper
+        self._nonblocking = as_nonblocking(reaper)
         self._policy = policy
         self._emit = emit
         self._retry = retry
@@ -334,6 +364,16 @@ class Engine:
         worker = self._workers.get(timer.pid)
         policy = self._policy
         plan: Sequence[Step] = () if worker is None else policy.plan(timer)
+        reap: _Reap | None = None
+        inline: tuple[SendSignal, Exception | None] | None = None
+        if plan and worker is not None and not worker.reaping:
+            # Start the reap first: its first signal may go out right here, inline.
+            worker.reaping = True
+            escalator = policy.escalator(timer)
+            first = escalator.next(now, True)
+            reap = _Reap(worker, escalator, first, sum(not isinstance(s, Wait) for s in plan))
+            if isinstance(first, SendSignal) and self._nonblocking is not None:
+                inline = first, self._attempt_nowait(self._nonblocking, worker.pid, first)
         self.stats.record_expired(timer.scope_id, max(0.0, now - timer.acquired_at))
         if not plan:  # the block runs on: its release will tell how long it took
             self.overdue.add(timer.key, timer.acquired_at)
@@ -356,33 +396,33 @@ class Engine:
                 action=action,
             )
         )
-        if not plan or worker is None or worker.reaping:
+        if reap is None:
             return  # report only, or the reap in progress covers this timer too
-        worker.reaping = True
         others = self.table.clear_worker(timer.pid)
-        scopes = (timer.scope_id, *(t.scope_id for t in others))
-        self._tg.start_soon(self._reap, worker, timer, scopes, name=f"aiotimer-reap-{timer.pid}")
+        reap.scopes = (timer.scope_id, *(t.scope_id for t in others))
+        if inline is not None:  # report the inline attempt, after TimerExpired
+            reap.verdict = self._judge(reap, inline[0], 1, 1, inline[1])
+        self._tg.start_soon(self._reap, reap, name=f"aiotimer-reap-{timer.pid}")
 
     # -- reaping ----------------------------------------------------------------------
 
-    async def _reap(self, worker: _Worker, timer: Timer, scopes: tuple[str, ...]) -> None:
-        escalator = self._policy.escalator(timer)
-        steps = sum(not isinstance(step, Wait) for step in escalator.plan)
-        clock = self._clock
-        stacks: str | None = None
+    async def _reap(self, reap: _Reap) -> None:
+        """Carry out ``reap``'s plan, from its first action (already taken, perhaps run)."""
+        worker, escalator, clock = reap.worker, reap.escalator, self._clock
+        action: Action | None = reap.first
         try:
-            while (action := escalator.next(clock.monotonic(), not worker.gone)) is not None:
+            while action is not None:
                 number = len(escalator.taken)
                 if isinstance(action, SendSignal):
-                    delivered = await self._send(
-                        worker, action, number, steps, scopes, stacks=stacks
-                    )
+                    verdict, reap.verdict = reap.verdict, None
+                    delivered = await self._send(reap, action, number, verdict)
                     if not delivered and not worker.gone:
                         return  # abandoned (and reported); the worker stays watched
                 elif isinstance(action, DumpStacks):
-                    stacks = await self._dump(worker, action, number, steps)
+                    reap.stacks = await self._dump(worker, action, number, reap.steps)
                 else:
                     await self._wait_exit(worker, action.deadline)
+                action = escalator.next(clock.monotonic(), not worker.gone)
             if escalator.outcome in (Outcome.UNKILLABLE, Outcome.SURVIVED):
                 last = escalator.taken[-1]
                 self._emit(
@@ -398,70 +438,96 @@ class Engine:
             worker.reaping = False
 
     async def _send(
+        self, reap: _Reap, step: SendSignal, number: int, verdict: float | bool | None
+    ) -> bool:
+        """Deliver one signal, retrying failures; ``True`` if it was delivered.
+
+        ``verdict`` is attempt 1's (see :meth:`_judge`) when it was already made inline.
+        """
+        worker, attempt = reap.worker, 1
+        if verdict is None:
+            verdict = self._judge(reap, step, number, 1, await self._attempt(worker.pid, step))
+        while not isinstance(verdict, bool):
+            if await self._wait_exit(worker, self._clock.monotonic() + verdict):
+                return False
+            attempt += 1
+            error = await self._attempt(worker.pid, step)
+            verdict = self._judge(reap, step, number, attempt, error)
+        return verdict
+
+    async def _attempt(self, pid: int, step: SendSignal) -> Exception | None:
+        """Signal once through the reaper; the error it raised, if any."""
+        try:
+            await self._reaper.signal(pid, step.signum, group=step.group)
+        except Exception as exc:
+            return exc
+        return None
+
+    @staticmethod
+    def _attempt_nowait(reaper: NonBlockingReaper, pid: int, step: SendSignal) -> Exception | None:
+        """:meth:`_attempt`, inline."""
+        try:
+            reaper.signal_nowait(pid, step.signum, group=step.group)
+        except Exception as exc:
+            return exc
+        return None
+
+    def _judge(
         self,
-        worker: _Worker,
+        reap: _Reap,
         step: SendSignal,
         number: int,
-        steps: int,
-        scopes: tuple[str, ...],
-        *,
-        stacks: str | None,
-    ) -> bool:
-        """Deliver one signal, retrying failures; ``True`` if it was delivered."""
+        attempt: int,
+        error: Exception | None,
+    ) -> float | bool:
+        """Report how attempt number ``attempt`` to send ``step`` went (``error`` is what
+        it raised, if anything) and decide what comes next: ``True`` delivered, ``False``
+        given up (the worker is gone, or the reap is abandoned), or the seconds to wait
+        before the next attempt."""
+        worker, clock = reap.worker, self._clock
         pid, signum = worker.pid, step.signum
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                await self._reaper.signal(pid, signum, group=step.group)
-            except ProcessGoneError:
-                self._worker_gone(worker, "gone before signal")
-                return False
-            except Exception as exc:
-                self.counts.reap_failed += 1
-                error = f"{type(exc).__name__}: {exc}"
-                if isinstance(exc, RefusedTargetError) or attempt >= self._retry.attempts:
-                    self._emit(
-                        ReapAbandoned(
-                            time=self._clock.time(),
-                            pid=pid,
-                            signal=signum,
-                            error=error,
-                            attempts=attempt,
-                        )
-                    )
-                    return False
-                delay = self._retry.delay(attempt)
+        if isinstance(error, ProcessGoneError):
+            self._worker_gone(worker, "gone before signal")
+            return False
+        if error is not None:
+            self.counts.reap_failed += 1
+            text = f"{type(error).__name__}: {error}"
+            if isinstance(error, RefusedTargetError) or attempt >= self._retry.attempts:
                 self._emit(
-                    ReapFailed(
-                        time=self._clock.time(),
-                        pid=pid,
-                        signal=signum,
-                        error=error,
-                        attempt=attempt,
-                        retry_in=delay,
+                    ReapAbandoned(
+                        time=clock.time(), pid=pid, signal=signum, error=text, attempts=attempt
                     )
                 )
-                if await self._wait_exit(worker, self._clock.monotonic() + delay):
-                    return False
-                continue
-            self.counts.reaped += 1
+                return False
+            delay = self._retry.delay(attempt)
             self._emit(
-                WorkerReaped(
-                    time=self._clock.time(),
+                ReapFailed(
+                    time=clock.time(),
                     pid=pid,
                     signal=signum,
-                    group=step.group,
-                    scopes=scopes,
-                    step=number,
-                    steps=steps,
-                    stacks=stacks,
+                    error=text,
+                    attempt=attempt,
+                    retry_in=delay,
                 )
             )
-            if self._self_kill:
-                logger.critical("self_kill_after_reap: sending signal %d to the server", signum)
-                os.kill(self._own_pid, signum)
-            return True
+            return delay
+        self.counts.reaped += 1
+        self._emit(
+            WorkerReaped(
+                time=clock.time(),
+                pid=pid,
+                signal=signum,
+                group=step.group,
+                scopes=reap.scopes,
+                step=number,
+                steps=reap.steps,
+                stacks=reap.stacks,
+            )
+        )
+        if self._self_kill:
+            logger.critical("self_kill_after_reap: sending signal %d to the server", signum)
+            os.kill(self._own_pid, signum)
+        return True
 
     async def _wait_exit(self, worker: _Worker, deadline: float) -> bool:
         """Wait until monotonic ``deadline`` (on the injected clock) or the worker's exit;

@@ -13,7 +13,7 @@ import anyio
 import pytest
 
 from aiotimer.errors import ProcessGoneError, ReapError, RefusedTargetError
-from aiotimer.reapers import Reaper, SignalReaper
+from aiotimer.reapers import NonBlockingReaper, Reaper, SignalReaper, as_nonblocking
 from aiotimer.testing import ReaperCall, RecordingReaper
 
 
@@ -49,6 +49,66 @@ async def test_recording_reaper_records_fails_and_exits() -> None:
         "wait_exit",
         "detach",
     ]
+
+
+def test_recording_reaper_signals_nowait_the_same_way() -> None:
+    reaper = RecordingReaper()
+    reaper.fail_signals(1, times=1)
+    with pytest.raises(ReapError):
+        reaper.signal_nowait(1, signal.SIGTERM)
+    reaper.signal_nowait(1, signal.SIGTERM, group=True)
+    reaper.signal_nowait(1, signal.SIGKILL)  # in exit_on: the pid is now exited
+    with pytest.raises(ProcessGoneError):
+        reaper.signal_nowait(1, signal.SIGKILL)
+    assert reaper.calls == [
+        ReaperCall("signal_failed", 1, signal.SIGTERM),
+        ReaperCall("signal", 1, signal.SIGTERM, group=True),
+        ReaperCall("signal", 1, signal.SIGKILL),
+        ReaperCall("signal_gone", 1, signal.SIGKILL),
+    ]
+
+
+class OnlyAsyncReaper:
+    """A custom reaper without ``signal_nowait``."""
+
+    def attach(self, pid: int) -> bool:
+        return True
+
+    async def wait_exit(self, pid: int) -> None:
+        await anyio.sleep_forever()
+
+    async def signal(self, pid: int, signum: int, *, group: bool = False) -> None:
+        pass
+
+    async def dump_stacks(self, pid: int, timeout: float) -> str | None:
+        return None
+
+    def detach(self, pid: int) -> None:
+        pass
+
+
+class FilteringReaper(RecordingReaper):
+    """Overrides ``signal`` only: the inherited ``signal_nowait`` would bypass it."""
+
+    async def signal(self, pid: int, signum: int, *, group: bool = False) -> None:
+        await super().signal(pid, signum, group=group)
+
+
+class FilteringBothReaper(FilteringReaper):
+    """Overrides both, so its ``signal_nowait`` may stand in for its ``signal``."""
+
+    def signal_nowait(self, pid: int, signum: int, *, group: bool = False) -> None:
+        super().signal_nowait(pid, signum, group=group)
+
+
+def test_which_reapers_the_server_may_signal_inline() -> None:
+    for reaper in (SignalReaper(), RecordingReaper(), FilteringBothReaper()):
+        assert isinstance(reaper, NonBlockingReaper)
+        assert as_nonblocking(reaper) is reaper
+    assert isinstance(OnlyAsyncReaper(), Reaper)
+    assert as_nonblocking(OnlyAsyncReaper()) is None
+    assert isinstance(FilteringReaper(), NonBlockingReaper)
+    assert as_nonblocking(FilteringReaper()) is None
 
 
 @pytest.mark.asyncio
@@ -108,6 +168,22 @@ async def test_signal_reaper_detach_while_waiting_then_reattach(
     assert reaper.attach(child.pid)  # a fresh pin
     await reaper.signal(child.pid, signal.SIGTERM)
     assert child.wait(5) == -signal.SIGTERM
+    reaper.close()
+
+
+@pytest.mark.process
+@pytest.mark.timeout(20)
+def test_signal_reaper_signals_nowait_like_signal(child: subprocess.Popen[bytes]) -> None:
+    reaper = SignalReaper()
+    with pytest.raises(RefusedTargetError):
+        reaper.signal_nowait(os.getpid(), signal.SIGKILL)
+    with pytest.raises(RefusedTargetError):
+        reaper.signal_nowait(child.pid, signal.SIGKILL)  # not attached yet
+    assert reaper.attach(child.pid)
+    reaper.signal_nowait(child.pid, signal.SIGKILL)
+    assert child.wait(5) == -signal.SIGKILL
+    with pytest.raises(ProcessGoneError):
+        reaper.signal_nowait(child.pid, signal.SIGKILL)
     reaper.close()
 
 

@@ -80,11 +80,16 @@ async def settle() -> None:
 async def rig(**kwargs: Any) -> AsyncIterator[Rig]:
     clock = FakeClock()
     reaper = kwargs.pop("reaper", None) or RecordingReaper()
+    also = kwargs.pop("on_event", None)
     source = MemorySource()
     events: list[Event] = []
-    server = TimerServer(
-        sources=[source], clock=clock, reaper=reaper, on_event=events.append, **kwargs
-    )
+
+    def on_event(event: Event) -> None:
+        events.append(event)
+        if also is not None:
+            also(event)
+
+    server = TimerServer(sources=[source], clock=clock, reaper=reaper, on_event=on_event, **kwargs)
     async with server:
         r = Rig(server, clock, reaper, source, events)
         await settle()
@@ -352,6 +357,148 @@ async def test_wall_clock_step_does_not_fire_a_mono_timer() -> None:
         r.clock.step_wall(-7200.0)
         await r.advance(9.0)
         assert r.reaper.signals() == [(1, KILL)]
+
+
+# -- the first signal, inline ------------------------------------------------------------------
+
+
+@dataclass
+class Witness:
+    """What each event saw when it was emitted: the signals sent so far, and the task
+    that emitted it (the expiry task when the first signal went out inline)."""
+
+    reaper: RecordingReaper
+    seen: list[tuple[str, list[tuple[int, int]], str]] = field(default_factory=list)
+
+    def __call__(self, event: Event) -> None:
+        if not isinstance(event, (TimerAcquired, TimerReleased, ServerStarted, ServerStopped)):
+            task = anyio.get_current_task().name
+            self.seen.append((event.kind, self.reaper.signals(), task))
+
+
+class AsyncOnlyReaper(RecordingReaper):
+    """A custom reaper that overrides ``signal`` only: every signal takes the task path."""
+
+    async def signal(self, pid: int, signum: int, *, group: bool = False) -> None:
+        await anyio.lowlevel.checkpoint()
+        await super().signal(pid, signum, group=group)
+
+
+EXPIRY, REAP1, WATCH1 = "aiotimer-expiry", "aiotimer-reap-1", "aiotimer-watch-1"
+
+
+@pytest.mark.asyncio
+async def test_first_signal_goes_out_inline_before_the_expiry_is_reported() -> None:
+    reaper = RecordingReaper()
+    witness = Witness(reaper)
+    async with rig(reaper=reaper, on_event=witness) as r:
+        r.acquire(1, "a", at=1.0)
+        await r.advance(1.0)
+        assert witness.seen == [
+            ("timer_expired", [(1, KILL)], EXPIRY),
+            ("worker_reaped", [(1, KILL)], EXPIRY),
+            ("worker_exited", [(1, KILL)], WATCH1),
+        ]
+        await r.advance(10.0)  # its exit ended the reap: nothing more is sent or reported
+        assert len(witness.seen) == 3
+        assert r.server.get_state().counters.reaped == 1
+
+
+@pytest.mark.asyncio
+async def test_reaper_without_signal_nowait_signals_from_the_reap_task() -> None:
+    reaper = AsyncOnlyReaper()
+    witness = Witness(reaper)
+    async with rig(reaper=reaper, on_event=witness) as r:
+        r.acquire(1, "a", at=1.0, sig=TERM, grace=2.0)
+        await r.advance(1.0)
+        assert witness.seen == [
+            ("timer_expired", [], EXPIRY),
+            ("worker_reaped", [(1, TERM)], REAP1),
+        ]
+        await r.advance(2.0)
+        assert witness.seen[2:] == [
+            ("worker_reaped", [(1, TERM), (1, KILL)], REAP1),
+            ("worker_exited", [(1, TERM), (1, KILL)], WATCH1),
+        ]
+        assert [(e.step, e.steps) for e in r.of(WorkerReaped)] == [(1, 2), (2, 2)]
+
+
+@pytest.mark.asyncio
+async def test_escalation_resumes_after_the_inline_first_step() -> None:
+    reaper = RecordingReaper()
+    witness = Witness(reaper)
+    async with rig(reaper=reaper, on_event=witness) as r:
+        r.acquire(1, "a", at=1.0, sig=TERM, grace=2.0)
+        r.acquire(1, "b", at=5.0)
+        await r.advance(1.0)
+        assert witness.seen[-1] == ("worker_reaped", [(1, TERM)], EXPIRY)
+        await r.advance(1.999)
+        assert r.reaper.signals() == [(1, TERM)]
+        await r.advance(0.001)
+        assert witness.seen[2:] == [
+            ("worker_reaped", [(1, TERM), (1, KILL)], REAP1),
+            ("worker_exited", [(1, TERM), (1, KILL)], WATCH1),
+        ]
+        reaped = r.of(WorkerReaped)
+        assert [(e.signal, e.step, e.steps, e.scopes) for e in reaped] == [
+            (TERM, 1, 2, ("a", "b")),
+            (KILL, 2, 2, ("a", "b")),
+        ]
+
+
+@pytest.mark.asyncio
+async def test_an_inline_failure_is_retried_with_backoff_by_the_reap_task() -> None:
+    reaper = RecordingReaper()
+    witness = Witness(reaper)
+    retry = ReapRetry(attempts=3, initial=0.25, factor=2.0)  # binary-exact times
+    async with rig(reaper=reaper, on_event=witness, reap_retry=retry) as r:
+        r.reaper.fail_signals(1, times=2)
+        r.acquire(1, "a", at=1.0)
+        await r.advance(1.0)
+        assert witness.seen == [("timer_expired", [], EXPIRY), ("reap_failed", [], EXPIRY)]
+        await r.advance(0.125)
+        assert r.reaper.methods(1) == ["attach", "wait_exit", "signal_failed"]
+        await r.advance(0.125)
+        assert witness.seen[-1] == ("reap_failed", [], REAP1)
+        await r.advance(0.5)
+        assert witness.seen[-2] == ("worker_reaped", [(1, KILL)], REAP1)
+        assert [(e.attempt, e.retry_in) for e in r.of(ReapFailed)] == [(1, 0.25), (2, 0.5)]
+        assert r.server.get_state().counters.reap_failed == 2
+
+
+@pytest.mark.asyncio
+async def test_an_inline_failure_can_abandon_at_once_and_a_later_timer_reaps_again() -> None:
+    reaper = RecordingReaper()
+    witness = Witness(reaper)
+    async with rig(reaper=reaper, on_event=witness, reap_retry=ReapRetry(attempts=1)) as r:
+        r.reaper.fail_signals(1, times=1)
+        r.acquire(1, "a", at=1.0)
+        await r.advance(1.0)
+        assert witness.seen == [("timer_expired", [], EXPIRY), ("reap_abandoned", [], EXPIRY)]
+        assert r.server.get_state().workers == (1,)  # still watched
+        r.acquire(1, "again", at=2.0)
+        await r.advance(1.0)
+        assert witness.seen[2:] == [
+            ("timer_expired", [(1, KILL)], EXPIRY),
+            ("worker_reaped", [(1, KILL)], EXPIRY),
+            ("worker_exited", [(1, KILL)], WATCH1),
+        ]
+
+
+@pytest.mark.asyncio
+async def test_a_dump_first_plan_sends_its_signals_from_the_reap_task() -> None:
+    reaper = RecordingReaper(stack_dump="stacks")
+    witness = Witness(reaper)
+    policy = ReapPolicy(Escalation(dump=True, soft_signal=None))
+    async with rig(reaper=reaper, on_event=witness, policy=policy) as r:
+        r.acquire(1, "a", at=1.0)
+        await r.advance(1.0)
+        assert witness.seen == [
+            ("timer_expired", [], EXPIRY),
+            ("stacks_dumped", [], REAP1),
+            ("worker_reaped", [(1, KILL)], REAP1),
+            ("worker_exited", [(1, KILL)], WATCH1),
+        ]
 
 
 # -- input -----------------------------------------------------------------------------------
