@@ -84,6 +84,26 @@ class TimestampReaper:
         self._exited.pop(pid, None)
 
 
+class CpuShare:
+    """The process's CPU time over the wall time of a ``with`` block (the server, the
+    load generator and the measuring code share the process)."""
+
+    def __init__(self) -> None:
+        self.cpu = self.wall = 0.0
+
+    def __enter__(self) -> CpuShare:
+        self.cpu, self.wall = time.process_time(), time.monotonic()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.cpu = time.process_time() - self.cpu
+        self.wall = time.monotonic() - self.wall
+
+    def summary(self) -> str:
+        """``1.23 s over 6.00 s wall (20%)``."""
+        return f"{self.cpu:.2f} s over {self.wall:.2f} s wall ({self.cpu / self.wall:.0%})"
+
+
 class TimestampSignalReaper(SignalReaper):
     """The real reaper, recording when each signal was sent."""
 
@@ -121,7 +141,9 @@ def percentiles(samples: Sequence[float]) -> tuple[float, float, float]:
     return statistics.median(ordered) * 1e3, p99 * 1e3, ordered[-1] * 1e3
 
 
-async def measure_server(args: argparse.Namespace) -> tuple[list[float], int, GcPauses]:
+async def measure_server(
+    args: argparse.Namespace,
+) -> tuple[list[float], int, GcPauses, CpuShare]:
     reaper = TimestampReaper()
     source = MemorySource("bench")
     deadlines: dict[int, float] = {}
@@ -134,7 +156,7 @@ async def measure_server(args: argparse.Namespace) -> tuple[list[float], int, Gc
         if args.gc == "freeze":
             gc.freeze()  # the live table moves to the permanent generation
         stop = anyio.Event()
-        with GcPauses() as pauses:
+        with GcPauses() as pauses, CpuShare() as cpu:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(background_load, source, args.load, stop)
                 for n in range(args.samples):
@@ -152,10 +174,10 @@ async def measure_server(args: argparse.Namespace) -> tuple[list[float], int, Gc
     missing = len(deadlines) - len(latencies)
     if missing:
         print(f"WARNING: {missing} measured timers were never signalled", file=sys.stderr)
-    return latencies, requests, pauses
+    return latencies, requests, pauses, cpu
 
 
-async def measure_bare_sleep(args: argparse.Namespace) -> tuple[list[float], GcPauses]:
+async def measure_bare_sleep(args: argparse.Namespace) -> tuple[list[float], GcPauses, CpuShare]:
     source = MemorySource("bench")
     latencies: list[float] = []
 
@@ -166,7 +188,7 @@ async def measure_bare_sleep(args: argparse.Namespace) -> tuple[list[float], GcP
 
     async with TimerServer(sources=[source], reaper=TimestampReaper()):
         stop = anyio.Event()
-        with GcPauses() as pauses:
+        with GcPauses() as pauses, CpuShare() as cpu:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(background_load, source, args.load, stop)
                 async with anyio.create_task_group() as timers:
@@ -174,7 +196,7 @@ async def measure_bare_sleep(args: argparse.Namespace) -> tuple[list[float], GcP
                         timers.start_soon(one, random.uniform(0.005, 0.02))
                         await anyio.sleep(random.uniform(0.0005, 0.003))
                 stop.set()
-    return latencies, pauses
+    return latencies, pauses, cpu
 
 
 async def measure_real(count: int) -> list[float]:
@@ -201,8 +223,8 @@ async def measure_real(count: int) -> list[float]:
 
 
 async def amain(args: argparse.Namespace) -> None:
-    server, requests, server_gc = await measure_server(args)
-    bare, bare_gc = await measure_bare_sleep(args)
+    server, requests, server_gc, server_cpu = await measure_server(args)
+    bare, bare_gc, bare_cpu = await measure_bare_sleep(args)
     rows = []
     for name, samples in [("aiotimer: deadline -> signal", server), ("bare asyncio.sleep", bare)]:
         p50, p99, worst = percentiles(samples)
@@ -220,6 +242,8 @@ async def amain(args: argparse.Namespace) -> None:
     print(format_table(["timer", "samples", "p50 ms", "p99 ms", "max ms"], rows))
     print(f"GC pauses while measuring aiotimer: {server_gc.summary()}")
     print(f"GC pauses while measuring bare sleep: {bare_gc.summary()}")
+    print(f"CPU while measuring aiotimer: {server_cpu.summary()}")
+    print(f"CPU while measuring bare sleep: {bare_cpu.summary()}")
     with open("/proc/loadavg") as f:  # the machine may be shared: say how busy it was
         print(f"load average at the end: {f.read().strip()}")
     s99, b99 = percentiles(server)[1], percentiles(bare)[1]

@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -18,7 +19,9 @@ import anyio.abc
 import pytest
 
 from aiotimer import Request
+from aiotimer._clock import MonotonicClock
 from aiotimer._policy import Escalation, ReapPolicy
+from aiotimer._server_engine import SLEEP_MARGIN
 from aiotimer.errors import ProcessGoneError, ServerStateError, SourceError
 from aiotimer.events import (
     Event,
@@ -149,6 +152,51 @@ async def test_earlier_deadline_rearms_sleeper_at_once() -> None:
         assert r.clock.next_wakeup() == 5.0
         await r.advance(5.0)
         assert r.reaper.signals() == [(2, KILL)]
+
+
+@pytest.mark.asyncio
+async def test_a_deadline_that_falls_while_the_loop_is_busy_is_handled_by_the_next_batch() -> None:
+    async with rig() as r:
+        r.acquire(1, "a", at=1.0)
+        await settle()
+        r.clock.advance(1.0)  # the deadline falls; the expiry task has not run since
+        r.release(2, "other")  # any batch: the sink handles what came due before returning
+        assert r.reaper.signals() == [(1, KILL)]
+        [expired] = r.of(TimerExpired)
+        assert expired.late == 0.0
+        await settle()  # the expiry task wakes up and finds nothing left to do
+        assert len(r.of(TimerExpired)) == 1 and r.reaper.signals() == [(1, KILL)]
+
+
+class SleepRecordingClock(MonotonicClock):
+    """The real clock, recording every deadline the server sleeps until."""
+
+    def __init__(self) -> None:
+        self.sleeps: list[float] = []
+
+    async def sleep_until(self, deadline: float) -> None:
+        self.sleeps.append(deadline)
+        await super().sleep_until(deadline)
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.asyncio
+async def test_on_the_loop_clock_the_expiry_task_wakes_early_but_never_fires_early() -> None:
+    clock, source, events = SleepRecordingClock(), MemorySource(), list[Event]()
+    server = TimerServer(
+        sources=[source], clock=clock, reaper=RecordingReaper(), on_event=events.append
+    )
+    async with server:
+        deadline = time.monotonic() + 0.05
+        source.push(Request(1, "a", time.time() + 0.05, KILL, mono=deadline))
+        with anyio.fail_after(5):
+            while not any(isinstance(e, WorkerReaped) for e in events):
+                await anyio.sleep(0.01)
+    [expired] = [e for e in events if isinstance(e, TimerExpired)]
+    assert expired.late >= 0.0
+    # The loop's timers wake to the millisecond: sleep to a margin before the deadline
+    # (again, if a timer woke up before that), then yield until it falls.
+    assert clock.sleeps and set(clock.sleeps) == {deadline - SLEEP_MARGIN}
 
 
 @pytest.mark.asyncio
