@@ -413,7 +413,7 @@ def test_shadow_mode_signals_nothing_and_reports_the_would_be_kill_and_statistic
     [site] = records[-1]["scopes"]
     assert (site["site"], site["count"], site["expirations"]) == ("job.py:7", 3, 1)
     assert site["max"] >= 0.6  # the overrunning block, measured at its late release
-    assert site["longest_expired"] >= 0.2
+    assert site["longest_expired"] >= 0.19  # the timeout less the line's transit to the server
     assert site["suggested_timeout"] >= 1.5 * site["p99"]
     header, row = out.splitlines()
     assert header.startswith("site") and header.split()[-1] == "suggested"
