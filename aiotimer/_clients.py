@@ -8,7 +8,7 @@ sending logic is written once as a generator that *yields* what it needs to wait
 pipe) never creates the generator at all: one ``os.write`` under a lock. For
 :func:`aiotimer.expires` blocks, :class:`FifoClient` also takes the acquire without a
 :class:`~aiotimer._protocol.Request` object and encodes both lines of the block at once
-(``FifoClient._send_now``): that is the path measured by
+(``FifoClient._acquire_now``, ``FifoClient._release_now``): that is the path measured by
 ``benchmarks/bench_client.py``.
 
 Clients:
@@ -302,16 +302,17 @@ class FifoClient:
     # -- internals --------------------------------------------------------------------
 
     def _try_send(self, request: Request) -> bool:
-        """Track ``request`` for replay, then the fast path (:meth:`_send_now`) if the
-        request is one it writes. False means: take the slow path (:meth:`_sending`)."""
+        """Track ``request`` for replay, then the fast path (:meth:`_acquire_now`,
+        :meth:`_release_now`) if the request is one it writes. False means: take the slow
+        path (:meth:`_sending`)."""
         scope = request.scope_id
         plain = request.grace is None and not (request.group or request.dump)
         if plain and request.pid == self._pid:
             if request.expiration_time < 0:
-                if request.signal == 0:  # the release line _send_now writes
-                    return self._send_now(scope, -1.0, None, 0.0, _monotonic())
+                if request.signal == 0:  # the release line _release_now writes
+                    return self._release_now(scope, _monotonic())
             elif request.mono is not None:
-                return self._send_now(
+                return self._acquire_now(
                     scope, request.expiration_time, request.signal, request.mono, _monotonic()
                 )
         # Any other request takes the slow path, which writes encode(request) as is.
@@ -324,34 +325,46 @@ class FifoClient:
             )
         return False
 
-    def _send_now(
+    def _acquire_now(
         self, scope: str, expiration_time: float, signal: int | None, mono: float, now: float
     ) -> bool:
-        """The fast path of a request of this process: an acquire (``signal`` ``None``
-        means the client's) or a release (negative ``expiration_time``; ``signal`` and
-        ``mono`` unused). Tracks it for replay, then one ``os.write`` on the persistent
-        descriptor. ``now`` is ``time.monotonic()`` (``-inf``: skip the marker check).
+        """The fast path of an acquire of this process (``signal`` ``None`` means the
+        client's; ``mono`` is the deadline on ``time.monotonic()``, ``now`` the time).
 
-        :func:`aiotimer.expires` blocks call it directly, with no :class:`Request` built.
-        False means: send the equivalent :class:`Request` with :meth:`send` or
-        :meth:`send_async` (no descriptor, marker check due, replay pending, full or
-        broken pipe); nothing was written then (<= ``PIPE_BUF`` is all or nothing).
+        Encodes both lines of the block (:func:`~aiotimer._protocol.block_encoder`) and
+        tracks them for replay, then :meth:`_write_now`. :func:`aiotimer.expires` blocks
+        call it directly, with no :class:`Request` built. False means: send the
+        equivalent :class:`Request` with :meth:`send` or :meth:`send_async`; nothing was
+        written then.
         """
-        if expiration_time < 0:
-            tracked = self._open_scopes.pop(scope, None)
-            # Untracked: a second release of a shared scope, or one after a fork (the
-            # child tracks none of its parent's blocks): the release of this process.
-            line = encode(Request(self._pid, scope, -1, 0)) if tracked is None else tracked[1]
-        else:
-            encode_block = (
-                self._encode_block
-                if signal is None or signal == self._signal
-                else block_encoder(self._pid, signal)
-            )
-            lines = self._open_scopes[scope] = encode_block(scope, expiration_time, mono)
-            line = lines[0]
+        encode_block = (
+            self._encode_block
+            if signal is None or signal == self._signal
+            else block_encoder(self._pid, signal)
+        )
+        lines = self._open_scopes[scope] = encode_block(scope, expiration_time, mono)
         if now > self._recheck_at:
             return False
+        return self._write_now(lines[0])
+
+    def _release_now(self, scope: str, now: float = -math.inf) -> bool:
+        """The fast path of the release of ``scope`` by this process: the line encoded
+        on acquire, then :meth:`_write_now`. ``now`` is ``time.monotonic()``; the default
+        ``-inf`` skips the marker check, as a block's release does: a release that reaches
+        a new server it does not concern is ignored there, and the block's acquire, or
+        the next one, runs the check (and the replay) anyway.
+        """
+        tracked = self._open_scopes.pop(scope, None)
+        # Untracked: a second release of a shared scope, or one after a fork (the child
+        # tracks none of its parent's blocks): the release of this process.
+        line = encode(Request(self._pid, scope, -1, 0)) if tracked is None else tracked[1]
+        if now > self._recheck_at:
+            return False
+        return self._write_now(line)
+
+    def _write_now(self, line: bytes) -> bool:
+        """One ``os.write`` of ``line`` on the persistent descriptor, if it is open, has
+        no replay pending and room for the line (<= ``PIPE_BUF``: all or nothing)."""
         lock = self._lock
         lock.acquire()  # cheaper than `with` on the hot path
         try:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextvars
 import logging
-import math
 import os
 import stat
 import sys
@@ -179,10 +178,6 @@ _CREATED, _ACTIVE, _EXITED = 0, 1, 2
 _STATE_NAMES: Final = ("created", "active", "exited")
 _monotonic: Final = time.monotonic
 _wall: Final = time.time
-#: A release skips FifoClient's marker check (a clock read): a release that reaches a
-#: new server it does not concern is ignored there, and the block's acquire, or the
-#: next one, runs the check (and the replay) anyway.
-_NO_MARKER_CHECK: Final = -math.inf
 _getframe: Final = sys._getframe
 
 
@@ -245,7 +240,7 @@ class Expires:
         expiration_time = wall + (deadline - mono)
         if client.__class__ is FifoClient:
             try:
-                if client._send_now(self.scope, expiration_time, self._signal, deadline, mono):
+                if client._acquire_now(self.scope, expiration_time, self._signal, deadline, mono):
                     return None
             except BaseException:
                 self._state = _EXITED
@@ -279,10 +274,7 @@ class Expires:
         self._state = _EXITED
         client = self._client
         try:
-            if not (
-                client.__class__ is FifoClient
-                and client._send_now(self.scope, -1.0, None, 0.0, _NO_MARKER_CHECK)
-            ):
+            if not (client.__class__ is FifoClient and client._release_now(self.scope)):
                 self._sender().send(self._release())
         except Exception as release_exc:
             release_failed(self.scope, release_exc, exc)
@@ -306,10 +298,7 @@ class Expires:
         self._state = _EXITED
         client = self._client
         try:
-            if not (
-                client.__class__ is FifoClient
-                and client._send_now(self.scope, -1.0, None, 0.0, _NO_MARKER_CHECK)
-            ):
+            if not (client.__class__ is FifoClient and client._release_now(self.scope)):
                 await self._sender().send_async(self._release())
         except Exception as release_exc:
             release_failed(self.scope, release_exc, exc)
@@ -361,8 +350,15 @@ def expires(
         frame = _getframe(1)
         site = _sites.get((id(frame.f_code), frame.f_lasti))
         scope = f"{_new_site(frame) if site is None else site[0]}{next(_counter)}"
+    if not after >= 0:  # Expires.__init__'s check, inlined with its fields: the hot path
+        raise ValueError(f"after must be a number >= 0, got {after!r}")
     block = _new(Expires)
-    _init(block, scope, after, None, client, signal)
+    block.scope = scope
+    block._after = after
+    block.deadline = None
+    block._client = client
+    block._signal = signal
+    block._state = _CREATED
     return block
 
 
