@@ -332,10 +332,10 @@ class FifoClient:
         client's; ``mono`` is the deadline on ``time.monotonic()``, ``now`` the time).
 
         Encodes both lines of the block (:func:`~aiotimer._protocol.block_encoder`) and
-        tracks them for replay, then :meth:`_write_now`. :func:`aiotimer.expires` blocks
-        call it directly, with no :class:`Request` built. False means: send the
-        equivalent :class:`Request` with :meth:`send` or :meth:`send_async`; nothing was
-        written then.
+        tracks them for replay, then writes the acquire line (see :meth:`_release_now`).
+        :func:`aiotimer.expires` blocks call it directly, with no :class:`Request` built.
+        False means: send the equivalent :class:`Request` with :meth:`send` or
+        :meth:`send_async`; nothing was written then.
         """
         encode_block = (
             self._encode_block
@@ -345,14 +345,27 @@ class FifoClient:
         lines = self._open_scopes[scope] = encode_block(scope, expiration_time, mono)
         if now > self._recheck_at:
             return False
-        return self._write_now(lines[0])
+        lock = self._lock
+        lock.acquire()  # cheaper than `with` on the hot path
+        try:
+            fd = self._fd
+            if fd is None or self._backlog:
+                return False
+            _write(fd, lines[0])
+        except OSError:
+            return False
+        finally:
+            lock.release()
+        return True
 
     def _release_now(self, scope: str, now: float = -math.inf) -> bool:
         """The fast path of the release of ``scope`` by this process: the line encoded
-        on acquire, then :meth:`_write_now`. ``now`` is ``time.monotonic()``; the default
-        ``-inf`` skips the marker check, as a block's release does: a release that reaches
-        a new server it does not concern is ignored there, and the block's acquire, or
-        the next one, runs the check (and the replay) anyway.
+        on acquire, written with one ``os.write`` on the persistent descriptor if it is
+        open, has no replay pending and room for the line (<= ``PIPE_BUF``: all or
+        nothing). ``now`` is ``time.monotonic()``; the default ``-inf`` skips the marker
+        check, as a block's release does: a release that reaches a new server it does not
+        concern is ignored there, and the block's acquire, or the next one, runs the
+        check (and the replay) anyway.
         """
         tracked = self._open_scopes.pop(scope, None)
         # Untracked: a second release of a shared scope, or one after a fork (the child
@@ -360,11 +373,6 @@ class FifoClient:
         line = encode(Request(self._pid, scope, -1, 0)) if tracked is None else tracked[1]
         if now > self._recheck_at:
             return False
-        return self._write_now(line)
-
-    def _write_now(self, line: bytes) -> bool:
-        """One ``os.write`` of ``line`` on the persistent descriptor, if it is open, has
-        no replay pending and room for the line (<= ``PIPE_BUF``: all or nothing)."""
         lock = self._lock
         lock.acquire()  # cheaper than `with` on the hot path
         try:
