@@ -4,7 +4,8 @@
 * :class:`RecordingReaper` — a reaper that records every call and kills nothing.
 * :class:`MemorySource` — a request source tests push requests or raw lines into.
 * :class:`RecordingSink` — a request sink that records what a source delivers (for
-  testing sources, yours included).
+  testing sources, yours included), with :func:`running_source` to serve a source into
+  it for the duration of a block and :func:`wait_until` to await a condition, bounded.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import heapq
 import itertools
 import signal
 import threading
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import anyio
@@ -21,9 +23,17 @@ import anyio.abc
 
 from aiotimer._protocol import Decoded, LineDecoder, Request
 from aiotimer.errors import ProcessGoneError, ReapError
-from aiotimer.sources._base import RequestSink
+from aiotimer.sources._base import RequestSink, Source
 
-__all__ = ["FakeClock", "MemorySource", "ReaperCall", "RecordingReaper", "RecordingSink"]
+__all__ = [
+    "FakeClock",
+    "MemorySource",
+    "ReaperCall",
+    "RecordingReaper",
+    "RecordingSink",
+    "running_source",
+    "wait_until",
+]
 
 
 class FakeClock:
@@ -284,3 +294,29 @@ class RecordingSink:
     def rejections(self) -> list[str]:
         """The reason of every rejection received, in arrival order."""
         return [r.reason for batch, _ in self.batches for r in batch.rejections]
+
+
+@asynccontextmanager
+async def running_source(source: Source, sink: RequestSink) -> AsyncIterator[None]:
+    """Serve ``source`` into ``sink`` for the duration of the ``async with`` block.
+
+    The block starts once the source reports it is ready (clients can send); leaving the
+    block cancels the source, which releases its resources.
+    """
+    async with anyio.create_task_group() as tg:
+        await tg.start(source.serve, sink)
+        yield
+        tg.cancel_scope.cancel()
+
+
+async def wait_until(
+    condition: Callable[[], bool], timeout: float = 5.0, *, interval: float = 0.002
+) -> None:
+    """Poll ``condition`` every ``interval`` seconds until it holds.
+
+    Raises:
+        TimeoutError: it did not hold within ``timeout`` seconds.
+    """
+    with anyio.fail_after(timeout):
+        while not condition():
+            await anyio.sleep(interval)

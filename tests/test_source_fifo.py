@@ -10,8 +10,8 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import anyio
 import pytest
@@ -19,7 +19,7 @@ import pytest
 from aiotimer._protocol import MARKER_SUFFIX
 from aiotimer.errors import SourceError
 from aiotimer.sources.fifo import MAX_READS_PER_WAKE, PIPE_SIZE, FifoSource
-from aiotimer.testing import RecordingSink
+from aiotimer.testing import RecordingSink, running_source, wait_until
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(30)]
 
@@ -37,22 +37,6 @@ def torch_line(pid: int, scope: str, expiration: float = 1e10, sig: int = 9) -> 
         "signal": sig,
     }
     return (json.dumps(body) + "\n").encode()
-
-
-async def wait_until(cond: Callable[[], bool], timeout: float = PROMPT) -> None:
-    """Poll ``cond`` until it holds; fail after ``timeout`` seconds."""
-    with anyio.fail_after(timeout):
-        while not cond():
-            await anyio.sleep(0.002)
-
-
-@asynccontextmanager
-async def serving(source: FifoSource, sink: RecordingSink) -> AsyncIterator[None]:
-    """Run ``source.serve(sink)`` for the duration of the block."""
-    async with anyio.create_task_group() as tg:
-        await tg.start(source.serve, sink)
-        yield
-        tg.cancel_scope.cancel()
 
 
 @contextmanager
@@ -85,7 +69,7 @@ async def test_creates_fifo_0600_and_marker_then_removes_both(fifo_path: pathlib
     assert source.name == f"fifo:{fifo_path}"
     assert source.path == fifo_path
     sink = RecordingSink()
-    async with serving(source, sink):
+    async with running_source(source, sink):
         st = os.lstat(fifo_path)
         assert stat.S_ISFIFO(st.st_mode)
         assert stat.S_IMODE(st.st_mode) == 0o600
@@ -112,7 +96,7 @@ async def test_creates_fifo_0600_and_marker_then_removes_both(fifo_path: pathlib
 async def test_mode_is_exact_whatever_the_umask(fifo_path: pathlib.Path) -> None:
     old = os.umask(0o077)
     try:
-        async with serving(FifoSource(fifo_path, mode=0o660), RecordingSink()):
+        async with running_source(FifoSource(fifo_path, mode=0o660), RecordingSink()):
             assert stat.S_IMODE(os.lstat(fifo_path).st_mode) == 0o660
     finally:
         os.umask(old)
@@ -163,7 +147,7 @@ async def test_replaces_a_stale_fifo_with_a_dead_servers_marker(fifo_path: pathl
     os.chmod(fifo_path, 0o666)
     marker_of(fifo_path).write_text(json.dumps({"server": "aiotimer", "pid": dead.pid}))
     sink = RecordingSink()
-    async with serving(FifoSource(fifo_path), sink):
+    async with running_source(FifoSource(fifo_path), sink):
         # Replaced by a fresh FIFO (the filesystem may reuse the inode number).
         assert stat.S_IMODE(os.lstat(fifo_path).st_mode) == 0o600
         assert json.loads(marker_of(fifo_path).read_text())["pid"] == os.getpid()
@@ -176,7 +160,7 @@ async def test_replaces_a_stale_fifo_with_a_dead_servers_marker(fifo_path: pathl
 @pytest.mark.asyncio
 async def test_refuses_a_fifo_served_by_a_live_server(fifo_path: pathlib.Path) -> None:
     sink = RecordingSink()
-    async with serving(FifoSource(fifo_path), sink):
+    async with running_source(FifoSource(fifo_path), sink):
         inode = os.lstat(fifo_path).st_ino
         with pytest.raises(SourceError, match=f"aiotimer server pid {os.getpid()}"):
             await FifoSource(fifo_path).serve(RecordingSink())
@@ -203,7 +187,7 @@ async def test_refuses_a_fifo_read_by_a_foreign_server(fifo_path: pathlib.Path) 
 
 @pytest.mark.asyncio
 async def test_leaves_a_path_that_no_longer_holds_its_fifo(fifo_path: pathlib.Path) -> None:
-    async with serving(FifoSource(fifo_path), RecordingSink()):
+    async with running_source(FifoSource(fifo_path), RecordingSink()):
         os.unlink(fifo_path)
         fifo_path.write_text("someone else's")
     assert fifo_path.read_text() == "someone else's"
@@ -222,7 +206,7 @@ for i in range(20):
         f.write(json.dumps(body) + "\\n")
 """
     sink = RecordingSink()
-    async with serving(FifoSource(fifo_path), sink):
+    async with running_source(FifoSource(fifo_path), sink):
         proc = await anyio.run_process([sys.executable, "-c", child_code, str(fifo_path)])
         assert proc.returncode == 0
         await wait_until(lambda: len(sink.requests) == 20)
@@ -248,7 +232,7 @@ client.release("torch-scope")
     sink = RecordingSink()
 
     async def main() -> None:
-        async with serving(FifoSource(fifo_path), sink):
+        async with running_source(FifoSource(fifo_path), sink):
             proc = await anyio.run_process(
                 [sys.executable, "-c", child_code, str(fifo_path)], check=False
             )
@@ -265,7 +249,7 @@ client.release("torch-scope")
 async def test_lines_split_across_many_writes(fifo_path: pathlib.Path) -> None:
     data = b"".join(torch_line(100 + i, f"s{i}", 1e10 + i) for i in range(300))
     sink = RecordingSink()
-    async with serving(FifoSource(fifo_path), sink):
+    async with running_source(FifoSource(fifo_path), sink):
         with writer(fifo_path) as fd:
             for start in range(0, len(data), 37):
                 os.write(fd, data[start : start + 37])
@@ -279,7 +263,7 @@ async def test_lines_split_across_many_writes(fifo_path: pathlib.Path) -> None:
 @pytest.mark.asyncio
 async def test_a_writer_stalled_mid_line_does_not_delay_others(fifo_path: pathlib.Path) -> None:
     sink = RecordingSink()
-    async with serving(FifoSource(fifo_path), sink):
+    async with running_source(FifoSource(fifo_path), sink):
         with writer(fifo_path) as stalled, writer(fifo_path) as other:
             os.write(stalled, torch_line(1, "stalled")[:30])  # and holds the pipe open
             await anyio.sleep(0.05)
@@ -306,7 +290,7 @@ async def test_eof_never_spins_while_idle(
 
     monkeypatch.setattr(os, "read", counting_read)
     sink = RecordingSink()
-    async with serving(FifoSource(fifo_path), sink):
+    async with running_source(FifoSource(fifo_path), sink):
         with writer(fifo_path) as fd:  # a client comes, writes and goes: EOF for a reader
             os.write(fd, torch_line(3, "once"))
         await wait_until(lambda: len(sink.requests) == 1)
@@ -329,7 +313,7 @@ async def test_bad_lines_are_rejected_and_good_ones_kept(fifo_path: pathlib.Path
         + b'{"pid": 5, "scope_id": "b", "expiration_time": NaN, "signal": 9}\n'
         + torch_line(5, "c")
     )
-    async with serving(FifoSource(fifo_path), sink):
+    async with running_source(FifoSource(fifo_path), sink):
         with writer(fifo_path) as fd:
             os.write(fd, payload)
         await wait_until(lambda: len(sink.requests) + len(sink.rejections) == 5)
@@ -346,7 +330,7 @@ async def test_a_busy_fifo_yields_to_the_loop_between_bounded_batches(
     data = b"".join(lines)
     assert len(data) < 65536  # fits in the pipe: all of it is there at the first wake-up
     sink = RecordingSink()
-    async with serving(FifoSource(fifo_path, chunk_size=chunk_size), sink):
+    async with running_source(FifoSource(fifo_path, chunk_size=chunk_size), sink):
         with writer(fifo_path) as fd:
             assert os.write(fd, data) == len(data)
         await wait_until(lambda: len(sink.requests) == 600)
@@ -362,7 +346,7 @@ async def test_restart_after_stop(fifo_path: pathlib.Path) -> None:
     source = FifoSource(fifo_path)
     sink = RecordingSink()
     for round_ in range(3):
-        async with serving(source, sink):
+        async with running_source(source, sink):
             with writer(fifo_path) as fd:
                 os.write(fd, torch_line(11, f"round{round_}"))
             await wait_until(lambda round_=round_: len(sink.requests) == round_ + 1)

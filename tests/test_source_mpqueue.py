@@ -9,8 +9,7 @@ import signal
 import threading
 import time
 import types
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
 from typing import TypeAlias
 
 import anyio
@@ -20,7 +19,7 @@ from aiotimer._clients import QueueRequest
 from aiotimer._protocol import Request
 from aiotimer.errors import SourceError
 from aiotimer.sources.mpqueue import QueueSource
-from aiotimer.testing import RecordingSink
+from aiotimer.testing import RecordingSink, running_source, wait_until
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(30)]
 
@@ -29,21 +28,6 @@ PROMPT = 3.0
 BRIDGE_THREAD = "aiotimer-mpqueue"
 
 MpQueue: TypeAlias = "multiprocessing.queues.Queue[object]"
-
-
-async def wait_until(cond: Callable[[], bool], timeout: float = PROMPT) -> None:
-    """Poll ``cond`` until it holds; fail after ``timeout`` seconds."""
-    with anyio.fail_after(timeout):
-        while not cond():
-            await anyio.sleep(0.002)
-
-
-@asynccontextmanager
-async def serving(source: QueueSource, sink: RecordingSink) -> AsyncIterator[None]:
-    async with anyio.create_task_group() as tg:
-        await tg.start(source.serve, sink)
-        yield
-        tg.cancel_scope.cancel()
 
 
 def bridge_threads() -> list[threading.Thread]:
@@ -71,7 +55,7 @@ async def test_torch_shaped_objects_and_requests_are_converted(mpq: MpQueue) -> 
     source = QueueSource(mpq, default_signal=signal.SIGTERM)
     assert source.name == "mpqueue"
     own = Request(pid=43, scope_id="own", expiration_time=1e10, signal=9, grace=2.0, group=True)
-    async with serving(source, sink):
+    async with running_source(source, sink):
         mpq.put(torch_shaped(42, "torch", 1e10))
         mpq.put(torch_shaped(42, "torch", -1))
         mpq.put(own)
@@ -91,7 +75,7 @@ async def test_queue_client_requests_keep_their_signal_and_monotonic_deadline(
 ) -> None:
     sink = RecordingSink()
     source = QueueSource(mpq, default_signal=signal.SIGKILL)
-    async with serving(source, sink):
+    async with running_source(source, sink):
         mpq.put(QueueRequest(7, "q", 1e10, signal=signal.SIGTERM, mono=123.5))
         mpq.put(QueueRequest(7, "q", -1, signal=0))
         await wait_until(lambda: len(sink.requests) == 2)
@@ -115,7 +99,7 @@ async def test_garbage_becomes_rejections_and_valid_items_still_apply(mpq: MpQue
         torch_shaped(42, "scope", float("nan")),
         Request(pid=-5, scope_id="neg", expiration_time=1.0, signal=9),
     ]
-    async with serving(QueueSource(mpq), sink):
+    async with running_source(QueueSource(mpq), sink):
         mpq.put(torch_shaped(7, "first", 1e10))
         for item in garbage:
             mpq.put(item)
@@ -136,7 +120,7 @@ def test_torchs_own_local_timer_client(mpq: MpQueue) -> None:
     sink = RecordingSink()
 
     async def main() -> None:
-        async with serving(QueueSource(mpq), sink):
+        async with running_source(QueueSource(mpq), sink):
             client = LocalTimerClient(mpq)
             client.acquire("torch-scope", 1e10)
             client.release("torch-scope")
@@ -157,7 +141,7 @@ def test_torchs_own_local_timer_client(mpq: MpQueue) -> None:
 async def test_requests_from_a_producer_process_that_then_exits(mpq: MpQueue) -> None:
     sink = RecordingSink()
     ctx = multiprocessing.get_context("spawn")
-    async with serving(QueueSource(mpq), sink):
+    async with running_source(QueueSource(mpq), sink):
         req = Request(pid=77, scope_id="from-child", expiration_time=1e10, signal=9)
         producer = ctx.Process(target=mpq.put, args=(req,))
         producer.start()
@@ -192,7 +176,7 @@ async def test_restart_after_stop_ignores_stale_stop_tokens() -> None:
     source = QueueSource(q)  # type: ignore[arg-type]  # a thread queue quacks the same
     sink = RecordingSink()
     for round_ in range(3):
-        async with serving(source, sink):
+        async with running_source(source, sink):
             q.put(torch_shaped(5, f"round{round_}", 1e10))
             await wait_until(lambda round_=round_: len(sink.requests) == round_ + 1)
         assert bridge_threads() == []
@@ -206,7 +190,7 @@ async def test_batches_are_bounded_by_max_batch() -> None:
     for i in range(10):
         q.put(torch_shaped(5, f"s{i}", 1e10))  # all there before the bridge starts
     sink = RecordingSink()
-    async with serving(QueueSource(q, max_batch=3), sink):  # type: ignore[arg-type]
+    async with running_source(QueueSource(q, max_batch=3), sink):  # type: ignore[arg-type]
         await wait_until(lambda: len(sink.requests) == 10)
     assert [len(b.requests) for b, _ in sink.batches] == [3, 3, 3, 1]
     assert [r.scope_id for r in sink.requests] == [f"s{i}" for i in range(10)]
