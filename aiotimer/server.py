@@ -27,7 +27,7 @@ import os
 import signal as _signal
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Literal, TypeVar
@@ -448,19 +448,8 @@ class TimerServer:
 def _counters(run: _Run | None) -> Counters:
     if run is None or run.engine is None:
         return Counters()
-    c = run.engine.counts
-    return Counters(
-        requests=c.requests,
-        acquired=c.acquired,
-        released=c.released,
-        expired=c.expired,
-        reaped=c.reaped,
-        reap_failed=c.reap_failed,
-        rejected=c.rejected,
-        workers_exited=c.workers_exited,
-        wakeups=c.wakeups,
-        events_dropped=0 if run.event_log is None else run.event_log.dropped,
-    )
+    dropped = 0 if run.event_log is None else run.event_log.dropped
+    return Counters(**asdict(run.engine.counts), events_dropped=dropped)
 
 
 def _retry_copy(copy: Callable[[], _T], default: _T) -> _T:
@@ -474,7 +463,7 @@ def _retry_copy(copy: Callable[[], _T], default: _T) -> _T:
 
 
 def _counter_dict(counters: Counters) -> dict[str, int]:
-    return {name: getattr(counters, name) for name in Counters.__dataclass_fields__}
+    return asdict(counters)
 
 
 def _unwrap(exc: BaseException) -> BaseException:
