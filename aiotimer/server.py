@@ -36,6 +36,7 @@ import anyio
 
 from aiotimer._clock import Clock, MonotonicClock
 from aiotimer._eventlog import EventLog
+from aiotimer._handoff import Handoff
 from aiotimer._policy import ReapPolicy
 from aiotimer._protocol import Decoded, Rejection, Request, validate
 from aiotimer._server_engine import Counters, Engine, ReapRetry, serve_source
@@ -107,6 +108,7 @@ class _Run:
     loop: asyncio.AbstractEventLoop
     thread_id: int
     stop: anyio.Event
+    handoff: Handoff
     task: asyncio.Task[None] | None = None
     engine: Engine | None = None
     event_log: EventLog | None = None
@@ -195,7 +197,7 @@ class TimerServer:
             raise ServerStateError(f"cannot start a {self._state.value} server")
         self._state = Lifecycle.STARTING
         loop = asyncio.get_running_loop()
-        run = self._run = _Run(loop, threading.get_ident(), anyio.Event())
+        run = self._run = _Run(loop, threading.get_ident(), anyio.Event(), Handoff(loop))
         ready: asyncio.Future[None] = loop.create_future()
         run.task = loop.create_task(self._main(run, ready), name="aiotimer-server")
         try:
@@ -257,6 +259,7 @@ class TimerServer:
                             request_events=self._request_events,
                             self_kill_after_reap=self._self_kill,
                         )
+                        await tg.start(run.handoff.run)
                         for source in self._sources:
                             await tg.start(
                                 serve_source, source, engine, self._source_failed(source)
@@ -381,13 +384,24 @@ class TimerServer:
         run = self._run
         if self._state is not Lifecycle.RUNNING or run is None or run.engine is None:
             raise ServerStateError(f"the server is {self._state.value}, not running")
-        if threading.get_ident() == run.thread_id:
-            run.engine.submit(batch, API_SOURCE)
-            return
-        try:
-            run.loop.call_soon_threadsafe(run.engine.submit, batch, API_SOURCE)
-        except RuntimeError:  # the loop closed meanwhile
-            raise ServerStateError("the server's event loop is closed") from None
+        engine = run.engine
+        if threading.get_ident() == run.thread_id and asyncio.current_task() is not None:
+            engine.submit(batch, API_SOURCE)
+        else:  # another thread, or a plain loop callback: apply it in a task of the loop
+            run.handoff.call_soon(lambda: engine.submit(batch, API_SOURCE))
+
+    def _call_in_loop(self, fn: Callable[[], _T], timeout: float) -> _T:
+        """Run ``fn()`` in the server's loop, after everything submitted before, and
+        return its result. For other threads.
+
+        Raises:
+            ServerStateError: the server is not running (or stopped before ``fn`` ran).
+            TimeoutError: the loop did not run ``fn`` within ``timeout`` seconds.
+        """
+        run = self._run
+        if self._state is not Lifecycle.RUNNING or run is None:
+            raise ServerStateError(f"the server is {self._state.value}, not running")
+        return run.handoff.call(fn, timeout)
 
     # -- introspection ------------------------------------------------------------------
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -908,6 +909,33 @@ def test_thread_mode_reaps_and_stops(loop: Literal["asyncio", "uvloop"]) -> None
     runner.stop(timeout=10.0)
     assert [e.kind for e in events].count("server_started") == 2
     assert not any(t.name == "aiotimer-server" for t in threading.enumerate())
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_thread_mode_requests_apply_in_order_before_a_later_call(
+    loop: Literal["asyncio", "uvloop"],
+) -> None:
+    server = TimerServer(reaper=RecordingReaper())
+    with TimerServerThread(server, loop=loop):
+        for i in range(50):  # new workers: each one attaches (anyio primitives, a task)
+            server.acquire(f"s{i}", 60.0, pid=5000 + i)
+        live = server._call_in_loop(lambda: len(server.get_state().timers), 10.0)
+        assert live == 50
+    with pytest.raises(ServerStateError):
+        server._call_in_loop(lambda: None, 10.0)
+
+
+@pytest.mark.asyncio
+async def test_acquire_from_a_plain_loop_callback_is_applied() -> None:
+    reaper = RecordingReaper()
+    async with TimerServer(reaper=reaper) as server:
+        asyncio.get_running_loop().call_soon(
+            lambda: server.acquire("from-a-callback", 60.0, pid=4242)
+        )
+        with anyio.fail_after(5):
+            while not server.get_state().timers:
+                await anyio.sleep(0.001)
+        assert server.get_state().workers == (4242,)
 
 
 def test_thread_mode_start_failure_is_raised_in_caller() -> None:

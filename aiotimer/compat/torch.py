@@ -718,17 +718,11 @@ class _EngineServer:
         return TimerRequest(timer.pid, timer.scope_id, expiration_time)
 
     def _sync(self) -> None:
-        """Wait until the loop has run everything submitted so far (FIFO callbacks)."""
-        loop = self._loop
-        if loop is None or threading.get_ident() == self._loop_thread:
+        """Wait until the loop has applied everything submitted so far."""
+        if threading.get_ident() == self._loop_thread:
             return
-        done = threading.Event()
-        try:
-            loop.call_soon_threadsafe(done.set)
-        except RuntimeError:
-            return
-        if not done.wait(_SYNC_TIMEOUT):
-            raise TimeoutError(f"the timer server's loop did not respond in {_SYNC_TIMEOUT}s")
+        with contextlib.suppress(ServerStateError):  # not running: nothing to wait for
+            self._server._call_in_loop(lambda: None, _SYNC_TIMEOUT)
 
     def _dispatch(self, event: Event) -> None:
         """The aiotimer server's ``on_event`` (runs in the server's loop thread)."""
