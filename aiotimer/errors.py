@@ -9,6 +9,10 @@ from __future__ import annotations
 __all__ = [
     "AiotimerError",
     "ClientBackpressureError",
+    "ClusterError",
+    "LeaseLostError",
+    "MissingExtraError",
+    "NodeNameTakenError",
     "NotConfiguredError",
     "ProcessGoneError",
     "ReapError",
@@ -16,6 +20,7 @@ __all__ = [
     "ServerStateError",
     "ServerUnavailableError",
     "SourceError",
+    "StoreUnavailableError",
 ]
 
 
@@ -53,3 +58,23 @@ class RefusedTargetError(ReapError):
 
 class ServerStateError(AiotimerError):
     """A lifecycle misuse (start twice, etc.)."""
+
+
+class MissingExtraError(AiotimerError):
+    """An optional feature was asked for without its extra installed (the message names it)."""
+
+
+class ClusterError(AiotimerError):
+    """A failure of the cluster layer (etcd store, node publisher, job-wide restarts)."""
+
+
+class StoreUnavailableError(ClusterError):
+    """The store (etcd) cannot be reached; callers retry, publishers keep workers running."""
+
+
+class LeaseLostError(ClusterError):
+    """A write named a lease the store no longer has (it expired): grant a new one."""
+
+
+class NodeNameTakenError(ClusterError):
+    """Another live node of the job already publishes under this node name."""

@@ -3,6 +3,8 @@
 * :class:`FakeClock` — a :class:`~aiotimer.Clock` that moves only when told to.
 * :class:`RecordingReaper` — a reaper that records every call and kills nothing.
 * :class:`MemorySource` — a request source tests push requests or raw lines into.
+* :class:`MemoryStore` — an in-memory etcd-like store for the cluster layer, with
+  leases on an injected clock and a switch to simulate etcd going down.
 * :class:`RecordingSink` — a request sink that records what a source delivers (for
   testing sources, yours included), with :func:`running_source` to serve a source into
   it for the duration of a block and :func:`wait_until` to await a condition, bounded.
@@ -22,12 +24,14 @@ import anyio
 import anyio.abc
 
 from aiotimer._protocol import Decoded, LineDecoder, Request
+from aiotimer.cluster._memory import MemoryStore
 from aiotimer.errors import ProcessGoneError, ReapError
 from aiotimer.sources._base import RequestSink, Source
 
 __all__ = [
     "FakeClock",
     "MemorySource",
+    "MemoryStore",
     "ReaperCall",
     "RecordingReaper",
     "RecordingSink",

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import pytest
+from _etcd import EtcdNotFoundError, EtcdServer
 
 LOOP_FACTORIES: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
     "asyncio": asyncio.new_event_loop,
@@ -27,3 +28,20 @@ def pytest_asyncio_loop_factories(
 ) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
     """Parametrise async tests over the available event loops."""
     return LOOP_FACTORIES
+
+
+@pytest.fixture
+def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
+    """A real etcd on free loopback ports, removed (data dir included) afterwards.
+
+    Fails, never skips, when no etcd binary is installed (see ``tests/_etcd.py``).
+    """
+    try:
+        server = EtcdServer(tmp_path_factory.mktemp("etcd"))
+    except EtcdNotFoundError as exc:
+        pytest.fail(str(exc))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.remove()

@@ -21,6 +21,7 @@ PUBLIC_MODULES = [
     "aiotimer.watchdog",
     "aiotimer.diagnostics",
     "aiotimer.testing",
+    "aiotimer.cluster",
     "aiotimer.compat.torch",
 ]
 
