@@ -1,59 +1,214 @@
 """The JSON-lines event log: one JSON object per event, appended by one writer task.
 
-The loop never waits for the disk: :meth:`EventLog.put` only puts the event into a
-bounded in-memory channel (dropping and counting it when the channel is full); the
-:meth:`EventLog.run` task writes whatever is queued with ``aiofiles`` (a thread does the
-blocking I/O) and flushes after each batch. :meth:`EventLog.close` ends the channel;
-``run`` then writes what is left, flushes and returns.
+How this works
+--------------
+The loop never waits for the disk. :meth:`EventLog.put` appends the event to an
+in-memory queue and returns; the :meth:`EventLog.run` task encodes what is queued, in
+slices of :data:`MAX_BATCH` events, and writes each slice with one unbuffered append in
+a worker thread (``aiofiles``), so a slow or hung disk holds up only the log.
+
+Bounded noise, unbounded audit: events that outsiders can cause at any rate
+(:data:`NOISE`: rejected input, unknown workers, per-request events) take at most
+``max_queued`` places in the queue; past that they are dropped and counted
+(:attr:`EventLog.dropped`). Every other event (expiries, reaps, failed reaps, stops) is
+an audit record and is always queued, whatever the noise.
+
+A write error (a full disk, a read-only remount, an I/O error) never stops the server:
+the log reports it once on the ``aiotimer`` logger (ERROR), counts the events of the
+failed write and every event put while it is failing as lost
+(:attr:`EventLog.lost`), and tries again every :data:`RETRY_INTERVAL` seconds. The first
+write that succeeds starts with an :class:`~aiotimer.events.EventsLost` record saying how
+many events are missing and why. A line cut short by the failure is ended before that
+record, so every complete line stays valid JSON.
+
+:meth:`EventLog.close` ends the queue; ``run`` then writes what is left and returns.
 """
 
 from __future__ import annotations
 
+import collections
+import errno
+import logging
 import os
+import time
+from collections.abc import Awaitable, Callable
+from typing import Final
 
 import aiofiles
 import anyio
 import anyio.abc
 import msgspec
 
-from aiotimer.events import Event
+from aiotimer.errors import EventLogError
+from aiotimer.events import (
+    Event,
+    EventsLost,
+    RequestRejected,
+    TimerAcquired,
+    TimerReleased,
+    WorkerUnknown,
+)
 
-__all__ = ["EventLog"]
+__all__ = ["MAX_BATCH", "NOISE", "RETRY_INTERVAL", "EventLog"]
+
+logger = logging.getLogger("aiotimer")
 
 _encode = msgspec.json.Encoder().encode
 
+#: Event classes that are bounded in the log (dropped and counted when too many queue).
+NOISE: Final[tuple[type[Event], ...]] = (
+    RequestRejected,
+    WorkerUnknown,
+    TimerAcquired,
+    TimerReleased,
+)
+#: The most events encoded and written in one go (bounds the loop's work per slice).
+MAX_BATCH: Final[int] = 512
+_NEWLINE: Final[int] = ord("\n")
+#: Seconds between attempts to write again after a write error.
+RETRY_INTERVAL: Final[float] = 5.0
+
 
 class EventLog:
-    """Appends events to ``path`` as JSON lines without ever blocking the caller."""
+    """Appends events to ``path`` as JSON lines without ever blocking the caller.
 
-    def __init__(self, path: str | os.PathLike[str], *, max_queued: int = 10_000) -> None:
+    Args:
+        path: the file (opened for appending, created with mode 0644 minus umask).
+        max_queued: the most noise events (see :data:`NOISE`) waiting to be written.
+        retry_interval: seconds between attempts to write after a write error.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        max_queued: int = 10_000,
+        retry_interval: float = RETRY_INTERVAL,
+    ) -> None:
         self.path = os.fspath(path)
+        #: Noise events dropped because ``max_queued`` of them were already waiting.
         self.dropped = 0
-        self._send, self._receive = anyio.create_memory_object_stream[Event](max_queued)
+        #: Events lost to write errors (reported in the file once writing works again).
+        self.lost = 0
+        self._max_noise = max_queued
+        self._retry_interval = retry_interval
+        self._queue: collections.deque[Event] = collections.deque()
+        self._noise = 0  # noise events in the queue
+        self._wakeup = anyio.Event()
+        self._closed = False
+        self._failure: str | None = None  # the error writing fails with, while it does
+        self._retry_at = 0.0  # monotonic time of the next attempt while failing
+        self._unreported = 0  # events lost since the last EventsLost record
+        self._partial = False  # the last write ended mid-line
 
     def put(self, event: Event) -> None:
-        """Queue ``event`` for writing; if the queue is full, drop it and count it."""
-        try:
-            self._send.send_nowait(event)
-        except anyio.WouldBlock:
-            self.dropped += 1
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-            pass  # closed: the server is stopping and the log is being flushed
+        """Queue ``event`` for writing (never blocks; see the module docs for drops)."""
+        if self._closed:
+            return  # the server is stopping and the log is being flushed
+        if self._failure is not None and time.monotonic() < self._retry_at:
+            self._lose(1)
+            return
+        if isinstance(event, NOISE):
+            if self._noise >= self._max_noise:
+                self.dropped += 1
+                return
+            self._noise += 1
+        self._queue.append(event)
+        self._wakeup.set()
 
     def close(self) -> None:
-        """End the channel: :meth:`run` drains what is queued and returns."""
-        self._send.close()
+        """End the queue: :meth:`run` writes what is queued and returns."""
+        self._closed = True
+        self._wakeup.set()
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
-        """Open the file (append), then write queued events until :meth:`close`."""
-        async with aiofiles.open(self.path, "ab") as f, self._receive:
+        """Open the file (append), then write queued events until :meth:`close`.
+
+        Raises:
+            EventLogError: the file cannot be opened (before ``task_status.started()``).
+        """
+        try:
+            f = await aiofiles.open(self.path, "ab", buffering=0)
+        except OSError as exc:
+            raise EventLogError(
+                f"cannot append to the event log {self.path}: {_why(exc)}; give a "
+                "writable file path in an existing directory"
+            ) from exc
+        try:
             task_status.started()
-            async for event in self._receive:
-                lines = [_encode(event.to_dict())]
-                while True:
-                    try:
-                        lines.append(_encode(self._receive.receive_nowait().to_dict()))
-                    except (anyio.WouldBlock, anyio.EndOfStream):
-                        break
-                await f.write(b"\n".join(lines) + b"\n")
-                await f.flush()
+            while True:
+                if not self._queue:
+                    if self._closed:
+                        if self._failure is not None and self._unreported:
+                            await self._write(f.write, b"", 0)  # a last try to report it
+                        return
+                    await self._wakeup.wait()
+                    self._wakeup = anyio.Event()
+                    continue
+                if self._failure is not None and not self._closed:
+                    wait = self._retry_at - time.monotonic()
+                    if wait > 0:  # still failing: what is queued is lost, then try again
+                        self._lose(len(self._queue))
+                        self._queue.clear()
+                        self._noise = 0
+                        await anyio.sleep(wait)
+                        continue
+                await self._write(f.write, *self._take())
+        finally:
+            with anyio.CancelScope(shield=True):
+                await f.close()
+
+    def _take(self) -> tuple[bytes, int]:
+        """Encode up to :data:`MAX_BATCH` queued events, oldest first; and their number."""
+        queue, lines = self._queue, []
+        for _ in range(min(MAX_BATCH, len(queue))):
+            event = queue.popleft()
+            if isinstance(event, NOISE):
+                self._noise -= 1
+            lines.append(_encode(event.to_dict()))
+        return b"\n".join(lines) + b"\n", len(lines)
+
+    async def _write(
+        self, write: Callable[[memoryview], Awaitable[int]], data: bytes, count: int
+    ) -> None:
+        """Append ``count`` encoded events (``data``), after a loss record if one is due."""
+        if self._failure is not None:
+            lost = EventsLost(time=time.time(), count=self._unreported, error=self._failure)
+            data = (b"\n" if self._partial else b"") + _encode(lost.to_dict()) + b"\n" + data
+        view, written = memoryview(data), 0
+        try:
+            while written < len(data):
+                n = await write(view[written:])
+                if n:
+                    written += n
+                    self._partial = data[written - 1] != _NEWLINE
+        except OSError as exc:
+            if self._failure is None:
+                self._failure = _why(exc)
+                logger.error(
+                    "event log %s: write failed (%s); events are counted as lost until a "
+                    "write succeeds, tried again every %g s; reaping goes on",
+                    self.path,
+                    self._failure,
+                    self._retry_interval,
+                )
+            # Every event whose line was not written whole is lost.
+            self._lose(min(count, data.count(b"\n", written)))
+            self._retry_at = time.monotonic() + self._retry_interval
+            return
+        if self._failure is not None:
+            logger.warning(
+                "event log %s: writing again; %d event(s) were lost", self.path, self._unreported
+            )
+            self._failure = None
+            self._unreported = 0
+
+    def _lose(self, count: int) -> None:
+        self.lost += count
+        self._unreported += count
+
+
+def _why(exc: OSError) -> str:
+    name = errno.errorcode.get(exc.errno or 0, "")
+    reason = exc.strerror or str(exc)
+    return f"{reason} ({name})" if name else reason

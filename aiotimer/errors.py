@@ -10,6 +10,7 @@ __all__ = [
     "AiotimerError",
     "ClientBackpressureError",
     "ClusterError",
+    "EventLogError",
     "LeaseLostError",
     "MissingExtraError",
     "NodeNameTakenError",
@@ -78,3 +79,7 @@ class LeaseLostError(ClusterError):
 
 class NodeNameTakenError(ClusterError):
     """Another live node of the job already publishes under this node name."""
+
+
+class EventLogError(AiotimerError):
+    """The event log file cannot be opened for appending (the message says why)."""

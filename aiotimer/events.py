@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 __all__ = [
     "MAX_LOGGED_TEXT",
     "Event",
+    "EventsLost",
     "ReapAbandoned",
     "ReapFailed",
     "RequestRejected",
@@ -386,3 +387,21 @@ class RequestRejected(Event):
     def describe(self) -> str:
         """One human-readable line."""
         return f"rejected input from {self.source}: {self.reason}: {self.line!r}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EventsLost(Event):
+    """The event log could not write ``count`` events (``error`` says why).
+
+    Written into the event log as the first record once writing works again; the
+    server went on reaping meanwhile.
+    """
+
+    kind: ClassVar[str] = "events_lost"
+    level: ClassVar[int] = logging.ERROR
+    count: int
+    error: str
+
+    def describe(self) -> str:
+        """One human-readable line."""
+        return f"the event log lost {self.count} event(s): {self.error}"

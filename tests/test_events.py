@@ -46,6 +46,7 @@ SAMPLES: list[ev.Event] = [
     ev.WorkerExited(time=1.0, pid=1, cleared=("a",), reason="exited"),
     ev.WorkerUnknown(time=1.0, pid=1, scope_id="a", source="fifo:/x"),
     ev.RequestRejected(time=1.0, reason="malformed JSON", line="garbage", source="fifo:/x"),
+    ev.EventsLost(time=1.0, count=3, error="No space left on device (ENOSPC)"),
 ]
 
 
@@ -97,18 +98,22 @@ def test_signal_name() -> None:
 
 
 @pytest.mark.asyncio
-async def test_event_log_writes_json_lines_and_drops_when_full(tmp_path: Path) -> None:
+async def test_event_log_drops_noise_past_its_bound_but_never_audit_records(
+    tmp_path: Path,
+) -> None:
     path = tmp_path / "log.jsonl"
     log = EventLog(path, max_queued=2)
-    for event in SAMPLES[:3]:
-        log.put(event)  # the third does not fit: dropped, counted
-    assert log.dropped == 1
+    noise = ev.RequestRejected(time=1.0, reason="malformed JSON", line="x", source="fifo:/x")
+    reaped = SAMPLES[6]
+    for _ in range(5):
+        log.put(noise)  # two fit, three are dropped and counted
+        log.put(reaped)  # audit: always kept
+    assert log.dropped == 3
     async with anyio.create_task_group() as tg:
         await tg.start(log.run)
         log.close()
     log.put(SAMPLES[4])  # after close: ignored
-    lines = path.read_text().splitlines()
-    assert [json.loads(line)["event"] for line in lines] == [
-        "server_started",
-        "server_stopped",
-    ]
+    kinds = [json.loads(line)["event"] for line in path.read_text().splitlines()]
+    assert kinds.count("worker_reaped") == 5
+    assert kinds.count("request_rejected") == 2
+    assert len(kinds) == 7
