@@ -37,6 +37,7 @@ import anyio
 from aiotimer._clock import Clock, MonotonicClock
 from aiotimer._eventlog import EventLog
 from aiotimer._handoff import Handoff
+from aiotimer._logging import EventLogger
 from aiotimer._policy import ReapPolicy
 from aiotimer._protocol import Decoded, Rejection, Request, validate
 from aiotimer._server_engine import Counters, Engine, ReapRetry, serve_source
@@ -137,7 +138,9 @@ class TimerServer:
             same signal to the server's own process, as torch 2.13's ``FileTimerServer``
             does. Off by default; do not turn it on unless you rely on that behaviour.
 
-    Every event also goes to the ``aiotimer`` logger.
+    Every event also goes to the ``aiotimer`` logger, except that rejected input and
+    requests naming unknown workers are logged at most once per kind per few seconds,
+    with a summary of the rest (the callback and the event log still get each one).
     """
 
     def __init__(
@@ -173,6 +176,7 @@ class TimerServer:
         self._self_kill = self_kill_after_reap
         self._state = Lifecycle.CREATED
         self._run: _Run | None = None
+        self._event_logger = EventLogger()
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -290,6 +294,7 @@ class TimerServer:
                                 scopes=run.engine.scope_stats() if run.engine else (),
                             )
                         )
+                    self._event_logger.close()
                     if run.event_log is not None:
                         run.event_log.close()
         except BaseException as exc:
@@ -313,8 +318,7 @@ class TimerServer:
     # -- events -----------------------------------------------------------------------
 
     def _emit(self, event: Event) -> None:
-        if logger.isEnabledFor(event.level):
-            logger.log(event.level, event.describe(), extra={"aiotimer": event.to_dict()})
+        self._event_logger.log(event)
         run = self._run
         if run is not None and run.event_log is not None:
             run.event_log.put(event)
@@ -462,7 +466,7 @@ class TimerServer:
 def _counters(run: _Run | None) -> Counters:
     if run is None or run.engine is None:
         return Counters()
-    dropped = 0 if run.event_log is None else run.event_log.dropped
+    dropped = 0 if run.event_log is None else run.event_log.dropped + run.event_log.lost
     return Counters(**asdict(run.engine.counts), events_dropped=dropped)
 
 

@@ -1,0 +1,91 @@
+"""Logging that never blocks the loop: noise rate limits and a queued stderr."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from aiotimer._logging import EventLogger, NoiseLimiter, queued_logging
+from aiotimer.events import RequestRejected, WorkerReaped
+
+
+@given(st.lists(st.tuples(st.sampled_from("ab"), st.floats(0, 100)), max_size=200))
+def test_every_noise_event_is_logged_or_summed_up_exactly_once(
+    offers: list[tuple[str, float]],
+) -> None:
+    limiter, logged, summed = NoiseLimiter(interval=5.0), 0, 0
+    for kind, now in sorted(offers, key=lambda o: o[1]):
+        log, ended = limiter.offer(kind, now, lambda: "sample")
+        logged += log
+        summed += ended.count if ended is not None else 0
+    summed += sum(s.count for s in limiter.due(0.0, everything=True))
+    assert logged + summed == len(offers)
+    assert limiter.next_due() is None
+
+
+def test_noise_is_logged_once_per_window_then_summed_up_with_a_sample() -> None:
+    limiter = NoiseLimiter(interval=5.0)
+    assert limiter.offer("rejected", 0.0, lambda: "first") == (True, None)
+    calls: list[str] = []
+    for i in range(1, 1000):
+        assert (
+            limiter.offer("rejected", i / 1000, lambda: calls.append("x") or "second")[0] is False
+        )
+    assert calls == ["x"], "only the sample is described"
+    assert limiter.next_due() == 5.0
+    assert limiter.due(4.9) == []
+    [summary] = limiter.due(5.0)
+    assert (summary.count, summary.sample) == (999, "second")
+    assert "999 more rejected" in summary.describe()
+
+
+def _rejected(i: int) -> RequestRejected:
+    return RequestRejected(time=1.0, reason="malformed JSON", line=f"x{i}", source="fifo:/x")
+
+
+def test_a_flood_of_rejections_costs_two_log_lines(caplog: pytest.LogCaptureFixture) -> None:
+    events = EventLogger(interval=60.0)
+    with caplog.at_level(logging.INFO, logger="aiotimer"):
+        for i in range(10_000):
+            events.log(_rejected(i))
+        events.log(WorkerReaped(time=1.0, pid=7, signal=9, group=False, scopes=(), step=1, steps=1))
+        events.close()
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 3, messages
+    assert "'x0'" in messages[0] and "SIGKILL" in messages[1]
+    assert "9,999 more request_rejected" in messages[2] and "'x1'" in messages[2]
+
+
+def test_a_stream_nobody_reads_never_blocks_the_logger() -> None:
+    read_fd, write_fd = os.pipe()
+    stream = os.fdopen(write_fd, "w")
+    log = logging.getLogger("aiotimer.test-queued")
+    try:
+        with queued_logging(logging.INFO, stream):
+            started = time.monotonic()
+            for i in range(50_000):  # ~3 MB: 50 times what the pipe holds
+                log.warning("line %d of a flood nobody reads", i)
+            elapsed = time.monotonic() - started
+            # Drain now: the writer thread catches up and reports what it dropped.
+            drained = bytearray()
+            reader = threading.Thread(target=lambda: drained.extend(_read_all(read_fd)))
+            reader.start()
+        stream.close()
+        reader.join(10)
+    finally:
+        os.close(read_fd)
+    assert elapsed < 5.0, "logging waited for the stream"
+    assert b"log record(s) were dropped" in drained
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, 65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
