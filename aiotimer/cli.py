@@ -9,16 +9,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
+import functools
+import math
 import signal
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import NoReturn
 
 from aiotimer import demo
+from aiotimer._logging import queued_logging
 from aiotimer._policy import Escalation, ReapPolicy
 from aiotimer._stats import format_summaries
 from aiotimer.errors import AiotimerError
+from aiotimer.events import Event, ServerStopped, SourceFailed
 from aiotimer.reapers import SignalReaper
 from aiotimer.server import TimerServer, loop_factory
 
@@ -39,14 +44,19 @@ class Command:
 
 
 def _configure_serve(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--fifo", required=True, help="path of the FIFO to serve")
+    parser.error = functools.partial(_argument_error, parser)  # type: ignore[method-assign]
+    parser.add_argument("--fifo", required=True, type=_fifo_path, help="path of the FIFO to serve")
     parser.add_argument(
         "--mode",
         default="0600",
-        type=lambda text: int(text, 8),
+        type=_mode,
         help="permission bits of the FIFO, in octal (default: 0600)",
     )
-    parser.add_argument("--event-log", help="append every event as a JSON line to this file")
+    parser.add_argument(
+        "--event-log",
+        type=_event_log_path,
+        help="append every event as a JSON line to this file",
+    )
     parser.add_argument(
         "--log-level",
         default="INFO",
@@ -89,6 +99,7 @@ def _configure_serve(parser: argparse.ArgumentParser) -> None:
     )
     reaping.add_argument(
         "--dump-dir",
+        type=_existing_dir,
         metavar="DIR",
         help="directory of the workers' dump files (implies --dump; default: "
         "$AIOTIMER_DUMP_DIR or the system temp dir)",
@@ -114,11 +125,61 @@ def _configure_serve(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _argument_error(parser: argparse.ArgumentParser, message: str) -> NoReturn:
+    """One line instead of the usage block: the message says what to change."""
+    parser.exit(2, f"{parser.prog}: error: {message} (see {parser.prog} --help)\n")
+
+
 def _seconds(text: str) -> float:
-    value = float(text)
-    if not (value >= 0 and value != float("inf")):
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (value >= 0 and value != math.inf):
         raise argparse.ArgumentTypeError(f"need a finite number of seconds >= 0, got {text!r}")
     return value
+
+
+def _mode(text: str) -> int:
+    try:
+        value = int(text, 8)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 0o777:
+        raise argparse.ArgumentTypeError(
+            f"need octal permission bits between 0000 and 0777 (e.g. 0600), got {text!r}"
+        )
+    return value
+
+
+def _parent_dir(path: Path, what: str) -> None:
+    parent = path.parent
+    if not parent.is_dir():
+        problem = "is not a directory" if parent.exists() else "does not exist"
+        raise argparse.ArgumentTypeError(
+            f"the directory of {what} {str(path)!r} {problem}; create it or choose another path"
+        )
+
+
+def _fifo_path(text: str) -> str:
+    _parent_dir(Path(text), "the FIFO")
+    return text
+
+
+def _event_log_path(text: str) -> str:
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a directory; give a file path")
+    _parent_dir(path, "the event log")
+    return text
+
+
+def _existing_dir(text: str) -> str:
+    path = Path(text)
+    if not path.is_dir():
+        problem = "is not a directory" if path.exists() else "does not exist"
+        raise argparse.ArgumentTypeError(f"{text!r} {problem}; create it or choose another")
+    return text
 
 
 def policy_from_args(args: argparse.Namespace) -> ReapPolicy:
@@ -137,9 +198,22 @@ def policy_from_args(args: argparse.Namespace) -> ReapPolicy:
     return ReapPolicy(ladder, shadow=args.shadow, unkillable_after=args.unkillable_after)
 
 
-async def _serve(args: argparse.Namespace) -> None:
+async def _serve(args: argparse.Namespace) -> str | None:
+    """Serve until SIGINT/SIGTERM (``None``) or until the server fails (why it did)."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
+    failure: list[str] = []
+
+    def watch(event: Event) -> None:
+        # A server that stops serving must end the process, so a supervisor sees it.
+        if isinstance(event, SourceFailed):
+            failure.append(f"source {event.source} failed: {event.error}")
+        elif isinstance(event, ServerStopped) and not stop.is_set():
+            failure.append("the timer server stopped unexpectedly (its log says why)")
+        else:
+            return
+        stop.set()
+
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     server = TimerServer(
@@ -148,6 +222,7 @@ async def _serve(args: argparse.Namespace) -> None:
         event_log=args.event_log,
         policy=policy_from_args(args),
         reaper=SignalReaper(dump_dir=args.dump_dir),
+        on_event=watch,
     )
     try:
         async with server:
@@ -157,22 +232,32 @@ async def _serve(args: argparse.Namespace) -> None:
             loop.remove_signal_handler(signum)
     if args.shadow or args.stats:
         print(format_summaries(server.scope_stats()), end="", flush=True)
+    return failure[0] if failure else None
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    """``aiotimer serve``: run a timer server on a FIFO until SIGINT/SIGTERM (exit 0)."""
-    logging.basicConfig(
-        level=args.log_level,
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)-8s %(message)s",
-    )
+    """``aiotimer serve``: run a timer server on a FIFO until SIGINT/SIGTERM (exit 0).
+
+    Exits 1 with a one-line message when the server cannot start or stops serving.
+    Logging goes through a bounded queue to stderr, so a stderr nobody reads never
+    blocks the server.
+    """
     try:
-        with asyncio.Runner(loop_factory=loop_factory(args.loop)) as runner:
-            runner.run(_serve(args))
-    except AiotimerError as exc:
-        print(f"aiotimer serve: {exc}", file=sys.stderr)
-        return 1
-    return 0
+        factory = loop_factory(args.loop)
+    except ImportError as exc:
+        return _fail(f"--loop {args.loop}: {exc}; install it or use --loop asyncio")
+    with queued_logging(args.log_level, sys.stderr):
+        try:
+            with asyncio.Runner(loop_factory=factory) as runner:
+                failure = runner.run(_serve(args))
+        except (AiotimerError, OSError) as exc:
+            failure = str(exc)
+    return 0 if failure is None else _fail(failure)
+
+
+def _fail(message: str) -> int:
+    print(f"aiotimer serve: error: {message}", file=sys.stderr, flush=True)
+    return 1
 
 
 #: Every subcommand, in the order ``--help`` lists them.

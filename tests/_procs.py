@@ -1,0 +1,140 @@
+"""Helpers of the real-process tests of ``aiotimer serve`` under faults and floods.
+
+A *sentinel* is a real process (``sleep``) with one timer on the server; the test
+learns the moment the server's SIGKILL lands through a pidfd, so the lateness of a reap
+is measured on ``CLOCK_MONOTONIC`` against the deadline the sentinel's line carried
+(the ``mono`` key), in the test process, independent of the server's own reports.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any
+
+REPO = Path(__file__).resolve().parent.parent
+#: The bound on waits for something that should happen within a fraction of a second.
+BOUND = 15.0
+
+
+def serve_argv(fifo: Path, *options: str) -> list[str]:
+    return [sys.executable, "-m", "aiotimer", "serve", "--fifo", str(fifo), *options]
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO)}
+
+
+def wait_for_marker(server: subprocess.Popen[Any], fifo: Path) -> None:
+    marker = Path(f"{fifo}.aiotimer")
+    deadline = time.monotonic() + BOUND
+    while not (fifo.exists() and marker.exists()):
+        assert server.poll() is None, f"the server exited with {server.returncode}"
+        assert time.monotonic() < deadline, "the server did not create its FIFO"
+        time.sleep(0.01)
+
+
+@contextmanager
+def serving(
+    fifo: Path,
+    *options: str,
+    stderr: int | IO[Any] | None = subprocess.DEVNULL,
+    preexec: Any = None,
+) -> Iterator[subprocess.Popen[bytes]]:
+    """``aiotimer serve`` on ``fifo`` until the block ends (then SIGKILL if still up)."""
+    server = subprocess.Popen(
+        serve_argv(fifo, *options),
+        stdout=subprocess.DEVNULL,
+        stderr=stderr,
+        env=env(),
+        preexec_fn=preexec,  # noqa: PLW1509 (sets a limit; the test has no threads yet)
+    )
+    try:
+        wait_for_marker(server, fifo)
+        yield server
+    finally:
+        if server.poll() is None:
+            server.kill()
+        server.communicate(timeout=BOUND)
+
+
+def line(pid: int, scope: str, after: float, sig: int = 9) -> bytes:
+    """A torch-format acquire line (plus ``mono``) expiring ``after`` seconds from now."""
+    body = {
+        "version": 1,
+        "pid": pid,
+        "scope_id": scope,
+        "expiration_time": time.time() + after,
+        "signal": sig,
+        "mono": time.monotonic() + after,
+    }
+    return json.dumps(body).encode() + b"\n"
+
+
+def send(fifo: Path, data: bytes) -> None:
+    """Write ``data`` to the FIFO (blocking, whole)."""
+    fd = os.open(fifo, os.O_WRONLY)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
+
+
+class Sentinel:
+    """A sleeping process with a pidfd, to time the signal that ends it."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(["sleep", "300"])
+        self.pid = self.proc.pid
+        self.pidfd = os.pidfd_open(self.pid)
+        self.deadline: float | None = None
+
+    def arm(self, fifo: Path, after: float, scope: str = "sentinel") -> None:
+        """Send its timer: SIGKILL ``after`` seconds from now."""
+        data = line(self.pid, scope, after)
+        self.deadline = json.loads(data)["mono"]
+        send(fifo, data)
+
+    def lateness(self, timeout: float = BOUND) -> float:
+        """Seconds from its deadline to its death (fails if it is still alive)."""
+        assert self.deadline is not None
+        ready, _, _ = select.select([self.pidfd], [], [], timeout)
+        seen = time.monotonic()
+        assert ready, f"the sentinel was not reaped within {timeout} s"
+        return seen - self.deadline
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        os.close(self.pidfd)
+
+    def __enter__(self) -> Sentinel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def events(path: Path) -> list[dict[str, Any]]:
+    """The complete JSON lines of an event log."""
+    out = []
+    for raw in path.read_bytes().splitlines():
+        try:
+            out.append(json.loads(raw))
+        except ValueError:
+            continue
+    return out
+
+
+def kinds(records: Sequence[dict[str, Any]]) -> list[str]:
+    return [r["event"] for r in records]

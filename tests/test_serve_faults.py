@@ -1,0 +1,128 @@
+"""``aiotimer serve`` under bad arguments, full disks and undrained pipes.
+
+Real processes: the server is ``python -m aiotimer serve``; sentinels are ``sleep``
+processes whose deaths are timed through pidfds (see ``_procs``). The latency bounds
+are the ones the watchdog promises (a reap within 100 ms of its deadline while the
+server is flooded); everything else is bounded by seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from _procs import BOUND, Sentinel, env, events, kinds, send, serve_argv, serving
+
+from aiotimer.cli import main
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--fifo", "/nonexistent/t.fifo"], "the directory of the FIFO"),
+        (["--event-log", "/nonexistent/log.jsonl"], "the directory of the event log"),
+        (["--event-log", "/"], "is a directory"),
+        (["--dump-dir", "/nonexistent"], "'/nonexistent' does not exist"),
+        (["--mode", "999"], "octal permission bits"),
+        (["--grace", "soon"], "finite number of seconds"),
+        (["--dump-timeout", "inf"], "finite number of seconds"),
+    ],
+)
+def test_a_bad_argument_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], says: str
+) -> None:
+    if "--fifo" not in argv:
+        argv = ["--fifo", str(tmp_path / "t.fifo"), *argv]
+    with pytest.raises(SystemExit) as exc:
+        main(["serve", *argv])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("aiotimer serve: error: "), err
+    assert says in err
+
+
+@pytest.fixture
+def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A 64 KiB tmpfs (needs root and mount(2); skipped otherwise)."""
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+@pytest.mark.process
+@pytest.mark.timeout(30)
+def test_an_event_log_on_a_read_only_file_system_is_one_line_and_exit_1(
+    tmp_path: Path, tiny_tmpfs: Path
+) -> None:
+    subprocess.run(["mount", "-o", "remount,ro", str(tiny_tmpfs)], check=True)
+    argv = serve_argv(tmp_path / "t.fifo", "--event-log", str(tiny_tmpfs / "log.jsonl"))
+    done = subprocess.run(
+        argv, check=False, capture_output=True, text=True, env=env(), timeout=BOUND
+    )
+    assert done.returncode == 1
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert "Read-only file system" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.process
+@pytest.mark.timeout(60)
+def test_an_undrained_stderr_and_a_garbage_flood_never_delay_a_reap(tmp_path: Path) -> None:
+    fifo = tmp_path / "t.fifo"
+    # stderr is a pipe nobody reads: its 64 KiB fill up after a few hundred log lines.
+    with serving(fifo, stderr=subprocess.PIPE) as server, Sentinel() as sentinel:
+        garbage = b"".join(b"garbage line %d, not JSON\n" % i for i in range(5_000))
+        unknown = b"".join(
+            b'{"pid": %d, "scope_id": "s", "expiration_time": 1e12, "signal": 9}\n'
+            % (4_000_000 + i)
+            for i in range(5_000)
+        )
+        send(fifo, garbage + unknown)
+        sentinel.arm(fifo, after=0.5)
+        assert sentinel.lateness() < 0.1
+        assert server.poll() is None
+
+
+@pytest.mark.process
+@pytest.mark.timeout(60)
+def test_a_full_disk_under_the_event_log_never_stops_reaping(
+    tmp_path: Path, tiny_tmpfs: Path
+) -> None:
+    fifo, log, stderr = tmp_path / "t.fifo", tiny_tmpfs / "events.jsonl", tmp_path / "stderr"
+    with stderr.open("wb") as err, serving(fifo, "--event-log", str(log), stderr=err) as server:
+        # ~80 bytes of log per rejected line: 2,000 of them overflow 64 KiB.
+        send(fifo, b"".join(b"junk %d\n" % i for i in range(2_000)))
+        deadline = time.monotonic() + BOUND
+        while b"write failed" not in stderr.read_bytes():
+            assert time.monotonic() < deadline, "the full disk was never reported"
+            time.sleep(0.05)
+        with Sentinel() as sentinel:  # the disk is full: reaping goes on
+            sentinel.arm(fifo, after=0.3)
+            assert sentinel.lateness() < 0.1
+        assert server.poll() is None
+        os.truncate(log, 0)  # room again: the log says what it lost, then goes on
+        time.sleep(5.5)  # the log retries every 5 s
+        with Sentinel() as sentinel:
+            sentinel.arm(fifo, after=0.1, scope="after")
+            assert sentinel.lateness() < 0.1
+            pid = sentinel.pid
+        while not any(r.get("pid") == pid for r in events(log) if r["event"] == "worker_reaped"):
+            assert time.monotonic() < deadline + BOUND, kinds(events(log))
+            time.sleep(0.05)
+        records = events(log)
+        assert records[0]["event"] == "events_lost" and records[0]["count"] > 0
+        assert "ENOSPC" in records[0]["error"]
