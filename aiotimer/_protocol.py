@@ -14,14 +14,18 @@ Keys (see docs/protocol.md for the full table):
 ``scope_id``         required non-empty string of at most ``MAX_SCOPE_ID_LENGTH`` chars.
 ``expiration_time``  required finite number, epoch seconds; negative means release
                      (``0`` is an acquire that expires at once).
-``signal``           required int (a C int); ``<= 0`` means report only (torch's
-                     shadow mode).
+``signal``           required int: a signal number in ``1..MAX_SIGNAL``, or ``<= 0``
+                     meaning report only (torch's shadow mode).
 ``mono``             aiotimer extension: the deadline on ``CLOCK_MONOTONIC``
                      (``time.monotonic()``); when present the server prefers it, so
                      wall-clock steps cannot fire or postpone a timer.
 ``grace``            aiotimer extension: seconds to wait after ``signal`` before SIGKILL.
 ``group``            aiotimer extension: signal the worker's whole process group.
 ``dump``             aiotimer extension: ask the worker for a stack dump before reaping.
+``start_time``       aiotimer extension: the worker's start time (``/proc/<pid>/stat``
+                     field 22, clock ticks since boot) when it sent the request; the
+                     server refuses to pin a process whose start time differs (the
+                     worker died and its pid was reused before its request was read).
 
 Unknown keys are ignored, so newer clients can talk to older servers. Every malformed
 line becomes a :class:`Rejection` (reason plus a truncated copy of the bytes); it never
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 import math
 import select
+import signal as _signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import repeat
@@ -45,6 +50,8 @@ __all__ = [
     "MARKER_SUFFIX",
     "MAX_LINE_BYTES",
     "MAX_SCOPE_ID_LENGTH",
+    "MAX_SIGNAL",
+    "MAX_START_TIME",
     "PIPE_BUF",
     "PROTOCOL_VERSION",
     "TORCH_ENV_FIFO",
@@ -55,7 +62,11 @@ __all__ = [
     "Request",
     "RequestTooLargeError",
     "block_encoder",
+    "check_block",
     "encode",
+    "number_problem",
+    "scope_id_problem",
+    "signal_problem",
     "validate",
 ]
 
@@ -80,10 +91,17 @@ TORCH_ENV_FIFO: Final[str] = "TORCHELASTIC_TIMER_FILE"
 #: How many bytes of an offending line a rejection keeps.
 REJECTED_BYTES_KEPT: Final[int] = 200
 
+#: The highest signal number a request may name (``SIGRTMAX``, ``NSIG - 1``); ``signal``
+#: is either a signal in ``1..MAX_SIGNAL`` or ``<= 0`` (report only).
+MAX_SIGNAL: Final[int] = _signal.NSIG - 1
+#: The highest ``start_time`` (a 64-bit count of clock ticks since boot).
+MAX_START_TIME: Final[int] = 2**63 - 1
+
 _SUPPORTED_VERSIONS: Final = frozenset({PROTOCOL_VERSION})
-#: ``pid_t`` and signal numbers are C ints; JSON integers are unbounded, and an
+#: ``pid_t`` and report-only signals are C ints; JSON integers are unbounded, and an
 #: out-of-range one would make ``os.kill`` raise ``OverflowError`` in the server.
 _C_INT_MAX: Final[int] = 2**31 - 1
+_C_INT_MIN: Final[int] = -(2**31)
 
 
 # The rules that JSON typing cannot express, as msgspec constraints: decoding a line
@@ -92,7 +110,8 @@ _C_INT_MAX: Final[int] = 2**31 - 1
 # tests/test_protocol.py pins that both agree. (JSON itself has no NaN or infinity, and
 # msgspec rejects out-of-range numbers, so decoded floats are always finite.)
 _Pid = Annotated[int, msgspec.Meta(gt=0, le=_C_INT_MAX)]
-_Signal = Annotated[int, msgspec.Meta(ge=-_C_INT_MAX - 1, le=_C_INT_MAX)]
+_Signal = Annotated[int, msgspec.Meta(ge=_C_INT_MIN, le=MAX_SIGNAL)]
+_StartTime = Annotated[int, msgspec.Meta(ge=0, le=MAX_START_TIME)]
 _ScopeId = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_SCOPE_ID_LENGTH)]
 _Version = Annotated[int, msgspec.Meta(ge=PROTOCOL_VERSION, le=PROTOCOL_VERSION)]
 _Grace = Annotated[float, msgspec.Meta(ge=0)]
@@ -119,6 +138,7 @@ class Request(msgspec.Struct, frozen=True, gc=False):
     grace: _Grace | None = None
     group: bool = False
     dump: bool = False
+    start_time: _StartTime | None = None
 
     @property
     def is_release(self) -> bool:
@@ -166,31 +186,100 @@ _decode_many = msgspec.json.Decoder(list[Request]).decode
 _DECODE_ERRORS: Final = (ValueError, RecursionError)
 
 
+def scope_id_problem(scope_id: str) -> str | None:
+    """Why ``scope_id`` cannot name a timer, or ``None`` when it can.
+
+    A scope id is a non-empty string of at most ``MAX_SCOPE_ID_LENGTH`` characters that
+    is valid Unicode (no lone surrogates: JSON cannot carry them to the server).
+    """
+    if not scope_id:
+        return "scope_id must not be empty"
+    if len(scope_id) > MAX_SCOPE_ID_LENGTH:
+        return (
+            f"scope_id is {len(scope_id)} characters long, longer than "
+            f"MAX_SCOPE_ID_LENGTH ({MAX_SCOPE_ID_LENGTH})"
+        )
+    if not scope_id.isascii():
+        try:
+            scope_id.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return f"scope_id is not valid Unicode ({exc.reason} at index {exc.start})"
+    return None
+
+
+def signal_problem(signum: int) -> str | None:
+    """Why ``signum`` cannot be a request's ``signal``, or ``None`` when it can.
+
+    A signal number in ``1..MAX_SIGNAL``, or an integer ``<= 0`` (report only) that fits
+    a C int.
+    """
+    if not _C_INT_MIN <= signum <= MAX_SIGNAL:
+        return (
+            f"signal must be a signal number in 1..MAX_SIGNAL ({MAX_SIGNAL}) or <= 0 "
+            f"(report only), got {signum}"
+        )
+    return None
+
+
+def number_problem(name: str, value: float, *, minimum: float | None = None) -> str | None:
+    """Why ``value`` cannot be the request's number ``name``, or ``None`` when it can.
+
+    Every number on the wire is finite (JSON has no NaN or infinity); ``minimum``, when
+    given, is the smallest allowed value.
+    """
+    if not math.isfinite(value):
+        return f"{name} must be a finite number, got {value!r}"
+    if minimum is not None and value < minimum:
+        return f"{name} must be >= {minimum}, got {value!r}"
+    return None
+
+
 def validate(req: Request) -> str | None:
     """Return why ``req`` is invalid, or ``None`` when it is a valid request.
 
-    These are the checks JSON typing cannot express (pid in ``1..2**31-1``, signal a C
-    int, non-empty bounded scope, finite numbers, known version). Sources that receive
-    :class:`Request` objects by other means than the line codec (e.g. a multiprocessing
-    queue) must apply it too.
+    These are the checks JSON typing cannot express (pid in ``1..2**31-1``, signal
+    in ``1..MAX_SIGNAL`` or ``<= 0``, non-empty bounded valid-Unicode scope, finite
+    numbers, known version). Decoding a line applies the same rules; sources that
+    receive :class:`Request` objects by other means than the line codec (e.g. a
+    multiprocessing queue) must apply it too.
     """
     if not 0 < req.pid <= _C_INT_MAX:
         return f"pid must be an integer in 1..{_C_INT_MAX}, got {req.pid}"
-    if not -_C_INT_MAX - 1 <= req.signal <= _C_INT_MAX:
-        return f"signal must fit a C int, got {req.signal}"
-    if not req.scope_id:
-        return "scope_id must not be empty"
-    if len(req.scope_id) > MAX_SCOPE_ID_LENGTH:
-        return f"scope_id longer than {MAX_SCOPE_ID_LENGTH} characters"
-    if not math.isfinite(req.expiration_time):
-        return "expiration_time must be a finite number"
+    problem = (
+        signal_problem(req.signal)
+        or scope_id_problem(req.scope_id)
+        or number_problem("expiration_time", req.expiration_time)
+    )
+    if problem is not None:
+        return problem
     if req.version is not None and req.version not in _SUPPORTED_VERSIONS:
         return f"unsupported protocol version {req.version}"
-    if req.mono is not None and not math.isfinite(req.mono):
-        return "mono must be a finite number"
-    if req.grace is not None and not (math.isfinite(req.grace) and req.grace >= 0):
-        return "grace must be a finite number >= 0"
+    if req.mono is not None and (problem := number_problem("mono", req.mono)):
+        return problem
+    if req.grace is not None and (problem := number_problem("grace", req.grace, minimum=0)):
+        return problem
+    if req.start_time is not None and not 0 <= req.start_time <= MAX_START_TIME:
+        return f"start_time must be an integer in 0..{MAX_START_TIME}, got {req.start_time}"
     return None
+
+
+def check_block(scope_id: str, signal: int, timeout: float) -> None:
+    """Refuse, at block entry, a block the server would reject (so never run untimed).
+
+    ``timeout`` is the block's time limit in seconds from now.
+
+    Raises:
+        ValueError: ``scope_id`` is empty, longer than ``MAX_SCOPE_ID_LENGTH`` or not
+            valid Unicode; ``signal`` is neither in ``1..MAX_SIGNAL`` nor ``<= 0``;
+            ``timeout`` is not a finite number ``>= 0``. The message names the limit.
+    """
+    problem = (
+        scope_id_problem(scope_id)
+        or signal_problem(signal)
+        or number_problem("the time limit", timeout, minimum=0)
+    )
+    if problem is not None:
+        raise ValueError(problem)
 
 
 def _decode_line(line: bytes, out: Decoded) -> None:
@@ -330,10 +419,11 @@ class LineDecoder:
         # The fast path joins the lines into one JSON array. Getting n valid objects
         # back does not prove that each line held one of them: "{a}, {b}" on one line
         # and an object split over two lines also add up to n. It does when the block
-        # holds exactly n '{' and n '}' bytes and every line ends with '}': the n
-        # objects then use one '{' and one '}' each (no nesting, none inside strings),
-        # and each closes at the end of its own line. Other blocks (CRLF, braces in a
-        # scope_id, nested extension keys) take the exact line-by-line path.
+        # holds exactly n '{' and n '}' bytes, every line ends with '}' and the array
+        # has n elements: the n objects then use one '{' and one '}' each (no nesting,
+        # none inside strings), and each closes at the end of its own line. Other
+        # blocks (CRLF, braces in a scope_id, nested extension keys) take the exact
+        # line-by-line path.
         if (
             block.count(b"{") == n
             and block.count(b"}") == n
@@ -345,8 +435,11 @@ class LineDecoder:
             except _DECODE_ERRORS:
                 pass  # at least one bad line: fall back to line by line
             else:
-                out.requests.extend(reqs)
-                return
+                # Fewer objects than lines: braces inside strings joined lines into one
+                # object (`{"scope_id": "}` then `{", ...}` reads as one valid request).
+                if len(reqs) == n:
+                    out.requests.extend(reqs)
+                    return
         for line in lines:
             if len(line) > limit:
                 self._finish_line(line[-limit:], True, out)
@@ -380,6 +473,8 @@ def encode(req: Request) -> bytes:
     )
     if req.mono is not None:
         text += f', "mono": {_number(req.mono, "mono")}'
+    if req.start_time is not None:
+        text += f', "start_time": {int(req.start_time)}'
     if req.grace is not None:
         text += f', "grace": {_number(req.grace, "grace")}'
     if req.group:
@@ -399,7 +494,8 @@ def encode(req: Request) -> bytes:
 #
 # A block's two lines share everything up to the expiration time:
 #
-#   {"version": 1, "pid": P, "scope_id": S, "expiration_time": E, "signal": N, "mono": M}
+#   {"version": 1, "pid": P, "scope_id": S, "expiration_time": E, "signal": N, "mono": M,
+#    "start_time": T}    (the last key only when the encoder was given a start time)
 #   {"version": 1, "pid": P, "scope_id": S, "expiration_time": -1, "signal": 0}
 #
 # block_encoder(P, N) encodes the parts that depend on P and N once; its encode_block()
@@ -420,17 +516,18 @@ _ryu: Final = msgspec.json.encode
 _join: Final = b"".join
 
 
-def block_encoder(pid: int, signal: int) -> BlockEncoder:
+def block_encoder(pid: int, signal: int, start_time: int | None = None) -> BlockEncoder:
     """The hot-path encoder of the timed blocks of process ``pid`` reaped with ``signal``.
 
     The returned ``encode_block(scope_id, expiration_time, mono)`` gives the acquire and
     the release line of one block, newlines included: byte for byte
-    ``encode(Request(pid, scope_id, expiration_time, signal, mono=mono))`` and
-    ``encode(Request(pid, scope_id, -1, 0))``, about four times faster (see the
-    comment above). It raises what :func:`encode` raises.
+    ``encode(Request(pid, scope_id, expiration_time, signal, mono=mono,
+    start_time=start_time))`` and ``encode(Request(pid, scope_id, -1, 0))``, about four
+    times faster (see the comment above). It raises what :func:`encode` raises.
     """
     head = f'{{"version": {PROTOCOL_VERSION}, "pid": {int(pid)}, "scope_id": '.encode()
     signal_part = f', "signal": {int(signal)}, "mono": '.encode()
+    tail = b"}\n" if start_time is None else f', "start_time": {int(start_time)}}}\n'.encode()
 
     def encode_block(scope_id: str, expiration_time: float, mono: float) -> tuple[bytes, bytes]:
         if 1e-4 <= expiration_time < 1e16 and 1e-4 <= mono < 1e16:  # literals: the hot path
@@ -443,13 +540,15 @@ def block_encoder(pid: int, signal: int) -> BlockEncoder:
                     _ryu(expiration_time),
                     signal_part,
                     _ryu(mono),
-                    b"}\n",
+                    tail,
                 )
             )
             if len(acquire) <= PIPE_BUF:
                 return acquire, _join((head, scope, b', "expiration_time": -1, "signal": 0}\n'))
         return (
-            encode(Request(pid, scope_id, expiration_time, signal, None, mono)),
+            encode(
+                Request(pid, scope_id, expiration_time, signal, mono=mono, start_time=start_time)
+            ),
             encode(Request(pid, scope_id, -1, 0)),
         )
 

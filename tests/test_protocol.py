@@ -13,6 +13,7 @@ import itertools
 import json
 import math
 import random
+import re
 import struct
 import time
 from pathlib import Path
@@ -25,6 +26,8 @@ from hypothesis import strategies as st
 from aiotimer._protocol import (
     MAX_LINE_BYTES,
     MAX_SCOPE_ID_LENGTH,
+    MAX_SIGNAL,
+    MAX_START_TIME,
     PIPE_BUF,
     REJECTED_BYTES_KEPT,
     Decoded,
@@ -33,6 +36,7 @@ from aiotimer._protocol import (
     Request,
     RequestTooLargeError,
     block_encoder,
+    check_block,
     encode,
     validate,
 )
@@ -212,7 +216,8 @@ MALFORMED = {
     "pid over pid_t": (obj(pid=2**31), "Expected `int` <= 2147483647 - at `$.pid`"),
     "zero pid": (obj(pid=0), "Expected `int` >= 1 - at `$.pid`"),
     "negative pid": (obj(pid=-5), "Expected `int` >= 1 - at `$.pid`"),
-    "huge signal": (obj(signal=2**31), "Expected `int` <= 2147483647 - at `$.signal`"),
+    "huge signal": (obj(signal=2**31), f"Expected `int` <= {MAX_SIGNAL} - at `$.signal`"),
+    "no such signal": (obj(signal=999), f"Expected `int` <= {MAX_SIGNAL} - at `$.signal`"),
     "huge negative signal": (obj(signal=-(2**31) - 1), "Expected `int` >= -2147483648"),
     "string expiration_time": (obj(expiration_time="soon"), "Expected `float`, got `str`"),
     "null expiration_time": (
@@ -325,6 +330,20 @@ def test_misaligned_objects_are_not_accepted_as_lines() -> None:
     assert len(got.rejections) == 3
 
 
+def test_two_invalid_lines_never_merge_into_one_request() -> None:
+    """Braces inside strings can join two bad lines into one valid object (regression).
+
+    Joined into one array, `{"...": "}` and `{", ...}` read as a single request whose
+    scope_id is "},{": the fast path must notice it got fewer objects than lines.
+    """
+    first = b'{"pid": 7, "scope_id": "}'
+    second = b'{", "expiration_time": 1, "signal": 9}'
+    for block in (first + b"\n" + second + b"\n", VALID + b"\n" + first + b"\n" + second + b"\n"):
+        got = LineDecoder().feed(block)
+        assert [r.scope_id for r in got.requests] == (["ok"] if block.startswith(VALID) else [])
+        assert len(got.rejections) == 2
+
+
 def test_rejection_keeps_a_bounded_copy() -> None:
     long_garbage = b"z" * 3000
     got = LineDecoder().feed(long_garbage + b"\n")
@@ -432,11 +451,12 @@ requests = st.builds(
     pid=st.integers(1, 2**31 - 1),
     scope_id=st.text(min_size=1, max_size=40),
     expiration_time=st.one_of(st.just(-1.0), st.floats(0, 1e15), st.integers(0, 2**40)),
-    signal=st.one_of(st.integers(-64, 64), st.sampled_from([-(2**31), 2**31 - 1])),
+    signal=st.one_of(st.integers(-64, MAX_SIGNAL), st.sampled_from([-(2**31)])),
     mono=st.none() | finite,
     grace=st.none() | st.floats(0, 1e6),
     group=st.booleans(),
     dump=st.booleans(),
+    start_time=st.none() | st.integers(0, MAX_START_TIME),
 )
 valid_lines = requests.map(line_of)
 
@@ -539,14 +559,83 @@ def test_writer_stopped_mid_line_costs_only_its_own_line(
     assert len(got.rejections) == (1 if prefix else 0)
 
 
-int_edges = st.sampled_from([-(2**31) - 1, -(2**31), -1, 0, 1, 2**31 - 1, 2**31, 2**63])
+def one_line_at_a_time(lines: list[bytes]) -> Decoded:
+    """What each line decodes to on its own, in a fresh decoder, merged in order."""
+    total = Decoded()
+    for line in lines:
+        got = LineDecoder().feed(line + b"\n")
+        total.requests += got.requests
+        total.rejections += got.rejections
+    return total
+
+
+# Fragments rich in the bytes the fast path counts and joins on: braces inside and
+# outside strings, quotes, commas, whole and partial valid lines.
+line_fragments = st.one_of(
+    st.sampled_from(
+        [b"{", b"}", b'"', b'{"', b'"}', b",", b'", ', b"\\", b" ", b"[", b"]", b":", b"\r"]
+    ),
+    st.sampled_from([b'"pid": 7', b'"scope_id": "', b'"expiration_time": 1', b'"signal": 9']),
+    st.binary(max_size=8).filter(lambda b: b"\n" not in b),
+    st.builds(lambda line, k: line[: k % (len(line) + 1)], st.just(VALID), st.integers(0, 99)),
+    st.builds(lambda line, k: line[k % (len(line) + 1) :], st.just(VALID), st.integers(0, 99)),
+)
+fragment_lines = st.one_of(
+    st.lists(line_fragments, max_size=8).map(b"".join),
+    requests.map(line_of),
+)
+
+
+def split_after_braces(line: bytes, cuts: list[bool]) -> list[bytes]:
+    """``line`` cut after some of its '}' bytes (``cuts`` picks which, cyclically)."""
+    pieces, start = [], 0
+    braces = [i + 1 for i, byte in enumerate(line[:-1]) if byte == ord("}")]
+    for k, end in enumerate(braces):
+        if cuts and cuts[k % len(cuts)]:
+            pieces.append(line[start:end])
+            start = end
+    return [*pieces, line[start:]]
+
+
+# A valid line whose scope_id holds braces, cut after some of them: each piece ends with
+# '}' and, joined back with ',' in one array, may read as fewer valid objects.
+braced_scopes = st.lists(st.sampled_from(["}{", "}", "{", "a", '"', ", "]), min_size=1).map("".join)
+split_lines = st.builds(
+    split_after_braces,
+    st.builds(Request, st.integers(1, 99), braced_scopes, st.floats(0, 1e9), st.just(9)).map(
+        line_of
+    ),
+    st.lists(st.booleans(), min_size=1, max_size=5),
+)
+
+
+@settings(deadline=None, max_examples=600)
+@given(
+    groups=st.lists(fragment_lines.map(lambda line: [line]) | split_lines, min_size=1, max_size=6),
+    points=chunk_points,
+)
+def test_each_line_has_the_outcome_it_has_alone(
+    groups: list[list[bytes]], points: list[int]
+) -> None:
+    """Exactly one line's worth of outcome per line: whatever shares its chunk, a line
+    decodes as it does on its own (never merged with a neighbour, never lost)."""
+    lines = [line for group in groups for line in group]
+    data = b"".join(line + b"\n" for line in lines)
+    assert feed_all(cut(data, points)) == one_line_at_a_time(lines)
+
+
+int_edges = st.sampled_from(
+    [-(2**31) - 1, -(2**31), -1, 0, 1, MAX_SIGNAL, MAX_SIGNAL + 1, 999, 2**31 - 1, 2**31, 2**63]
+)
 float_edges = st.sampled_from([-1.0, -0.0, 0.0, 1e-300, 1e300, math.inf, -math.inf, math.nan])
 
 
 @SETTINGS
 @given(
     pid=int_edges,
-    scope_id=st.sampled_from(["", "a", "é" * MAX_SCOPE_ID_LENGTH, "x" * (MAX_SCOPE_ID_LENGTH + 1)]),
+    scope_id=st.sampled_from(
+        ["", "a", "é" * MAX_SCOPE_ID_LENGTH, "x" * (MAX_SCOPE_ID_LENGTH + 1), "a\ud800", "\udfff"]
+    ),
     expiration_time=float_edges,
     signal=int_edges,
     version=st.none() | int_edges,
@@ -591,7 +680,9 @@ def test_round_trip(req: Request) -> None:
     assert line.endswith(b"\n")
     assert line.count(b"\n") == 1
     assert LineDecoder().feed(line) == Decoded([as_decoded(req)], [])
-    if not (req.mono is not None or req.grace is not None or req.group or req.dump):
+    if not (req.mono is not None or req.grace is not None or req.group or req.dump) and (
+        req.start_time is None
+    ):
         exp = -1 if req.is_release else req.expiration_time
         torch_dict = {
             "version": 1,
@@ -621,10 +712,16 @@ block_numbers = st.one_of(
 
 
 def reference_block(
-    pid: int, scope_id: str, expiration_time: float, signal: int, mono: float
+    pid: int,
+    scope_id: str,
+    expiration_time: float,
+    signal: int,
+    mono: float,
+    *,
+    start_time: int | None = None,
 ) -> tuple[bytes, bytes]:
     return (
-        encode(Request(pid, scope_id, expiration_time, signal, mono=mono)),
+        encode(Request(pid, scope_id, expiration_time, signal, mono=mono, start_time=start_time)),
         encode(Request(pid, scope_id, -1, 0)),
     )
 
@@ -634,19 +731,28 @@ def reference_block(
     pid=st.integers(1, 2**31 - 1),
     scope_id=st.text(min_size=1, max_size=60),
     expiration_time=block_numbers,
-    signal=st.one_of(st.integers(-64, 64), st.sampled_from([-(2**31), 2**31 - 1])),
+    signal=st.one_of(st.integers(-64, MAX_SIGNAL), st.sampled_from([-(2**31), 2**31 - 1])),
     mono=block_numbers,
+    start_time=st.none() | st.integers(0, MAX_START_TIME),
 )
 def test_block_encoder_is_byte_identical_to_encode(
-    pid: int, scope_id: str, expiration_time: float, signal: int, mono: float
+    *,
+    pid: int,
+    scope_id: str,
+    expiration_time: float,
+    signal: int,
+    mono: float,
+    start_time: int | None,
 ) -> None:
     try:
-        expected = reference_block(pid, scope_id, expiration_time, signal, mono)
+        expected = reference_block(
+            pid, scope_id, expiration_time, signal, mono, start_time=start_time
+        )
     except ValueError as exc:  # non-finite numbers: the same refusal
         with pytest.raises(type(exc)):
-            block_encoder(pid, signal)(scope_id, expiration_time, mono)
+            block_encoder(pid, signal, start_time)(scope_id, expiration_time, mono)
         return
-    assert block_encoder(pid, signal)(scope_id, expiration_time, mono) == expected
+    assert block_encoder(pid, signal, start_time)(scope_id, expiration_time, mono) == expected
 
 
 @settings(deadline=None, max_examples=2000)
@@ -680,3 +786,57 @@ def test_block_encoder_size_limit() -> None:
     assert (acquire, release) == reference_block(1, fits, 5.0, 9, 5.0)
     with pytest.raises(RequestTooLargeError, match=f"{PIPE_BUF + 1} bytes"):
         block_encoder(1, 9)(fits + "x", 5.0, 5.0)
+
+
+# -- the shared validator: what a client refuses at block entry ----------------------------
+
+
+@pytest.mark.parametrize(
+    ("scope_id", "signal", "timeout", "names"),
+    [
+        ("", 9, 1.0, "must not be empty"),
+        ("x" * (MAX_SCOPE_ID_LENGTH + 1), 9, 1.0, f"MAX_SCOPE_ID_LENGTH ({MAX_SCOPE_ID_LENGTH})"),
+        ("bad \ud800 scope", 9, 1.0, "not valid Unicode"),
+        ("s", 999, 1.0, f"1..MAX_SIGNAL ({MAX_SIGNAL})"),
+        ("s", MAX_SIGNAL + 1, 1.0, "MAX_SIGNAL"),
+        ("s", 9, math.nan, "finite"),
+        ("s", 9, math.inf, "finite"),
+        ("s", 9, -0.5, ">= 0"),
+    ],
+)
+def test_check_block_refuses_what_the_server_would_reject(
+    scope_id: str, signal: int, timeout: float, names: str
+) -> None:
+    with pytest.raises(ValueError, match=re.escape(names)):
+        check_block(scope_id, signal, timeout)
+    if math.isfinite(timeout) and timeout >= 0:  # the server refuses the same request
+        req = Request(1, scope_id, 1e9 + timeout, signal)
+        assert validate(req) is not None
+        assert LineDecoder(1 << 16).feed(json_line(req)).requests == []
+
+
+@pytest.mark.parametrize(
+    ("scope_id", "signal"),
+    [("s", 9), ("x" * MAX_SCOPE_ID_LENGTH, MAX_SIGNAL), ("é🐍", 0), ("s", -(2**31)), ("s", 1)],
+)
+def test_check_block_accepts_what_the_server_accepts(scope_id: str, signal: int) -> None:
+    check_block(scope_id, signal, 0.0)
+    req = Request(1, scope_id, 1e9, signal)
+    assert validate(req) is None
+    assert LineDecoder(1 << 16).feed(json_line(req)).requests == [req]
+
+
+def json_line(req: Request) -> bytes:
+    """``req`` as json.dumps writes it (which, unlike encode(), never refuses a field)."""
+    fields = {"pid": req.pid, "scope_id": req.scope_id, "expiration_time": req.expiration_time}
+    return json.dumps({**fields, "signal": req.signal}).encode() + b"\n"
+
+
+def test_start_time_travels_with_an_acquire() -> None:
+    req = Request(5, "s", 100.5, 9, mono=3.25, start_time=123456)
+    line = encode(req)
+    assert line.endswith(b'"mono": 3.25, "start_time": 123456}\n')
+    assert LineDecoder().feed(line).requests == [as_decoded(req)]
+    assert block_encoder(5, 9, 123456)("s", 100.5, 3.25)[0] == line
+    bad = line.replace(b"123456", b"-1")
+    assert LineDecoder().feed(bad).requests == []
