@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.queues
+import pickle
 import queue
 import signal
 import threading
@@ -110,6 +111,78 @@ async def test_garbage_becomes_rejections_and_valid_items_still_apply(mpq: MpQue
     assert len(sink.rejections) == len(garbage)
     assert sink.rejections[0].startswith("not a timer request: str")
     assert "pid" in sink.rejections[4]  # the wording is the codec's
+
+
+class RaisingAttribute:
+    """Torch-shaped, but reading ``worker_id`` raises (not AttributeError)."""
+
+    scope_id = "s"
+    expiration_time = 1e10
+
+    @property
+    def worker_id(self) -> int:
+        raise RuntimeError("boom")
+
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr either")
+
+
+class RaisingClass:
+    """Once unpickled, an object whose ``__class__`` and ``__getattr__`` raise."""
+
+    armed = False
+
+    def __setstate__(self, state: object) -> None:
+        self.__dict__["armed"] = True
+
+    def __getattr__(self, name: str) -> object:
+        if self.__dict__.get("armed"):
+            raise KeyError(name)
+        raise AttributeError(name)
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        if self.__dict__.get("armed"):
+            raise RuntimeError("no class")
+        return RaisingClass
+
+
+def put_raw(q: MpQueue, data: bytes) -> None:
+    """Put bytes on ``q`` as if they were a pickled item (what a buggy client could do)."""
+    q._sem.acquire()  # type: ignore[attr-defined]
+    q._writer.send_bytes(data)  # type: ignore[attr-defined]
+
+
+@pytest.mark.asyncio
+async def test_items_that_cannot_be_decoded_or_inspected_are_rejected_and_serving_goes_on(
+    mpq: MpQueue,
+) -> None:
+    sink = RecordingSink()
+    async with running_source(QueueSource(mpq, max_item_bytes=4096), sink):
+        mpq.put(torch_shaped(7, "first", 1e10))
+        put_raw(mpq, b"these bytes are not a pickle")
+        put_raw(mpq, b"cno_such_module_anywhere\nThing\n.")  # a class nobody can import
+        put_raw(mpq, pickle.dumps(ValueErrorOnLoad()))  # unpickling raises ValueError
+        mpq.put(RaisingAttribute())
+        mpq.put(RaisingClass())
+        mpq.put(torch_shaped(7, "x" * 100_000, 1e10))  # too big: rejected, not unpickled
+        mpq.put(torch_shaped(7, "last", 1e10))
+        await wait_until(lambda: len(sink.requests) + len(sink.rejections) == 8)
+    assert [r.scope_id for r in sink.requests] == ["first", "last"]
+    reasons = sink.rejections
+    assert reasons[0].startswith("cannot unpickle the item")
+    assert "ModuleNotFoundError" in reasons[1]
+    assert "ValueError" in reasons[2]
+    assert "cannot inspect a RaisingAttribute: RuntimeError: boom" in reasons[3]
+    assert "RaisingClass" in reasons[4]
+    assert "over the 4,096 bytes" in reasons[5] and "not unpickled" in reasons[5]
+
+
+class ValueErrorOnLoad:
+    """Pickles fine; unpickling calls ``int("not a number")``."""
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (int, ("not a number",))
 
 
 @pytest.mark.torch

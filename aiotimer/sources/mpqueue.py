@@ -15,19 +15,34 @@ Accepted items:
 * aiotimer :class:`~aiotimer._protocol.Request` objects, as they are.
 
 Anything else, or a field of the wrong type or value, becomes a
-:class:`~aiotimer._protocol.Rejection`.
+:class:`~aiotimer._protocol.Rejection`, and so does an item that cannot be decoded or
+inspected: bytes that are not a pickle, a class the server cannot import, an attribute or
+a ``repr`` that raises. Each item is judged on its own; the source keeps serving.
+
+Trust
+-----
+A ``multiprocessing`` queue carries pickles, and unpickling runs code the pickle names:
+whoever can put on the queue can run code in the server. The queue is reachable only by
+processes it was handed to (inherited or passed at spawn), so hand it only to trusted
+workers; for workers you do not trust, use the FIFO or the Unix-socket source, whose
+lines are data. What this source guards against is accident, not attack: on a
+``multiprocessing.Queue`` it reads each item's bytes itself and unpickles only items of at
+most ``max_item_bytes`` (a 200 MiB scope is rejected unread, not unpickled), and an item
+that fails to unpickle or to convert becomes a rejection instead of stopping the source.
 """
 
 from __future__ import annotations
 
 import contextlib
+import multiprocessing.queues
 import queue as queue_mod
 import signal
 import threading
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final, Protocol
+from multiprocessing.reduction import ForkingPickler
+from typing import Any, Final, Protocol, cast
 
 import anyio
 import anyio.abc
@@ -39,12 +54,12 @@ from aiotimer._protocol import Decoded, Rejection, Request, validate
 from aiotimer.errors import SourceError
 from aiotimer.sources._base import RequestSink
 
-if TYPE_CHECKING:
-    import multiprocessing.queues
-
-__all__ = ["QueueSource"]
+__all__ = ["MAX_ITEM_BYTES", "QueueSource"]
 
 _NAME: Final[str] = "mpqueue"
+#: The largest pickled item a ``multiprocessing.Queue`` source unpickles (a request
+#: pickles to a few hundred bytes).
+MAX_ITEM_BYTES: Final[int] = 64 * 1024
 
 
 class _Queue(Protocol):
@@ -60,8 +75,101 @@ class _Stop:
     run: str
 
 
+class _PickledQueue:
+    """A ``multiprocessing.Queue`` read as bytes: each item is unpickled here, if small.
+
+    Mirrors ``multiprocessing.queues.Queue.get`` (same locks, same semaphore), but a
+    failure to unpickle, or an item over the size bound, becomes a rejection of that
+    item; the queue itself stays usable.
+    """
+
+    __slots__ = ("_max", "_q")
+
+    def __init__(self, q: multiprocessing.queues.Queue[object], max_bytes: int) -> None:
+        self._q: Any = q  # its private reader, locks and semaphore are used below
+        self._max = max_bytes
+
+    def get(self) -> object:
+        q = self._q
+        if q._closed:
+            raise ValueError("the queue is closed")
+        with q._rlock:
+            data = q._reader.recv_bytes()
+        q._sem.release()
+        return self._load(data)
+
+    def get_nowait(self) -> object:
+        q = self._q
+        if q._closed:
+            raise ValueError("the queue is closed")
+        if not q._rlock.acquire(False):
+            raise queue_mod.Empty
+        try:
+            if not q._reader.poll():
+                raise queue_mod.Empty
+            data = q._reader.recv_bytes()
+            q._sem.release()
+        finally:
+            q._rlock.release()
+        return self._load(data)
+
+    def put_nowait(self, obj: object) -> None:
+        self._q.put_nowait(obj)
+
+    def _load(self, data: bytes) -> object:
+        if len(data) > self._max:
+            reason = (
+                f"an item of {len(data):,} bytes, over the {self._max:,} bytes this source "
+                "unpickles (max_item_bytes); not unpickled"
+            )
+            return Rejection.of(reason, data[:200])
+        try:
+            item: object = ForkingPickler.loads(data)
+        except Exception as exc:
+            return Rejection.of(f"cannot unpickle the item: {_safe_error(exc)}", data[:200])
+        return item
+
+
+def _queue_reader(queue: object, max_item_bytes: int) -> _Queue:
+    """``queue`` itself, or a :class:`_PickledQueue` over it when it carries pickles."""
+    if isinstance(queue, multiprocessing.queues.Queue) and all(
+        hasattr(queue, a) for a in ("_reader", "_rlock", "_sem", "_closed")
+    ):
+        return _PickledQueue(queue, max_item_bytes)
+    return cast(_Queue, queue)
+
+
+def _safe_error(exc: BaseException) -> str:
+    try:
+        return f"{type(exc).__name__}: {exc}"
+    except Exception:
+        return type(exc).__name__
+
+
 def _describe(item: object) -> bytes:
-    return repr(item)[:200].encode("utf-8", "backslashreplace")
+    try:
+        text = repr(item)[:200]
+    except Exception as exc:
+        text = f"<unprintable {_type_name(item)}: {_safe_error(exc)}>"
+    return text.encode("utf-8", "backslashreplace")
+
+
+def _type_name(item: object) -> str:
+    try:
+        return str(type(item).__qualname__)
+    except Exception:
+        return "object"
+
+
+def _judge(item: object, default_signal: int) -> Request | Rejection:
+    """:func:`_convert`, with whatever the item raises while inspected made a rejection."""
+    if isinstance(item, Rejection):
+        return item
+    try:
+        return _convert(item, default_signal)
+    except Exception as exc:
+        reason = f"cannot inspect a {_type_name(item)}: {_safe_error(exc)}"
+        return Rejection.of(reason, _describe(item))
 
 
 def _convert(item: object, default_signal: int) -> Request | Rejection:
@@ -83,7 +191,7 @@ def _convert(item: object, default_signal: int) -> Request | Rejection:
             fields["mono"] = mono
     else:
         reason = (
-            f"not a timer request: {type(item).__name__} (expected a TimerRequest with "
+            f"not a timer request: {_type_name(item)} (expected a TimerRequest with "
             "worker_id, scope_id, expiration_time, or an aiotimer Request)"
         )
         return Rejection.of(reason, _describe(item))
@@ -101,9 +209,12 @@ class QueueSource:
 
     Args:
         queue: the queue clients put requests on (a ``queue.Queue`` works too). Use one
-            source per queue.
+            source per queue. Whoever can put on it can run code in the server (see
+            the module docs).
         max_batch: the most items handed to the sink in one call.
         default_signal: the signal for torch-shaped requests, which carry none.
+        max_item_bytes: the largest pickled item unpickled (``multiprocessing`` queues);
+            larger ones are rejected unread.
 
     :meth:`serve` may be called again after it returned.
     """
@@ -116,10 +227,13 @@ class QueueSource:
         *,
         max_batch: int = 1024,
         default_signal: int = signal.SIGKILL,
+        max_item_bytes: int = MAX_ITEM_BYTES,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be positive, got {max_batch}")
-        self._queue: _Queue = queue
+        if max_item_bytes < 1:
+            raise ValueError(f"max_item_bytes must be positive, got {max_item_bytes}")
+        self._queue: _Queue = _queue_reader(queue, max_item_bytes)
         self._max_batch = max_batch
         self._default_signal = int(default_signal)
 
@@ -216,7 +330,7 @@ class _Bridge:
         items: list[object] = []
         item = q.get()
         while True:
-            if isinstance(item, _Stop):
+            if type(item) is _Stop:  # never isinstance: __class__ may be a property
                 if item == self.stop:
                     return items, True
                 # A stale token of an earlier run: drop it.
@@ -233,7 +347,7 @@ class _Bridge:
         out = Decoded()
         default_signal = self.source._default_signal
         for item in items:
-            converted = _convert(item, default_signal)
+            converted = _judge(item, default_signal)
             if isinstance(converted, Request):
                 out.requests.append(converted)
             else:
