@@ -15,22 +15,41 @@ hand its pid to an unrelated process, and a watchdog that signals by pid would h
 
 Where neither exists (no pidfd, no ``/proc``) identity cannot be proven and the pid is
 trusted as is.
+
+Only a **thread-group leader** can be a worker: a thread id names a thread, and
+``kill(tid, ...)`` would take its whole process (the server's own, when the tid is one of
+the server's threads). ``pidfd_open`` refuses a thread id with ``EINVAL``; that is a
+refusal, never a reason to fall back to the start time, and without pidfds ``Tgid``
+in ``/proc/<pid>/status`` must equal the pid.
+
+A request may carry the start time its sender had when it **sent** the request
+(``start_time`` on the wire). :meth:`WorkerProcess.pin` compares it with the process
+that has the pid when the request is *read*: if the sender died and its pid was reused
+in between, the start times differ and the new process is not pinned.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import select
 import signal
 import warnings
 from types import TracebackType
-from typing import Final
+from typing import Final, NamedTuple
 
 import anyio
 
 from aiotimer.errors import ProcessGoneError, ReapError, RefusedTargetError
 
-__all__ = ["WorkerProcess", "read_start_time"]
+__all__ = [
+    "ProcStatus",
+    "WorkerProcess",
+    "ancestors",
+    "is_descendant",
+    "read_start_time",
+    "read_status",
+]
 
 _PROC: Final[str] = "/proc"
 #: 1-based index of ``starttime`` in ``/proc/<pid>/stat`` (see proc(5)).
@@ -75,8 +94,69 @@ def read_start_time(pid: int) -> int | None:
     return stat[1]
 
 
+class ProcStatus(NamedTuple):
+    """What ``/proc/<pid>/status`` says about a task (see proc(5))."""
+
+    tgid: int
+    """The thread-group id: the pid of the process this task belongs to."""
+    ppid: int
+    """The parent's pid (0 for the root of the pid namespace)."""
+    uid: int
+    """The real uid."""
+
+
+def read_status(pid: int) -> ProcStatus | None:
+    """``pid``'s :class:`ProcStatus`, or ``None`` if ``/proc`` has no such task.
+
+    Raises:
+        FileNotFoundError: the system has no ``/proc``.
+    """
+    try:
+        with open(f"{_PROC}/{pid}/status", "rb") as f:
+            data = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        if not os.path.isdir(_PROC):
+            raise
+        return None
+    fields: dict[bytes, bytes] = {}
+    for line in data.splitlines():
+        key, _, value = line.partition(b":")
+        if key in {b"Tgid", b"PPid", b"Uid"}:
+            fields[key] = value.split()[0]
+    return ProcStatus(int(fields[b"Tgid"]), int(fields[b"PPid"]), int(fields[b"Uid"]))
+
+
+def ancestors(pid: int) -> tuple[int, ...]:
+    """The pids of ``pid``'s parent, grandparent, ... up to the namespace's root.
+
+    Empty without ``/proc``; stops where an ancestor has just exited.
+    """
+    chain: list[int] = []
+    seen = {pid}
+    while True:
+        try:
+            status = read_status(pid)
+        except FileNotFoundError:
+            return ()
+        if status is None or status.ppid <= 0 or status.ppid in seen:
+            return tuple(chain)
+        pid = status.ppid
+        chain.append(pid)
+        seen.add(pid)
+
+
+def is_descendant(pid: int, of: int) -> bool:
+    """True when process ``of`` is an ancestor of ``pid`` (``False`` without ``/proc``)."""
+    return of in ancestors(pid)
+
+
 def _open_pidfd(pid: int) -> int | None:
-    """A pidfd for ``pid``, or ``None`` where the OS has none."""
+    """A pidfd for ``pid``, or ``None`` where the OS has none.
+
+    Raises:
+        ProcessGoneError: there is no such process.
+        RefusedTargetError: ``pid`` is a thread id, not a process.
+    """
     pidfd_open = getattr(os, "pidfd_open", None)
     if pidfd_open is None:
         return None
@@ -84,10 +164,41 @@ def _open_pidfd(pid: int) -> int | None:
         fd: int = pidfd_open(pid)
     except ProcessLookupError:
         raise ProcessGoneError(f"no process with pid {pid}") from None
-    except OSError:
+    except OSError as exc:
+        # A thread id: EINVAL (up to Linux 6.8), ENOENT (since). Never a reason to fall
+        # back to the start time, which /proc/<tid>/stat has too.
+        if exc.errno == errno.EINVAL:
+            raise _not_a_process(pid) from None
+        if exc.errno == errno.ENOENT:
+            _check_leader(pid)
+            raise ProcessGoneError(f"no process with pid {pid}") from None
         return None  # ENOSYS (old kernel) or a seccomp filter: fall back to start time
     os.set_inheritable(fd, False)
     return fd
+
+
+def _not_a_process(pid: int) -> RefusedTargetError:
+    try:
+        status = read_status(pid)
+    except FileNotFoundError:
+        status = None
+    owner = f" of process {status.tgid}" if status is not None and status.tgid != pid else ""
+    return RefusedTargetError(
+        f"refusing pid {pid}: it is a thread{owner}, not a thread-group leader, and "
+        "signalling it would take its whole process"
+    )
+
+
+def _check_leader(pid: int) -> None:
+    """Refuse a thread id (``Tgid != pid``); a no-op without ``/proc``."""
+    try:
+        status = read_status(pid)
+    except FileNotFoundError:
+        return
+    if status is None:
+        raise ProcessGoneError(f"no process with pid {pid} (it has exited)")
+    if status.tgid != pid:
+        raise _not_a_process(pid)
 
 
 def _fd_readable(fd: int) -> bool:
@@ -113,12 +224,18 @@ class WorkerProcess:
         self._closed = False
 
     @classmethod
-    def pin(cls, pid: int) -> WorkerProcess:
+    def pin(cls, pid: int, *, start_time: int | None = None) -> WorkerProcess:
         """Pin the process that has ``pid`` now.
 
+        ``start_time``, when given, is the start time the worker reported when it sent
+        its request: a process with another start time is a successor that got the
+        worker's pid, and is not pinned.
+
         Raises:
-            RefusedTargetError: ``pid <= 0`` (those name process groups, not a process).
-            ProcessGoneError: there is no such process, or it has already exited.
+            RefusedTargetError: ``pid <= 0`` (those name process groups, not a process)
+                or ``pid`` is a thread id rather than a process's (thread-group leader's).
+            ProcessGoneError: there is no such process, it has already exited, or its
+                start time differs from ``start_time`` (the pid was reused).
         """
         if isinstance(pid, bool) or not isinstance(pid, int):
             raise TypeError(f"pid must be an int, got {type(pid).__name__}")
@@ -126,7 +243,13 @@ class WorkerProcess:
             raise RefusedTargetError(f"pid {pid} does not name a single process")
         pidfd = _open_pidfd(pid)
         try:
-            start_time = read_start_time(pid)
+            _check_leader(pid)
+            actual = read_start_time(pid)
+            if start_time is not None and actual is not None and actual != start_time:
+                raise ProcessGoneError(
+                    f"pid {pid} now names another process (start time {actual}, not the "
+                    f"{start_time} its request was sent with): the worker has exited"
+                )
             # The pidfd pins the process; if it is still running after the stat was read,
             # that stat was this process's and not a successor's.
             if pidfd is not None and _fd_readable(pidfd):
@@ -135,7 +258,7 @@ class WorkerProcess:
             if pidfd is not None:
                 os.close(pidfd)
             raise
-        return cls(pid, start_time, pidfd)
+        return cls(pid, actual, pidfd)
 
     @classmethod
     def _from_identity(

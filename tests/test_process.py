@@ -6,13 +6,20 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 
 import anyio
 import pytest
 
-from aiotimer._process import WorkerProcess, read_start_time
+from aiotimer._process import (
+    WorkerProcess,
+    ancestors,
+    is_descendant,
+    read_start_time,
+    read_status,
+)
 from aiotimer.errors import ProcessGoneError, ReapError, RefusedTargetError
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(20)]
@@ -247,3 +254,64 @@ def test_pin_rejects_non_int() -> None:
         WorkerProcess.pin(True)
     with pytest.raises(TypeError):
         WorkerProcess.pin("12")  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def thread_id() -> Iterator[int]:
+    """The thread id of a thread of this process, alive for the test."""
+    started, stop = threading.Event(), threading.Event()
+    tid: list[int] = []
+
+    def run() -> None:
+        tid.append(threading.get_native_id())
+        started.set()
+        stop.wait(30)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    assert started.wait(5)
+    try:
+        yield tid[0]
+    finally:
+        stop.set()
+        thread.join(5)
+
+
+@pytest.mark.parametrize("pidfd", [True, False], ids=["pidfd", "no-pidfd"])
+def test_a_thread_id_is_never_pinned(
+    thread_id: int, pidfd: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tid is refused, never pinned through the start time (kill(tid) takes its process)."""
+    assert thread_id != os.getpid()
+    if pidfd and not HAS_PIDFD:
+        pytest.skip("no pidfd_open here")
+    if not pidfd:
+        monkeypatch.delattr(os, "pidfd_open", raising=False)
+    with pytest.raises(RefusedTargetError, match=f"thread of process {os.getpid()}"):
+        WorkerProcess.pin(thread_id)
+
+
+def test_read_status_names_the_thread_group_and_parent(thread_id: int) -> None:
+    me = read_status(os.getpid())
+    assert me is not None
+    assert (me.tgid, me.ppid, me.uid) == (os.getpid(), os.getppid(), os.getuid())
+    thread = read_status(thread_id)
+    assert thread is not None and thread.tgid == os.getpid()
+
+
+def test_pin_refuses_a_start_time_that_differs(child: subprocess.Popen[bytes]) -> None:
+    """A request sent by an earlier owner of the pid (another start time) pins nothing."""
+    actual = read_start_time(child.pid)
+    assert actual is not None
+    with pytest.raises(ProcessGoneError, match="now names another process"):
+        WorkerProcess.pin(child.pid, start_time=actual - 1)
+    with WorkerProcess.pin(child.pid, start_time=actual) as worker:
+        assert worker.start_time == actual
+
+
+def test_ancestors_and_descendants(child: subprocess.Popen[bytes]) -> None:
+    mine = ancestors(os.getpid())
+    assert mine[0] == os.getppid()
+    assert ancestors(child.pid)[: len(mine) + 1] == (os.getpid(), *mine)
+    assert is_descendant(child.pid, os.getpid())
+    assert not is_descendant(os.getpid(), child.pid)
