@@ -1,21 +1,54 @@
 """A job's state across nodes, and job-wide restarts, through etcd v3.
 
 Each node (a supervisor or a server) publishes its record under
-``/aiotimer/v1/<job>/nodes/<node>``, attached to its own lease; ``aiotimer status
---etcd`` reads the job view from there. Everything talks to a :class:`Store` (the few
-etcd v3 operations it needs); :func:`connect` opens the etcd one, which needs the
-``aiotimer[etcd]`` extra, and :class:`aiotimer.testing.MemoryStore` is the in-memory one
-for tests.
+``/aiotimer/v1/<job>/nodes/<node>``, attached to its own lease, with a
+:class:`NodePublisher`; :func:`read_view` builds the job view ``aiotimer status
+--etcd`` prints; :class:`JobRestarts` keeps the job-wide restart generation that
+``aiotimer run --restart-scope job`` restarts every node's workers by. Everything talks
+to a :class:`Store` (the few etcd v3 operations needed): :func:`connect` opens the etcd
+one, which needs the ``aiotimer[etcd]`` extra; :class:`aiotimer.testing.MemoryStore` is
+the in-memory one for tests.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from aiotimer.cluster._generation import GenerationRecord
+from aiotimer.cluster._job import JobRestarts
+from aiotimer.cluster._publisher import NodePublisher, NodeStatus
+from aiotimer.cluster._record import (
+    MemberRecord,
+    NodeRecord,
+    ReapRecord,
+    WorkerRecord,
+    decode,
+    generation_key,
+    member_key,
+    node_key,
+)
 from aiotimer.cluster._store import Entry, Store
+from aiotimer.cluster._view import JobView, NodeRow, build_view, format_view
 from aiotimer.errors import MissingExtraError
 
-__all__ = ["Entry", "Store", "connect"]
+__all__ = [
+    "Entry",
+    "GenerationRecord",
+    "JobRestarts",
+    "JobView",
+    "MemberRecord",
+    "NodePublisher",
+    "NodeRecord",
+    "NodeRow",
+    "NodeStatus",
+    "ReapRecord",
+    "Store",
+    "WorkerRecord",
+    "build_view",
+    "connect",
+    "format_view",
+    "read_view",
+]
 
 #: What to tell a user who asked for etcd without the client library.
 MISSING_ETCD = "aiotimer[etcd] is required for --etcd: pip install 'aiotimer[etcd]'"
@@ -36,3 +69,23 @@ def connect(endpoints: str | Sequence[str], *, timeout: float = 5.0) -> Store:
     except ImportError as exc:
         raise MissingExtraError(MISSING_ETCD) from exc
     return EtcdStore(endpoints, timeout=timeout)
+
+
+async def read_view(store: Store, job: str, *, now: float) -> JobView:
+    """Read job ``job``'s records from ``store`` and build its view at wall time ``now``.
+
+    Records that do not decode are skipped.
+
+    Raises:
+        StoreUnavailableError: the store cannot be reached.
+    """
+    nodes = await store.get_prefix(node_key(job, ""))
+    members = await store.get_prefix(member_key(job, ""))
+    generation = await store.get(generation_key(job))
+    return build_view(
+        job,
+        [r for e in nodes if (r := decode(NodeRecord, e.value)) is not None],
+        [m for e in members if (m := decode(MemberRecord, e.value)) is not None],
+        None if generation is None else decode(GenerationRecord, generation.value),
+        now,
+    )
