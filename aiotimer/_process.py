@@ -40,6 +40,7 @@ from typing import Final, NamedTuple
 
 import anyio
 
+from aiotimer._kill_policy import ServerIdentity, Target
 from aiotimer.errors import ProcessGoneError, ReapError, RefusedTargetError
 
 __all__ = [
@@ -49,6 +50,7 @@ __all__ = [
     "is_descendant",
     "read_start_time",
     "read_status",
+    "server_identity",
 ]
 
 _PROC: Final[str] = "/proc"
@@ -148,6 +150,12 @@ def ancestors(pid: int) -> tuple[int, ...]:
 def is_descendant(pid: int, of: int) -> bool:
     """True when process ``of`` is an ancestor of ``pid`` (``False`` without ``/proc``)."""
     return of in ancestors(pid)
+
+
+def server_identity() -> ServerIdentity:
+    """This process as the kill policy sees it (read afresh: ancestors can change)."""
+    pid = os.getpid()
+    return ServerIdentity(pid, os.geteuid(), os.getpgrp(), frozenset(ancestors(pid)))
 
 
 def _open_pidfd(pid: int) -> int | None:
@@ -312,6 +320,24 @@ class WorkerProcess:
         if stat is None or stat[0] in _EXITED_STATES:
             return False
         return self._start_time is None or stat[1] == self._start_time
+
+    def target(self, server_pid: int) -> Target:
+        """The facts a kill policy judges this worker by (read now, from ``/proc``).
+
+        ``server_pid`` is the process whose descendants count as descendants.
+        """
+        pid = self._pid
+        try:
+            status = read_status(pid)
+            descendant: bool | None = server_pid in ancestors(pid)
+        except FileNotFoundError:  # no /proc: unknown
+            status, descendant = None, None
+        try:
+            pgid: int | None = os.getpgid(pid)
+        except OSError:
+            pgid = None
+        uid = None if status is None else status.uid
+        return Target(pid, registered=not self._closed, uid=uid, descendant=descendant, pgid=pgid)
 
     def send_signal(self, signum: int, *, group: bool = False) -> None:
         """Send ``signum`` to this process, or with ``group=True`` to its process group.

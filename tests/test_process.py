@@ -19,6 +19,7 @@ from aiotimer._process import (
     is_descendant,
     read_start_time,
     read_status,
+    server_identity,
 )
 from aiotimer.errors import ProcessGoneError, ReapError, RefusedTargetError
 
@@ -315,3 +316,15 @@ def test_ancestors_and_descendants(child: subprocess.Popen[bytes]) -> None:
     assert ancestors(child.pid)[: len(mine) + 1] == (os.getpid(), *mine)
     assert is_descendant(child.pid, os.getpid())
     assert not is_descendant(os.getpid(), child.pid)
+
+
+def test_policy_facts_of_a_child_and_of_the_server(child: subprocess.Popen[bytes]) -> None:
+    server = server_identity()
+    assert (server.pid, server.uid, server.pgid) == (os.getpid(), os.geteuid(), os.getpgrp())
+    assert os.getppid() in server.ancestors
+    with WorkerProcess.pin(child.pid) as worker:
+        facts = worker.target(os.getpid())
+        assert (facts.pid, facts.uid, facts.pgid) == (child.pid, os.getuid(), os.getpgrp())
+        assert facts.registered and facts.descendant
+        assert worker.target(child.pid).descendant is False
+    assert not worker.target(os.getpid()).registered  # a closed handle proves nothing
