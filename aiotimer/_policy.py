@@ -22,10 +22,12 @@ Where the plan comes from (first rule that applies):
    keys; see :meth:`ReapPolicy.escalation_for`) rendered by :meth:`Escalation.steps`:
    ``[DumpStacks] -> [soft signal -> Wait(grace)] -> kill signal``.
 
-The shell can run a plan itself, or let an :class:`Escalator` tell it, given ``now`` and
-whether the worker is still alive, the next action; waits come out of it as absolute
-deadlines (:class:`WaitUntil`) so the shell only ever sleeps until a deadline or until the
-worker exits, whichever is first.
+The shell carries a plan out through an :class:`Escalator`: it performs the action the
+escalator hands out, tells it what became of that action (a :class:`Result`) and gets the
+next one. Failed signals are retried by the escalator too, with back-off
+(:class:`ReapRetry`), and finally abandoned. Waits (grace periods, back-offs, the
+confirmation window) come out of it as absolute deadlines (:class:`WaitUntil`), so the
+shell only ever sleeps until a deadline or until the worker exits, whichever is first.
 """
 
 from __future__ import annotations
@@ -36,8 +38,8 @@ import signal as _signal
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from aiotimer._protocol import Request
 from aiotimer._table import Timer
+from aiotimer.events import signal_name
 
 __all__ = [
     "Action",
@@ -46,6 +48,8 @@ __all__ = [
     "Escalator",
     "Outcome",
     "ReapPolicy",
+    "ReapRetry",
+    "Result",
     "SendSignal",
     "Step",
     "Wait",
@@ -148,7 +152,7 @@ class ReapPolicy:
             after the last step before it declares the worker unkillable (or surviving).
 
     The request's extension keys (``grace``, ``group``, ``dump``; see the protocol docs)
-    are honoured when the timer's ``options`` holds its :class:`~aiotimer.Request`.
+    are honoured through the timer's :class:`~aiotimer._table.ReapOptions`.
     """
 
     __slots__ = ("default", "shadow", "unkillable_after")
@@ -177,10 +181,10 @@ class ReapPolicy:
         """
         if timer.signal <= 0:
             return None
-        req = timer.options if isinstance(timer.options, Request) else None
-        grace = req.grace if req is not None else None
-        group = req is not None and req.group
-        dump = req is not None and req.dump
+        options = timer.options
+        grace = None if options is None else options.grace
+        group = options is not None and options.group
+        dump = options is not None and options.dump
         ladder = self.default
         if ladder is not None:
             return Escalation(
@@ -214,9 +218,10 @@ class ReapPolicy:
             return ()
         return self.intended(timer)
 
-    def escalator(self, timer: Timer) -> Escalator:
-        """An :class:`Escalator` running :meth:`plan` for ``timer``."""
-        return Escalator(self.plan(timer), confirm=self.unkillable_after)
+    def escalator(self, timer: Timer, *, retry: ReapRetry | None = None) -> Escalator:
+        """An :class:`Escalator` running :meth:`plan` for ``timer`` (failed signals
+        retried as ``retry`` says)."""
+        return Escalator(self.plan(timer), confirm=self.unkillable_after, retry=retry)
 
     def __repr__(self) -> str:
         mode = " shadow" if self.shadow else ""
@@ -224,6 +229,27 @@ class ReapPolicy:
 
 
 # -- carrying a plan out ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ReapRetry:
+    """How a failed signal is retried: ``attempts`` in all, the delay growing from
+    ``initial`` by ``factor`` per attempt up to ``maximum`` seconds."""
+
+    attempts: int = 6
+    initial: float = 0.1
+    maximum: float = 5.0
+    factor: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1:
+            raise ValueError("attempts must be at least 1")
+        if not (0 <= self.initial <= self.maximum and self.factor >= 1):
+            raise ValueError("need 0 <= initial <= maximum and factor >= 1")
+
+    def delay(self, attempt: int) -> float:
+        """Seconds to wait after failed attempt number ``attempt`` (1-based)."""
+        return float(min(self.maximum, self.initial * self.factor ** (attempt - 1)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,6 +261,19 @@ class WaitUntil:
 
 #: What :meth:`Escalator.next` asks the shell to do.
 Action = SendSignal | DumpStacks | WaitUntil
+
+
+class Result(enum.Enum):
+    """What became of the action an :class:`Escalator` handed out (told back to it)."""
+
+    #: Carried out: the signal was sent, the dump is over, the wait ran out.
+    DONE = "done"
+    #: The signal could not be sent (e.g. permission denied); it may be retried.
+    FAILED = "failed"
+    #: The signal must never be sent (the target is refused); it is not retried.
+    REFUSED = "refused"
+    #: The worker is gone (it exited, or was found gone when signalled).
+    EXITED = "exited"
 
 
 class Outcome(enum.Enum):
@@ -251,37 +290,64 @@ class Outcome(enum.Enum):
     UNKILLABLE = "unkillable"
     #: The worker was still alive ``confirm`` seconds after a final non-SIGKILL signal.
     SURVIVED = "survived"
+    #: A signal failed on every attempt (or was refused); the rest of the plan is dropped.
+    ABANDONED = "abandoned"
 
 
 class Escalator:
-    """Runs one plan: given ``now`` and whether the worker lives, the next action.
+    """Runs one plan: told what became of each action, hands out the next.
 
     The shell loops::
 
-        esc = policy.escalator(timer)
-        while (action := esc.next(clock.monotonic(), worker.alive)) is not None:
+        esc = policy.escalator(timer, retry=retry)
+        action = esc.next(clock.monotonic())
+        while action is not None:
             match action:
-                case SendSignal(): signal the worker (or its group)
-                case DumpStacks(): await the dump, bounded by action.timeout
+                case SendSignal(): signal the worker (or its group) -> DONE, FAILED, ...
+                case DumpStacks(): await the dump, bounded by action.timeout -> DONE
                 case WaitUntil(): sleep until action.deadline or the worker's exit
+            action = esc.next(clock.monotonic(), result)
         report(esc.outcome)
 
-    A dead worker ends the plan at once: nothing is signalled after it is gone. With
+    A gone worker (:attr:`Result.EXITED`) ends the plan at once: nothing is signalled
+    after it is gone. A failed signal is handed out again after a back-off wait, up to
+    ``retry.attempts`` attempts in all (:attr:`attempt` counts them), then the plan is
+    abandoned (:attr:`Outcome.ABANDONED`); a refused one is abandoned at once. With
     ``confirm`` set (and a signal in the plan), the escalator waits that long after the
     last step and then reports :attr:`Outcome.UNKILLABLE` (or :attr:`Outcome.SURVIVED`)
-    if the worker still lives.
-    Pure: time only enters through ``now``.
+    if the worker still lives. Pure: time only enters through ``now``.
     """
 
-    __slots__ = ("_confirm", "_deadline", "_index", "_outcome", "_plan", "_taken")
+    __slots__ = (
+        "_attempt",
+        "_backoff",
+        "_confirm",
+        "_deadline",
+        "_index",
+        "_outcome",
+        "_plan",
+        "_retry",
+        "_retry_at",
+        "_taken",
+    )
 
-    def __init__(self, plan: Sequence[Step], *, confirm: float | None = None) -> None:
+    def __init__(
+        self,
+        plan: Sequence[Step],
+        *,
+        confirm: float | None = None,
+        retry: ReapRetry | None = None,
+    ) -> None:
         if confirm is not None:
             _check_seconds("confirm", confirm)
         self._plan = tuple(plan)
         self._confirm = confirm
+        self._retry = retry if retry is not None else ReapRetry()
         self._index = 0
         self._deadline: float | None = None
+        self._retry_at: float | None = None
+        self._attempt = 0
+        self._backoff = 0.0
         self._outcome: Outcome | None = None
         self._taken: list[Step] = []
 
@@ -297,16 +363,44 @@ class Escalator:
 
     @property
     def taken(self) -> tuple[Step, ...]:
-        """The signal and dump steps handed out so far, in order."""
+        """The signal and dump steps handed out so far, in order (retries not repeated)."""
         return tuple(self._taken)
 
-    def next(self, now: float, worker_alive: bool) -> Action | None:
-        """The next action at monotonic time ``now``, or ``None`` when finished."""
+    @property
+    def attempt(self) -> int:
+        """The number of the latest attempt at the current signal (1 for the first)."""
+        return self._attempt
+
+    @property
+    def backoff(self) -> float:
+        """Seconds of the latest back-off before a failed signal's next attempt."""
+        return self._backoff
+
+    def next(self, now: float, result: Result = Result.DONE) -> Action | None:
+        """The next action at monotonic time ``now``, given what became of the last one
+        (``result``; for the first call, the default), or ``None`` when finished."""
         if self._outcome is not None:
             return None
-        if not worker_alive:
+        if result is Result.EXITED:
             self._outcome = Outcome.EXITED
             return None
+        if result is Result.REFUSED or (
+            result is Result.FAILED and self._attempt >= self._retry.attempts
+        ):
+            self._outcome = Outcome.ABANDONED
+            return None
+        if result is Result.FAILED:
+            self._backoff = self._retry.delay(self._attempt)
+            self._retry_at = now + self._backoff
+            return WaitUntil(self._retry_at)
+        if self._retry_at is not None:  # backing off before another attempt
+            if now < self._retry_at:
+                return WaitUntil(self._retry_at)
+            self._retry_at = None
+            self._attempt += 1
+            again = self._taken[-1]
+            assert isinstance(again, SendSignal)  # only a signal can fail
+            return again
         while self._index < len(self._plan):
             step = self._plan[self._index]
             if isinstance(step, Wait):
@@ -316,6 +410,7 @@ class Escalator:
             else:
                 self._index += 1
                 self._taken.append(step)
+                self._attempt = 1
                 return step
             self._index += 1
         if not self._plan:
@@ -346,13 +441,6 @@ class Escalator:
         return f"<Escalator {state}: {where} of {format_plan(self._plan)}>"
 
 
-def _signal_name(signum: int) -> str:
-    try:
-        return _signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
-
-
 def format_plan(plan: Sequence[Step]) -> str:
     """A short human-readable rendering of a plan, for events and logs.
 
@@ -368,5 +456,5 @@ def format_plan(plan: Sequence[Step]) -> str:
         elif isinstance(step, Wait):
             parts.append(f"wait {step.seconds:g}s")
         else:
-            parts.append(_signal_name(step.signum) + (" to group" if step.group else ""))
+            parts.append(signal_name(step.signum) + (" to group" if step.group else ""))
     return " -> ".join(parts)

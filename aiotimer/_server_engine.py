@@ -11,27 +11,26 @@ exits.
 One *expiry* task sleeps until the table's next deadline (forever when it is empty)
 inside a cancel scope. When a request brings a deadline earlier than the one being slept
 on, ``submit`` cancels that scope and the task re-arms at once. There is no polling
-interval: an idle engine makes no wake-ups (``Counters.wakeups`` counts them). On the
-event loop's clock the task wakes :data:`SLEEP_MARGIN` before a deadline and yields until
-it falls, since loop timers only wake to the millisecond; a deadline already due when it
-looks is handled at once, without another sleep. Deadlines that fall while the loop is
-busy elsewhere are caught by ``submit`` too: after applying a batch it handles whatever
-has come due, so that ingesting a burst of input does not hold up an expiry.
+interval: an idle engine makes no wake-ups (``Counters.wakeups`` counts them). The
+clock's ``sleep_until`` never returns before the deadline, so the task handles what is
+due as soon as it wakes. Deadlines that fall while the loop is busy elsewhere are caught
+by ``submit`` too: after applying a batch it handles whatever has come due, so that
+ingesting a burst of input does not hold up an expiry.
 
 Expired timers are handled in deadline order: the policy turns each into a plan
 (:mod:`aiotimer._policy`). An empty plan is "report only". Otherwise the worker's other
-timers are cleared and one *reap* task per worker carries the plan out through the
-policy's :class:`~aiotimer._policy.Escalator`, so a slow reap
-(a grace wait, a retry back-off) never delays another expiry. When the plan starts with
-a signal and the reaper can signal without blocking
-(:class:`~aiotimer.reapers.NonBlockingReaper`), that first signal goes out inline, in the
-expiry handler, before anything else is done about the timer (a spawned task would only
-run one loop iteration later, perhaps after a chunk of input to decode); its outcome is
-reported right after the :class:`~aiotimer.events.TimerExpired` event, and the reap task
-resumes after it, retrying it if it failed. A failed signal is
-reported and retried with exponential back-off, and finally reported as abandoned; it is
-never reported as success. A :class:`~aiotimer._policy.DumpStacks` step's text rides on
-the :class:`~aiotimer.events.StacksDumped` event and on every later
+timers are cleared and the plan is carried out through the policy's
+:class:`~aiotimer._policy.Escalator`: the engine performs the action it hands out, tells
+it the :class:`~aiotimer._policy.Result` and gets the next, in one short loop. The first
+action is taken right in the expiry handler, so a first signal leaves at the deadline,
+before anything else is done about the timer (its outcome is reported right after the
+:class:`~aiotimer.events.TimerExpired` event); the rest runs in one *reap* task per
+worker, so a slow reap (a grace wait, a retry back-off) never delays another expiry.
+Signals never block (``kill(2)``, ``pidfd_send_signal(2)``): :meth:`Reaper.signal` is
+synchronous. A failed signal is reported and retried with back-off, and finally
+reported as abandoned; it is never reported as success. A
+:class:`~aiotimer._policy.DumpStacks` step's text rides on the
+:class:`~aiotimer.events.StacksDumped` event and on every later
 :class:`~aiotimer.events.WorkerReaped` of the same reap.
 
 Statistics (:mod:`aiotimer._stats`): a timer released in time records its duration
@@ -49,18 +48,20 @@ import logging
 import math
 import os
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import anyio
 import anyio.abc
 
-from aiotimer._clock import Clock, MonotonicClock
+from aiotimer._clock import Clock
 from aiotimer._policy import (
     Action,
     DumpStacks,
     Escalator,
     Outcome,
     ReapPolicy,
+    ReapRetry,
+    Result,
     SendSignal,
     Step,
     Wait,
@@ -68,9 +69,10 @@ from aiotimer._policy import (
 )
 from aiotimer._protocol import Decoded, Request
 from aiotimer._stats import DurationStats, Overdue, SiteSummary
-from aiotimer._table import Timer, TimerTable
+from aiotimer._table import ReapOptions, Timer, TimerTable
 from aiotimer.errors import ProcessGoneError, RefusedTargetError
 from aiotimer.events import (
+    Counters,
     Event,
     ReapAbandoned,
     ReapFailed,
@@ -84,87 +86,25 @@ from aiotimer.events import (
     WorkerSurvived,
     WorkerUnknown,
 )
-from aiotimer.reapers import NonBlockingReaper, Reaper, as_nonblocking
+from aiotimer.reapers import Reaper
 from aiotimer.sources._base import Source
 
-__all__ = ["DUMP_SLACK", "SLEEP_MARGIN", "Counters", "Engine", "ReapRetry", "serve_source"]
+__all__ = ["DUMP_SLACK", "Counters", "Engine", "ReapRetry", "serve_source"]
 
 logger = logging.getLogger("aiotimer")
 
 #: Seconds a reaper's ``dump_stacks`` may overrun its timeout before the engine cuts it off.
 DUMP_SLACK = 1.0
 
-#: With the event loop's clock (:class:`~aiotimer._clock.MonotonicClock`), the expiry
-#: task sleeps until this many seconds before a live deadline, then yields to the loop
-#: (one iteration at a time, so I/O goes on) until the deadline is reached. Loop timers
-#: have millisecond granularity (uvloop rounds a delay to whole ms of a cached clock;
-#: asyncio rounds epoll's timeout up), so a sleep until the deadline itself wakes ~0.3 ms
-#: late on average and up to ~1.5 ms. The price: up to this much CPU per expiry.
-SLEEP_MARGIN = 0.001
-
-
-@dataclass(frozen=True, slots=True)
-class ReapRetry:
-    """How a failed signal is retried: ``attempts`` in all, the delay growing from
-    ``initial`` by ``factor`` per attempt up to ``maximum`` seconds."""
-
-    attempts: int = 6
-    initial: float = 0.1
-    maximum: float = 5.0
-    factor: float = 2.0
-
-    def __post_init__(self) -> None:
-        if self.attempts < 1:
-            raise ValueError("attempts must be at least 1")
-        if not (0 <= self.initial <= self.maximum and self.factor >= 1):
-            raise ValueError("need 0 <= initial <= maximum and factor >= 1")
-
-    def delay(self, attempt: int) -> float:
-        """Seconds to wait after failed attempt number ``attempt`` (1-based)."""
-        return float(min(self.maximum, self.initial * self.factor ** (attempt - 1)))
-
-
-@dataclass(frozen=True, slots=True)
-class Counters:
-    """What a server run has done so far.
-
-    ``requests`` counts valid requests received; ``acquired``/``released`` the timers set
-    and released in time; ``expired`` the deadlines passed; ``reaped`` the signals
-    delivered; ``reap_failed`` the failed signal attempts; ``rejected`` the bad inputs;
-    ``workers_exited`` the workers seen exiting; ``wakeups`` the times the expiry task
-    woke up; ``events_dropped`` the events the event log had no room for.
-    """
-
-    requests: int = 0
-    acquired: int = 0
-    released: int = 0
-    expired: int = 0
-    reaped: int = 0
-    reap_failed: int = 0
-    rejected: int = 0
-    workers_exited: int = 0
-    wakeups: int = 0
-    events_dropped: int = 0
-
-
-@dataclass(slots=True)
-class _Counts:
-    requests: int = 0
-    acquired: int = 0
-    released: int = 0
-    expired: int = 0
-    reaped: int = 0
-    reap_failed: int = 0
-    rejected: int = 0
-    workers_exited: int = 0
-    wakeups: int = 0
-
 
 @dataclass(slots=True, eq=False)
 class _Worker:
+    """A watched worker. Its anyio primitives are made in its watcher task (``submit``
+    may run outside any task, where anyio cannot make them)."""
+
     pid: int
-    exited: anyio.Event = field(default_factory=anyio.Event)
-    watch: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    exited: anyio.Event | None = None  # set when it is gone; made by the first waiter
+    watch: anyio.CancelScope | None = None  # the watcher's, once it runs
     reaping: bool = False
     gone: bool = False
 
@@ -175,11 +115,10 @@ class _Reap:
 
     worker: _Worker
     escalator: Escalator
-    first: Action | None  # the escalator's first action, taken when the timer expired
     steps: int  # the plan's signal and dump steps
     scopes: tuple[str, ...] = ()  # the worker's timers this reap clears
     stacks: str | None = None  # the dump's text, once a DumpStacks step ran
-    verdict: float | bool | None = None  # of ``first``'s attempt 1 if made inline
+    error: str = ""  # the last failed signal's error, until it is reported
 
 
 class _StartedProxy:
@@ -212,21 +151,19 @@ class Engine:
         self_kill_after_reap: bool,
     ) -> None:
         self.table = TimerTable()
-        self.counts = _Counts()
+        self.counts = Counters()
         self.stats = DurationStats()
         self.overdue = Overdue()
         self.last_progress: float | None = None
         self._tg = task_group
         self._clock = clock
         self._reaper = reaper
-        self._nonblocking = as_nonblocking(reaper)
         self._policy = policy
         self._emit = emit
         self._retry = retry
         self._request_events = request_events
         self._self_kill = self_kill_after_reap
         self._own_pid = os.getpid()
-        self._margin = SLEEP_MARGIN if isinstance(clock, MonotonicClock) else 0.0
         self._workers: dict[int, _Worker] = {}
         self._armed = -math.inf  # the deadline the expiry task sleeps until
         self._sleep_scope: anyio.CancelScope | None = None
@@ -271,8 +208,10 @@ class Engine:
             self._emit(WorkerUnknown(time=wall, pid=pid, scope_id=req.scope_id, source=source))
             return
         deadline = req.deadline(mono, wall)
-        extended = req.grace is not None or req.group or req.dump
-        timer = Timer(pid, req.scope_id, deadline, req.signal, mono, req if extended else None)
+        options = None
+        if req.grace is not None or req.group or req.dump:
+            options = ReapOptions(req.grace, req.group, req.dump)
+        timer = Timer(pid, req.scope_id, deadline, req.signal, mono, options)
         self.table.acquire(timer)
         self.counts.acquired += 1
         if deadline < self._armed and self._sleep_scope is not None:
@@ -304,7 +243,9 @@ class Engine:
         return attached
 
     async def _watch(self, worker: _Worker) -> None:
-        with worker.watch:
+        if worker.gone:
+            return
+        with anyio.CancelScope() as worker.watch:
             try:
                 await self._reaper.wait_exit(worker.pid)
             except Exception:
@@ -316,8 +257,10 @@ class Engine:
         if worker.gone:
             return
         worker.gone = True
-        worker.exited.set()
-        worker.watch.cancel()
+        if worker.exited is not None:
+            worker.exited.set()
+        if worker.watch is not None:
+            worker.watch.cancel()
         if self._workers.get(worker.pid) is worker:
             del self._workers[worker.pid]
         self._detach(worker.pid)
@@ -357,27 +300,25 @@ class Engine:
 
     async def run_expiry(self) -> None:
         """Sleep until the next deadline (or a re-arm), then handle what expired; forever."""
-        table, clock, margin = self.table, self._clock, self._margin
+        table, clock = self.table, self._clock
         while True:
             deadline = table.next_deadline()
             now = clock.monotonic()
             if deadline is not None and deadline <= now:
                 self._expire_due(now)
-            elif deadline is not None and deadline - now <= margin:
-                await anyio.lowlevel.checkpoint()  # it is about to fall: yield, look again
-            else:
-                with anyio.CancelScope() as scope:
-                    self._sleep_scope = scope
-                    if deadline is None:
-                        self._armed = math.inf
-                        await anyio.sleep_forever()
-                    else:
-                        self._armed = deadline
-                        await clock.sleep_until(deadline - margin)
-                self._sleep_scope = None
-                self._armed = -math.inf
-                self.counts.wakeups += 1
-                self.last_progress = clock.monotonic()
+                continue
+            with anyio.CancelScope() as scope:
+                self._sleep_scope = scope
+                if deadline is None:
+                    self._armed = math.inf
+                    await anyio.sleep_forever()
+                else:
+                    self._armed = deadline
+                    await clock.sleep_until(deadline)
+            self._sleep_scope = None
+            self._armed = -math.inf
+            self.counts.wakeups += 1
+            self.last_progress = clock.monotonic()
 
     def _expire_due(self, now: float) -> None:
         """Handle every timer due at ``now``, in deadline order."""
@@ -391,15 +332,16 @@ class Engine:
         policy = self._policy
         plan: Sequence[Step] = () if worker is None else policy.plan(timer)
         reap: _Reap | None = None
-        inline: tuple[SendSignal, Exception | None] | None = None
+        first: Action | None = None
+        error: Exception | None = None
         if plan and worker is not None and not worker.reaping:
-            # Start the reap first: its first signal may go out right here, inline.
+            # Start the reap first: its first signal leaves right here, at the deadline.
             worker.reaping = True
-            escalator = policy.escalator(timer)
-            first = escalator.next(now, True)
-            reap = _Reap(worker, escalator, first, sum(not isinstance(s, Wait) for s in plan))
-            if isinstance(first, SendSignal) and self._nonblocking is not None:
-                inline = first, self._attempt_nowait(self._nonblocking, worker.pid, first)
+            escalator = Escalator(plan, confirm=policy.unkillable_after, retry=self._retry)
+            reap = _Reap(worker, escalator, sum(not isinstance(s, Wait) for s in plan))
+            first = escalator.next(now)
+            if isinstance(first, SendSignal):
+                error = self._signal(worker.pid, first)
         self.stats.record_expired(timer.scope_id, max(0.0, now - timer.acquired_at))
         if not plan:  # the block runs on: its release will tell how long it took
             self.overdue.add(timer.key, timer.acquired_at)
@@ -426,141 +368,121 @@ class Engine:
             return  # report only, or the reap in progress covers this timer too
         others = self.table.clear_worker(timer.pid)
         reap.scopes = (timer.scope_id, *(t.scope_id for t in others))
-        if inline is not None:  # report the inline attempt, after TimerExpired
-            reap.verdict = self._judge(reap, inline[0], 1, 1, inline[1])
-        self._tg.start_soon(self._reap, reap, name=f"aiotimer-reap-{timer.pid}")
+        if isinstance(first, SendSignal):
+            first = self._next(reap, self._sent(reap, first, error))
+        if first is None:
+            reap.worker.reaping = False
+        else:
+            self._tg.start_soon(self._reap, reap, first, name=f"aiotimer-reap-{timer.pid}")
 
     # -- reaping ----------------------------------------------------------------------
 
-    async def _reap(self, reap: _Reap) -> None:
-        """Carry out ``reap``'s plan, from its first action (already taken, perhaps run)."""
-        worker, escalator, clock = reap.worker, reap.escalator, self._clock
-        action: Action | None = reap.first
+    async def _reap(self, reap: _Reap, action: Action | None) -> None:
+        """Carry out the rest of ``reap``'s plan, from ``action`` on."""
+        worker = reap.worker
         try:
             while action is not None:
-                number = len(escalator.taken)
                 if isinstance(action, SendSignal):
-                    verdict, reap.verdict = reap.verdict, None
-                    delivered = await self._send(reap, action, number, verdict)
-                    if not delivered and not worker.gone:
-                        return  # abandoned (and reported); the worker stays watched
+                    result = self._sent(reap, action, self._signal(worker.pid, action))
                 elif isinstance(action, DumpStacks):
+                    number = len(reap.escalator.taken)
                     reap.stacks = await self._dump(worker, action, number, reap.steps)
+                    result = Result.EXITED if worker.gone else Result.DONE
                 else:
-                    await self._wait_exit(worker, action.deadline)
-                action = escalator.next(clock.monotonic(), not worker.gone)
-            if escalator.outcome in (Outcome.UNKILLABLE, Outcome.SURVIVED):
-                last = escalator.taken[-1]
-                self._emit(
-                    WorkerSurvived(
-                        time=clock.time(),
-                        pid=worker.pid,
-                        signal=last.signum if isinstance(last, SendSignal) else 0,
-                        unkillable=escalator.outcome is Outcome.UNKILLABLE,
-                        waited=self._policy.unkillable_after,
-                    )
-                )
+                    exited = await self._wait_exit(worker, action.deadline)
+                    result = Result.EXITED if exited else Result.DONE
+                action = self._next(reap, result)
         finally:
             worker.reaping = False
 
-    async def _send(
-        self, reap: _Reap, step: SendSignal, number: int, verdict: float | bool | None
-    ) -> bool:
-        """Deliver one signal, retrying failures; ``True`` if it was delivered.
-
-        ``verdict`` is attempt 1's (see :meth:`_judge`) when it was already made inline.
-        """
-        worker, attempt = reap.worker, 1
-        if verdict is None:
-            verdict = self._judge(reap, step, number, 1, await self._attempt(worker.pid, step))
-        while not isinstance(verdict, bool):
-            if await self._wait_exit(worker, self._clock.monotonic() + verdict):
-                return False
-            attempt += 1
-            error = await self._attempt(worker.pid, step)
-            verdict = self._judge(reap, step, number, attempt, error)
-        return verdict
-
-    async def _attempt(self, pid: int, step: SendSignal) -> Exception | None:
-        """Signal once through the reaper; the error it raised, if any."""
+    def _signal(self, pid: int, step: SendSignal) -> Exception | None:
+        """Send ``step`` through the reaper; the error it raised, if any."""
         try:
-            await self._reaper.signal(pid, step.signum, group=step.group)
+            self._reaper.signal(pid, step.signum, group=step.group)
         except Exception as exc:
             return exc
         return None
 
-    @staticmethod
-    def _attempt_nowait(reaper: NonBlockingReaper, pid: int, step: SendSignal) -> Exception | None:
-        """:meth:`_attempt`, inline."""
-        try:
-            reaper.signal_nowait(pid, step.signum, group=step.group)
-        except Exception as exc:
-            return exc
-        return None
-
-    def _judge(
-        self,
-        reap: _Reap,
-        step: SendSignal,
-        number: int,
-        attempt: int,
-        error: Exception | None,
-    ) -> float | bool:
-        """Report how attempt number ``attempt`` to send ``step`` went (``error`` is what
-        it raised, if anything) and decide what comes next: ``True`` delivered, ``False``
-        given up (the worker is gone, or the reap is abandoned), or the seconds to wait
-        before the next attempt."""
-        worker, clock = reap.worker, self._clock
-        pid, signum = worker.pid, step.signum
+    def _sent(self, reap: _Reap, step: SendSignal, error: Exception | None) -> Result:
+        """Report a delivered signal (``error`` is what sending it raised, if anything);
+        what to tell the escalator (a failure is reported by :meth:`_next`)."""
+        worker = reap.worker
         if isinstance(error, ProcessGoneError):
             self._worker_gone(worker, "gone before signal")
-            return False
+            return Result.EXITED
         if error is not None:
             self.counts.reap_failed += 1
-            text = f"{type(error).__name__}: {error}"
-            if isinstance(error, RefusedTargetError) or attempt >= self._retry.attempts:
-                self._emit(
-                    ReapAbandoned(
-                        time=clock.time(), pid=pid, signal=signum, error=text, attempts=attempt
-                    )
-                )
-                return False
-            delay = self._retry.delay(attempt)
-            self._emit(
-                ReapFailed(
-                    time=clock.time(),
-                    pid=pid,
-                    signal=signum,
-                    error=text,
-                    attempt=attempt,
-                    retry_in=delay,
-                )
-            )
-            return delay
+            reap.error = f"{type(error).__name__}: {error}"
+            return Result.REFUSED if isinstance(error, RefusedTargetError) else Result.FAILED
         self.counts.reaped += 1
         self._emit(
             WorkerReaped(
-                time=clock.time(),
-                pid=pid,
-                signal=signum,
+                time=self._clock.time(),
+                pid=worker.pid,
+                signal=step.signum,
                 group=step.group,
                 scopes=reap.scopes,
-                step=number,
+                step=len(reap.escalator.taken),
                 steps=reap.steps,
                 stacks=reap.stacks,
             )
         )
         if self._self_kill:
-            logger.critical("self_kill_after_reap: sending signal %d to the server", signum)
-            os.kill(self._own_pid, signum)
-        return True
+            logger.critical("self_kill_after_reap: sending signal %d to the server", step.signum)
+            os.kill(self._own_pid, step.signum)
+        return Result.DONE
+
+    def _next(self, reap: _Reap, result: Result) -> Action | None:
+        """Tell the escalator ``result``; report what it decided; its next action."""
+        escalator, clock, pid = reap.escalator, self._clock, reap.worker.pid
+        now = clock.monotonic()
+        action = escalator.next(now, result)
+        last = escalator.taken[-1] if escalator.taken else None
+        signum = last.signum if isinstance(last, SendSignal) else 0
+        if result in (Result.FAILED, Result.REFUSED):
+            attempt = escalator.attempt
+            if action is None:
+                self._emit(
+                    ReapAbandoned(
+                        time=clock.time(),
+                        pid=pid,
+                        signal=signum,
+                        error=reap.error,
+                        attempts=attempt,
+                    )
+                )
+            else:
+                self._emit(
+                    ReapFailed(
+                        time=clock.time(),
+                        pid=pid,
+                        signal=signum,
+                        error=reap.error,
+                        attempt=attempt,
+                        retry_in=escalator.backoff,
+                    )
+                )
+        elif action is None and escalator.outcome in (Outcome.UNKILLABLE, Outcome.SURVIVED):
+            self._emit(
+                WorkerSurvived(
+                    time=clock.time(),
+                    pid=pid,
+                    signal=signum,
+                    unkillable=escalator.outcome is Outcome.UNKILLABLE,
+                    waited=self._policy.unkillable_after,
+                )
+            )
+        return action
 
     async def _wait_exit(self, worker: _Worker, deadline: float) -> bool:
         """Wait until monotonic ``deadline`` (on the injected clock) or the worker's exit;
         ``True`` if it exited."""
-        if not worker.exited.is_set():
-            await self._until(deadline, worker.exited.wait)
-        return worker.exited.is_set()
+        if worker.gone:
+            return True
+        if worker.exited is None:
+            worker.exited = anyio.Event()
+        await self._until(deadline, worker.exited.wait)
+        return worker.gone
 
     async def _until(self, deadline: float, work: Callable[[], Awaitable[object]]) -> bool:
         """Run ``work()`` until it returns or the injected clock reaches ``deadline``;

@@ -64,11 +64,10 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterator, KeysView
-from typing import Any
 
 import msgspec
 
-__all__ = ["MIN_STALE", "REBUILD_STEP", "Timer", "TimerKey", "TimerTable"]
+__all__ = ["MIN_STALE", "REBUILD_STEP", "ReapOptions", "Timer", "TimerKey", "TimerTable"]
 
 TimerKey = tuple[int, str]
 
@@ -83,18 +82,29 @@ REBUILD_STEP = 16
 _FREED_PER_UNIT = 4
 
 
+class ReapOptions(msgspec.Struct, frozen=True, gc=False):
+    """How a timer asks to be reaped beyond its signal (a request's extension keys).
+
+    ``grace``: seconds between its signal and a SIGKILL (``None``: no escalation);
+    ``group``: signal the worker's whole process group; ``dump``: dump the worker's
+    stacks first. :class:`~aiotimer.ReapPolicy` turns them into a plan.
+    """
+
+    grace: float | None = None
+    group: bool = False
+    dump: bool = False
+
+
 class Timer(msgspec.Struct, frozen=True, gc=False):
     """One live timer: worker ``pid``, its ``scope_id``, and what to do at ``deadline``.
 
     ``deadline`` and ``acquired_at`` are on the server's monotonic clock. ``signal`` is
-    the signal the request named (``<= 0`` means report only). ``options`` carries the
-    request's extension data (escalation, process-group kill, ...) opaquely: the table
-    never looks at it.
+    the signal the request named (``<= 0`` means report only). ``options`` holds the
+    request's escalation keys, if it had any (the table never looks at them).
 
     Immutable, and not tracked by the cyclic garbage collector (``gc=False``), nor are
     the table's entries holding it: 100k live timers would otherwise add ~200k objects
-    to every full collection (~100 ms each on a small machine). So ``options`` must
-    never refer back to the timer (no reference cycles through a timer).
+    to every full collection (~100 ms each on a small machine).
     """
 
     pid: int
@@ -102,7 +112,7 @@ class Timer(msgspec.Struct, frozen=True, gc=False):
     deadline: float
     signal: int
     acquired_at: float = 0.0
-    options: Any = None
+    options: ReapOptions | None = None
 
     @property
     def key(self) -> TimerKey:

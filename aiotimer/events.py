@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAX_LOGGED_TEXT",
+    "Counters",
     "Event",
     "EventsLost",
     "ReapAbandoned",
@@ -57,6 +58,29 @@ def signal_name(signum: int) -> str:
         return _signal.Signals(signum).name
     except ValueError:
         return f"signal {signum}"
+
+
+@dataclass(slots=True)
+class Counters:
+    """What a server run has done so far (the server counts into one; snapshots are copies).
+
+    ``requests`` counts valid requests received; ``acquired``/``released`` the timers set
+    and released in time; ``expired`` the deadlines passed; ``reaped`` the signals
+    delivered; ``reap_failed`` the failed signal attempts; ``rejected`` the bad inputs;
+    ``workers_exited`` the workers seen exiting; ``wakeups`` the times the expiry task
+    woke up; ``events_dropped`` the events the event log had no room for.
+    """
+
+    requests: int = 0
+    acquired: int = 0
+    released: int = 0
+    expired: int = 0
+    reaped: int = 0
+    reap_failed: int = 0
+    rejected: int = 0
+    workers_exited: int = 0
+    wakeups: int = 0
+    events_dropped: int = 0
 
 
 def clip_text(text: str, limit: int = MAX_LOGGED_TEXT) -> str:

@@ -8,11 +8,10 @@ Call order, per worker pid: ``attach`` once when the pid first registers a timer
 one ``wait_exit`` watcher; any number of ``signal``/``dump_stacks`` calls; ``detach`` once
 the worker has exited (or the server stops).
 
-A reaper whose signals never block may also offer ``signal_nowait`` (see
-:class:`NonBlockingReaper`): the server then sends the first signal of a reap right in
-the expiry handler, instead of one loop iteration later from the reap's own task, which
-could first have to wait for other ready work (a chunk of input to decode, say).
-:class:`SignalReaper` and :class:`~aiotimer.testing.RecordingReaper` offer it.
+``signal`` is synchronous and must never block: the server sends the first signal of a
+reap right in its expiry handler, at the deadline (``kill(2)`` and
+``pidfd_send_signal(2)`` never block). A reaper that must do slow work to signal (a
+remote call, say) should start it and return.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ from aiotimer._process import WorkerProcess
 from aiotimer.diagnostics import collect_dump, py_spy_dump
 from aiotimer.errors import ProcessGoneError, RefusedTargetError
 
-__all__ = ["NonBlockingReaper", "Reaper", "SignalReaper", "as_nonblocking"]
+__all__ = ["Reaper", "SignalReaper"]
 
 
 @runtime_checkable
@@ -45,8 +44,10 @@ class Reaper(Protocol):
         """Return when the attached worker ``pid`` has exited."""
         ...
 
-    async def signal(self, pid: int, signum: int, *, group: bool = False) -> None:
+    def signal(self, pid: int, signum: int, *, group: bool = False) -> None:
         """Send ``signum`` to the attached worker (its process group when ``group``).
+
+        Called in the loop's thread; must not block.
 
         Raises:
             ProcessGoneError: the worker had already exited (not a failure).
@@ -67,38 +68,6 @@ class Reaper(Protocol):
         right after); a later ``attach(pid)`` must pin afresh (the pid may be reused).
         """
         ...
-
-
-@runtime_checkable
-class NonBlockingReaper(Reaper, Protocol):
-    """A :class:`Reaper` that can also signal synchronously, without ever blocking.
-
-    Implement :meth:`signal_nowait` only if it cannot block the loop (``kill(2)`` and
-    ``pidfd_send_signal(2)`` never do; a remote call would): the server calls it inline,
-    in its expiry handler. Everything else still goes through the async methods,
-    including the retries of a failed first signal.
-    """
-
-    def signal_nowait(self, pid: int, signum: int, *, group: bool = False) -> None:
-        """Send ``signum`` now, as :meth:`Reaper.signal` does, raising the same errors."""
-        ...
-
-
-def as_nonblocking(reaper: Reaper) -> NonBlockingReaper | None:
-    """``reaper`` if the server may call its ``signal_nowait`` in place of ``signal``.
-
-    ``None`` when the reaper has no ``signal_nowait``, or when a subclass overrides
-    ``signal`` but not ``signal_nowait`` (calling the inherited one would bypass the
-    override, e.g. a subclass that records or filters its signals).
-    """
-    if not isinstance(reaper, NonBlockingReaper):
-        return None
-    mro = type(reaper).__mro__
-    sync = next((k for k in mro if "signal_nowait" in vars(k)), None)
-    async_ = next((k for k in mro if "signal" in vars(k)), None)
-    if sync is not None and async_ is not None and not issubclass(sync, async_):
-        return None
-    return reaper
 
 
 class SignalReaper:
@@ -154,12 +123,9 @@ class SignalReaper:
             if self._procs.get(pid) is not proc:
                 proc.close()  # detached while we waited
 
-    async def signal(self, pid: int, signum: int, *, group: bool = False) -> None:
-        """Send ``signum`` to the pinned worker (see :meth:`Reaper.signal`)."""
-        self.signal_nowait(pid, signum, group=group)
-
-    def signal_nowait(self, pid: int, signum: int, *, group: bool = False) -> None:
-        """:meth:`signal`, synchronously: a pidfd (or ``kill``) signal never blocks."""
+    def signal(self, pid: int, signum: int, *, group: bool = False) -> None:
+        """Send ``signum`` to the pinned worker (see :meth:`Reaper.signal`); a pidfd (or
+        ``kill``) signal never blocks."""
         proc = self._procs.get(pid)
         if proc is None:
             raise RefusedTargetError(

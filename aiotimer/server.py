@@ -27,7 +27,7 @@ import os
 import signal as _signal
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Literal, TypeVar
@@ -467,7 +467,7 @@ def _counters(run: _Run | None) -> Counters:
     if run is None or run.engine is None:
         return Counters()
     dropped = 0 if run.event_log is None else run.event_log.dropped + run.event_log.lost
-    return Counters(**asdict(run.engine.counts), events_dropped=dropped)
+    return replace(run.engine.counts, events_dropped=dropped)
 
 
 def _retry_copy(copy: Callable[[], _T], default: _T) -> _T:

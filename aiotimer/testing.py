@@ -113,11 +113,6 @@ class RecordingReaper:
     * ``nonexistent`` pids make :meth:`attach` return ``False``.
     * ``stack_dump`` is what :meth:`dump_stacks` returns.
 
-    It is a :class:`~aiotimer.reapers.NonBlockingReaper`: the server sends a reap's first
-    signal through :meth:`signal_nowait`, later ones through :meth:`signal`; both record
-    a ``"signal"`` call. A subclass that overrides only :meth:`signal` gets every signal
-    through its override.
-
     Use it from the event loop's thread only.
     """
 
@@ -177,13 +172,8 @@ class RecordingReaper:
         event = self._exit_events.setdefault(pid, anyio.Event())
         await event.wait()
 
-    async def signal(self, pid: int, signum: int, *, group: bool = False) -> None:
+    def signal(self, pid: int, signum: int, *, group: bool = False) -> None:
         """Record; raise as configured, else mark exited if ``signum`` is in ``exit_on``."""
-        self.signal_nowait(pid, signum, group=group)
-
-    def signal_nowait(self, pid: int, signum: int, *, group: bool = False) -> None:
-        """:meth:`signal`, synchronously (recorded the same way; see
-        :class:`~aiotimer.reapers.NonBlockingReaper`)."""
         if pid in self._exited:
             self.calls.append(ReaperCall("signal_gone", pid, signum, group))
             raise ProcessGoneError(f"process {pid} has exited")

@@ -9,8 +9,8 @@ Run::
 The bulk of the samples use a reaper that only timestamps its signals (nothing is
 killed; a signalled pid is reported as exited 1 ms later, about when a small SIGKILLed
 process's pidfd turns readable), so thousands of deadlines can be measured, each on its
-own worker. Like the default reaper it signals without blocking (``signal_nowait``), so
-the server sends each first signal inline. Meanwhile the table holds ``--timers``
+own worker. Like the default reaper it signals synchronously, so the server sends each
+first signal inline, in its expiry handler. Meanwhile the table holds ``--timers``
 far-future timers and a background task feeds the server wire lines (acquire + release
 pairs) through the codec. The reference, measured in the same run under the same load,
 is a bare timer: a task doing ``await asyncio.sleep(...)`` until the same kind of
@@ -69,10 +69,7 @@ class TimestampReaper:
     async def wait_exit(self, pid: int) -> None:
         await self._exited[pid].wait()
 
-    async def signal(self, pid: int, signum: int, *, group: bool = False) -> None:
-        self.signal_nowait(pid, signum, group=group)
-
-    def signal_nowait(self, pid: int, signum: int, *, group: bool = False) -> None:
+    def signal(self, pid: int, signum: int, *, group: bool = False) -> None:
         self.signalled.setdefault(pid, time.monotonic())
         if pid in self._exited:
             asyncio.get_running_loop().call_later(EXIT_AFTER, self._exited[pid].set)
@@ -111,8 +108,8 @@ class TimestampSignalReaper(SignalReaper):
         super().__init__()
         self.signalled: dict[int, float] = {}
 
-    def signal_nowait(self, pid: int, signum: int, *, group: bool = False) -> None:
-        super().signal_nowait(pid, signum, group=group)
+    def signal(self, pid: int, signum: int, *, group: bool = False) -> None:
+        super().signal(pid, signum, group=group)
         self.signalled.setdefault(pid, time.monotonic())
 
 

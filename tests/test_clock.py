@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import random
 import time
 
 import anyio
@@ -55,4 +56,30 @@ async def test_monotonic_clock_sleep_until() -> None:
     start = time.monotonic()
     await clock.sleep_until(start + 0.02)
     assert time.monotonic() >= start + 0.02
-    await clock.sleep_until(start - 10)  # in the past: returns at once
+    with anyio.fail_after(1):
+        await clock.sleep_until(start - 10)  # in the past: returns at once
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.asyncio
+async def test_monotonic_clock_never_wakes_before_the_deadline() -> None:
+    # uvloop's timers round to whole milliseconds of a cached clock and may fire up to
+    # ~1 ms early; sleep_until must hide that. Sleeps of 0-3 ms, both sides of the margin.
+    clock = MonotonicClock()
+    rng = random.Random(1)
+    early: list[float] = []
+    for _ in range(1000):
+        deadline = time.monotonic() + rng.uniform(0.0, 0.003)
+        await clock.sleep_until(deadline)
+        woke = time.monotonic()
+        if woke < deadline:
+            early.append(deadline - woke)
+    assert early == []
+
+
+@pytest.mark.asyncio
+async def test_monotonic_clock_sleep_until_is_cancellable() -> None:
+    clock = MonotonicClock()
+    with anyio.move_on_after(0.01) as scope:
+        await clock.sleep_until(time.monotonic() + 60)
+    assert scope.cancelled_caught

@@ -14,14 +14,15 @@ from aiotimer._policy import (
     Escalator,
     Outcome,
     ReapPolicy,
+    ReapRetry,
+    Result,
     SendSignal,
     Step,
     Wait,
     WaitUntil,
     format_plan,
 )
-from aiotimer._protocol import Request
-from aiotimer._table import Timer
+from aiotimer._table import ReapOptions, Timer
 from aiotimer.cli import build_parser, policy_from_args
 from aiotimer.testing import FakeClock
 
@@ -38,11 +39,8 @@ def timer(
     dump: bool = False,
     with_request: bool = True,
 ) -> Timer:
-    req = Request(
-        pid=4242, scope_id="a.py:1#1", expiration_time=1.0, signal=sig,
-        grace=grace, group=group, dump=dump,
-    )  # fmt: skip
-    return Timer(4242, "a.py:1#1", 10.0, sig, options=req if with_request else None)
+    options = ReapOptions(grace=grace, group=group, dump=dump)
+    return Timer(4242, "a.py:1#1", 10.0, sig, options=options if with_request else None)
 
 
 # -- plans ----------------------------------------------------------------------------
@@ -226,7 +224,7 @@ def drive(esc: Escalator, clock: FakeClock, worker: Worker, limit: int = 100) ->
     """The shell loop, on a fake clock: sleep until a deadline or the worker's death."""
     handed: list[Step] = []
     for _ in range(limit):
-        action = esc.next(clock.monotonic(), worker.alive)
+        action = esc.next(clock.monotonic(), Result.DONE if worker.alive else Result.EXITED)
         if action is None:
             return handed
         if isinstance(action, WaitUntil):
@@ -252,7 +250,7 @@ def test_worker_ignoring_sigterm_is_killed_after_the_grace() -> None:
     assert drive(esc, clock, worker) == [DumpStacks(2.0), SendSignal(TERM), SendSignal(KILL)]
     assert worker.received == [(100.0, TERM), (105.0, KILL)]
     assert esc.outcome is Outcome.EXITED
-    assert esc.next(clock.monotonic(), False) is None  # finished stays finished
+    assert esc.next(clock.monotonic(), Result.EXITED) is None  # finished stays finished
 
 
 def test_worker_obeying_sigterm_is_not_killed() -> None:
@@ -268,7 +266,7 @@ def test_worker_obeying_sigterm_is_not_killed() -> None:
 
 def test_worker_that_exited_on_its_own_is_never_signalled() -> None:
     esc = Escalator(LADDER, confirm=1.0)
-    assert esc.next(0.0, worker_alive=False) is None
+    assert esc.next(0.0, Result.EXITED) is None
     assert esc.outcome is Outcome.EXITED
     assert esc.taken == ()
 
@@ -277,11 +275,11 @@ def test_unkillable_after_the_confirmation_window() -> None:
     clock = FakeClock()
     worker = Worker(clock, dies_on=set())
     esc = Escalator((SendSignal(KILL),), confirm=2.0)
-    assert esc.next(0.0, True) == SendSignal(KILL)
-    assert esc.next(0.0, True) == WaitUntil(2.0)
-    assert esc.next(1.0, True) == WaitUntil(2.0)  # a spurious wake-up keeps the deadline
+    assert esc.next(0.0) == SendSignal(KILL)
+    assert esc.next(0.0) == WaitUntil(2.0)
+    assert esc.next(1.0) == WaitUntil(2.0)  # a spurious wake-up keeps the deadline
     assert esc.outcome is None
-    assert esc.next(2.0, True) is None
+    assert esc.next(2.0) is None
     assert esc.outcome is Outcome.UNKILLABLE
     assert "unkillable" in repr(esc)
     del worker
@@ -296,14 +294,14 @@ def test_survived_when_the_last_signal_is_not_sigkill() -> None:
 
 def test_without_confirmation_the_plan_is_done_after_the_last_step() -> None:
     esc = Escalator((SendSignal(KILL),))
-    assert esc.next(0.0, True) == SendSignal(KILL)
-    assert esc.next(0.0, True) is None
+    assert esc.next(0.0) == SendSignal(KILL)
+    assert esc.next(0.0) is None
     assert esc.outcome is Outcome.DONE
 
 
 def test_empty_plan_does_nothing() -> None:
     esc = ReapPolicy(shadow=True).escalator(timer(KILL))
-    assert esc.next(0.0, True) is None
+    assert esc.next(0.0) is None
     assert esc.outcome is Outcome.NOTHING
 
 
@@ -315,6 +313,45 @@ def test_policy_escalator_uses_the_unkillable_window() -> None:
     drive(esc, clock, Worker(clock, dies_on=set()))
     assert clock.monotonic() == 4.0
     assert esc.outcome is Outcome.UNKILLABLE
+
+
+def test_a_failed_signal_is_retried_after_a_growing_back_off_then_abandoned() -> None:
+    esc = Escalator((SendSignal(TERM),), retry=ReapRetry(attempts=3, initial=0.5, factor=2.0))
+    assert esc.next(0.0) == SendSignal(TERM) and esc.attempt == 1
+    assert esc.next(0.0, Result.FAILED) == WaitUntil(0.5) and esc.backoff == 0.5
+    assert esc.next(0.25) == WaitUntil(0.5)  # a spurious wake-up keeps the deadline
+    assert esc.next(0.5) == SendSignal(TERM) and esc.attempt == 2
+    assert esc.next(0.5, Result.FAILED) == WaitUntil(1.5) and esc.backoff == 1.0
+    assert esc.next(1.5) == SendSignal(TERM) and esc.attempt == 3
+    assert esc.next(1.5, Result.FAILED) is None
+    assert esc.outcome is Outcome.ABANDONED
+    assert esc.taken == (SendSignal(TERM),)  # retries are not new steps
+
+
+def test_a_retried_signal_that_gets_through_resumes_the_plan() -> None:
+    esc = Escalator((SendSignal(TERM), Wait(5.0), SendSignal(KILL)), confirm=1.0)
+    assert esc.next(0.0) == SendSignal(TERM)
+    assert esc.next(0.0, Result.FAILED) == WaitUntil(0.1)
+    assert esc.next(0.1) == SendSignal(TERM)
+    assert esc.next(0.1) == WaitUntil(5.1)  # the grace starts when TERM got through
+    assert esc.next(5.1) == SendSignal(KILL) and esc.attempt == 1
+    assert esc.next(5.1, Result.EXITED) is None
+    assert esc.outcome is Outcome.EXITED
+
+
+def test_a_refused_signal_is_abandoned_at_once() -> None:
+    esc = Escalator((SendSignal(KILL),), retry=ReapRetry(attempts=6))
+    assert esc.next(0.0) == SendSignal(KILL)
+    assert esc.next(0.0, Result.REFUSED) is None
+    assert (esc.outcome, esc.attempt) == (Outcome.ABANDONED, 1)
+
+
+def test_a_worker_gone_during_a_back_off_is_never_signalled_again() -> None:
+    esc = Escalator((SendSignal(KILL),))
+    esc.next(0.0)
+    assert isinstance(esc.next(0.0, Result.FAILED), WaitUntil)
+    assert esc.next(0.05, Result.EXITED) is None
+    assert esc.outcome is Outcome.EXITED
 
 
 def test_escalator_rejects_a_negative_confirmation() -> None:
