@@ -8,7 +8,8 @@ anyio refuses to create events or cancel scopes there).
 
 :meth:`Handoff.call_soon` does not wait (requests from ``acquire()``/``release()``);
 :meth:`Handoff.call` waits for the result (snapshots, flushes), bounded by a timeout.
-When the run ends, calls still queued are dropped and their waiters told so.
+When the run ends (:meth:`Handoff.close`), calls still queued are dropped and their
+waiters told so (:class:`~aiotimer.errors.ServerStateError`).
 """
 
 from __future__ import annotations
@@ -90,30 +91,32 @@ class Handoff:
             self._wake.set()
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
-        """Run handed-over calls until cancelled; then drop (and cancel) what is left."""
+        """Run handed-over calls, in order, until cancelled."""
         calls = self._calls
-        try:
-            task_status.started()
-            while True:
-                self._wake = anyio.Event()
-                while calls:
-                    fn, future = calls.popleft()
-                    if future is None:
-                        try:
-                            fn()
-                        except Exception:
-                            logger.exception("a call handed to the server's loop raised")
-                    elif future.set_running_or_notify_cancel():
-                        try:
-                            future.set_result(fn())
-                        except Exception as exc:
-                            future.set_exception(exc)
-                await self._wake.wait()
-        finally:
-            with self._lock:
-                self._closed = True
-                left = list(calls)
-                calls.clear()
-            for _, future in left:
-                if future is not None:
-                    future.cancel()
+        task_status.started()
+        while True:
+            self._wake = anyio.Event()
+            while calls:
+                fn, future = calls.popleft()
+                if future is None:
+                    try:
+                        fn()
+                    except Exception:
+                        logger.exception("a call handed to the server's loop raised")
+                elif future.set_running_or_notify_cancel():
+                    try:
+                        future.set_result(fn())
+                    except Exception as exc:
+                        future.set_exception(exc)
+            await self._wake.wait()
+
+    def close(self) -> None:
+        """End the handoff (the run is over): refuse new calls, drop the queued ones and
+        tell their waiters. Call it once nothing in the run changes its state any more."""
+        with self._lock:
+            self._closed = True
+            left = list(self._calls)
+            self._calls.clear()
+        for _, future in left:
+            if future is not None:
+                future.cancel()

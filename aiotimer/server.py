@@ -20,8 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-import importlib
-import importlib.util
 import logging
 import os
 import signal as _signal
@@ -30,7 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Literal, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import anyio
 
@@ -41,6 +39,7 @@ from aiotimer._logging import EventLogger
 from aiotimer._policy import ReapPolicy
 from aiotimer._protocol import Decoded, Rejection, Request, validate
 from aiotimer._server_engine import Counters, Engine, ReapRetry, serve_source
+from aiotimer._server_thread import LoopName, TimerServerThread, loop_factory
 from aiotimer._stats import SiteSummary
 from aiotimer._table import Timer
 from aiotimer.errors import ServerStateError
@@ -56,10 +55,12 @@ if TYPE_CHECKING:
 __all__ = [
     "Counters",
     "Lifecycle",
+    "LoopName",
     "ReapRetry",
     "ServerState",
     "TimerServer",
     "TimerServerThread",
+    "loop_factory",
 ]
 
 logger = logging.getLogger("aiotimer")
@@ -68,6 +69,9 @@ _T = TypeVar("_T")
 
 #: The name in-process API requests are reported under.
 API_SOURCE = "api"
+
+#: Seconds another thread waits for the server's loop to take a snapshot.
+SNAPSHOT_TIMEOUT = 10.0
 
 
 class Lifecycle(enum.Enum):
@@ -285,6 +289,7 @@ class TimerServer:
                 finally:
                     if run.engine is not None:
                         run.engine.close()
+                    run.handoff.close()  # the engine is still: other threads read it directly
                     if started:
                         self._emit(
                             ServerStopped(
@@ -307,6 +312,7 @@ class TimerServer:
                 return
             raise
         finally:
+            run.handoff.close()
             self._state = Lifecycle.STOPPED
 
     def _source_failed(self, source: Source) -> Callable[[BaseException], None]:
@@ -396,7 +402,7 @@ class TimerServer:
 
     def _call_in_loop(self, fn: Callable[[], _T], timeout: float) -> _T:
         """Run ``fn()`` in the server's loop, after everything submitted before, and
-        return its result. For other threads.
+        return its result (at once when called in the loop's own thread).
 
         Raises:
             ServerStateError: the server is not running (or stopped before ``fn`` ran).
@@ -405,7 +411,19 @@ class TimerServer:
         run = self._run
         if self._state is not Lifecycle.RUNNING or run is None:
             raise ServerStateError(f"the server is {self._state.value}, not running")
+        if threading.get_ident() == run.thread_id:
+            return fn()
         return run.handoff.call(fn, timeout)
+
+    def _read(self, fn: Callable[[], _T]) -> _T:
+        """``fn()`` on a consistent view of the loop's state, from any thread: in the
+        loop while a run is live (another thread waits up to :data:`SNAPSHOT_TIMEOUT`
+        seconds for it), directly once the run has ended (nothing changes it then)."""
+        run = self._run
+        if run is not None and threading.get_ident() != run.thread_id:
+            with contextlib.suppress(ServerStateError):  # the run has ended
+                return run.handoff.call(fn, SNAPSHOT_TIMEOUT)
+        return fn()
 
     # -- introspection ------------------------------------------------------------------
 
@@ -416,26 +434,39 @@ class TimerServer:
         ``"file.py:42#17"`` belongs to site ``"file.py:42"``; any other id is its own
         site): ``count``, ``p50``/``p99``/``max`` of the blocks' durations (within 1%),
         ``expirations``, ``longest_expired`` and ``suggested_timeout``. Most expirations
-        first. Safe from any thread; costs O(sites).
+        first. Safe from any thread (taken in the server's loop); costs O(sites).
+
+        Raises:
+            TimeoutError: called from another thread, and the server's loop did not
+                answer within :data:`SNAPSHOT_TIMEOUT` seconds (it is blocked).
         """
+        return self._read(self._scope_stats)
+
+    def _scope_stats(self) -> tuple[SiteSummary, ...]:
         run = self._run
-        engine = None if run is None else run.engine
-        if engine is None:
-            return ()
-        return _retry_copy(engine.scope_stats, ())
+        return () if run is None or run.engine is None else run.engine.scope_stats()
 
     def get_state(self) -> ServerState:
-        """A snapshot of the server (safe from any thread; costs O(timers + sites))."""
+        """A consistent snapshot of the server; costs O(timers + sites).
+
+        Safe from any thread: another thread's snapshot is taken in the server's loop,
+        after every request it submitted before.
+
+        Raises:
+            TimeoutError: called from another thread, and the server's loop did not
+                answer within :data:`SNAPSHOT_TIMEOUT` seconds (it is blocked).
+        """
+        return self._read(self._state_now)
+
+    def _state_now(self) -> ServerState:
         run = self._run
         engine = None if run is None else run.engine
         running = self._state in (Lifecycle.RUNNING, Lifecycle.STOPPING)
         timers: tuple[Timer, ...] = ()
         workers: tuple[int, ...] = ()
-        next_deadline = None
         if engine is not None and running:
-            # Another thread may be mutating the table: retry until a copy succeeds.
-            timers, workers = _retry_copy(engine.snapshot, (timers, workers))
-            next_deadline = timers[0].deadline if timers else None
+            timers, workers = engine.snapshot()
+        next_deadline = timers[0].deadline if timers else None
         now = self._clock.monotonic()
         return ServerState(
             state=self._state,
@@ -446,7 +477,7 @@ class TimerServer:
             next_expiry_in=None if next_deadline is None else next_deadline - now,
             counters=_counters(run),
             last_progress=None if engine is None else engine.last_progress,
-            scopes=self.scope_stats(),
+            scopes=self._scope_stats(),
         )
 
     def __repr__(self) -> str:
@@ -470,16 +501,6 @@ def _counters(run: _Run | None) -> Counters:
     return replace(run.engine.counts, events_dropped=dropped)
 
 
-def _retry_copy(copy: Callable[[], _T], default: _T) -> _T:
-    """``copy()``, retried while another thread mutates what it copies; else ``default``."""
-    for _ in range(100):
-        try:
-            return copy()
-        except RuntimeError:  # "dictionary changed size during iteration"
-            continue
-    return default
-
-
 def _counter_dict(counters: Counters) -> dict[str, int]:
     return asdict(counters)
 
@@ -489,121 +510,3 @@ def _unwrap(exc: BaseException) -> BaseException:
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
     return exc
-
-
-def loop_factory(loop: str) -> Callable[[], asyncio.AbstractEventLoop]:
-    """The event-loop factory for ``loop`` (``"auto"``: uvloop when installed)."""
-    if loop == "auto":
-        loop = "uvloop" if importlib.util.find_spec("uvloop") is not None else "asyncio"
-    if loop == "uvloop":
-        uvloop = importlib.import_module("uvloop")
-        factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
-        return factory
-    if loop == "asyncio":
-        return asyncio.new_event_loop
-    raise ValueError(f"unknown event loop {loop!r}: use 'auto', 'asyncio' or 'uvloop'")
-
-
-LoopName = Literal["auto", "asyncio", "uvloop"]
-
-
-class TimerServerThread:
-    """Runs a :class:`TimerServer` in its own event loop in a daemon thread.
-
-    For synchronous programs (the torch style)::
-
-        with TimerServerThread(TimerServer(fifo="/run/agent.fifo")):
-            run_workers()
-
-    ``loop`` picks the event loop: ``"auto"`` (uvloop when installed), ``"asyncio"`` or
-    ``"uvloop"``. The thread can be started again after :meth:`stop`.
-    """
-
-    def __init__(self, server: TimerServer, *, loop: LoopName = "auto") -> None:
-        self.server = server
-        self._factory = loop_factory(loop)
-        self._thread: threading.Thread | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
-
-    def start(self, timeout: float = 30.0) -> None:
-        """Start the thread; return once the server's sources accept requests.
-
-        Raises:
-            ServerStateError: already started.
-            SourceError: a source could not be opened (the thread has ended).
-            TimeoutError: the server did not start within ``timeout`` seconds (the
-                thread is then stopped).
-        """
-        if self._thread is not None:
-            raise ServerStateError("the server thread is already started")
-        self._ready.clear()
-        self._error = None
-        self._thread = threading.Thread(target=self._run, name="aiotimer-server", daemon=True)
-        self._thread.start()
-        if not self._ready.wait(timeout):
-            self.stop(timeout)
-            raise TimeoutError(f"the timer server did not start within {timeout} s")
-        if self._error is not None:
-            error, self._error = self._error, None
-            self.stop()
-            raise error
-
-    def stop(self, timeout: float | None = None) -> None:
-        """Stop the server and return once the thread has ended. Idempotent.
-
-        Raises:
-            TimeoutError: the thread did not end within ``timeout`` seconds.
-        """
-        thread = self._thread
-        if thread is None:
-            return
-        loop, stop = self._loop, self._stop
-        if loop is not None and stop is not None:
-            with contextlib.suppress(RuntimeError):  # the loop has already finished
-                loop.call_soon_threadsafe(stop.set)
-        thread.join(timeout)
-        if thread.is_alive():
-            raise TimeoutError(f"the timer server thread did not end within {timeout} s")
-        self._thread = self._loop = self._stop = None
-
-    @property
-    def running(self) -> bool:
-        """True while the thread is alive."""
-        return self._thread is not None and self._thread.is_alive()
-
-    def _run(self) -> None:
-        with asyncio.Runner(loop_factory=self._factory) as runner:
-            runner.run(self._amain())
-
-    async def _amain(self) -> None:
-        self._stop = asyncio.Event()
-        self._loop = asyncio.get_running_loop()
-        try:
-            await self.server.start()
-        except BaseException as exc:
-            self._error = exc
-            return
-        finally:
-            self._ready.set()
-        try:
-            await self._stop.wait()
-        finally:
-            await self.server.aclose()
-
-    def __enter__(self) -> TimerServerThread:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-    def __repr__(self) -> str:
-        return f"<TimerServerThread {'running' if self.running else 'stopped'} {self.server!r}>"

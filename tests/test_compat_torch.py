@@ -35,6 +35,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import aiotimer.compat.torch as timer
+from aiotimer._clock import MonotonicClock
 from aiotimer._protocol import LineDecoder, Request, encode
 from aiotimer.errors import (
     NotConfiguredError,
@@ -568,16 +569,41 @@ def test_server_lifecycle_stop_is_idempotent_and_restart_works(reaper: Recording
         assert not server.running
 
 
-def test_last_progress_time_is_the_loops_last_heartbeat(
-    local_server: LocalServer,
-) -> None:
-    server, _ = local_server
-    first = server.get_last_progress_time()
-    server.register_timers([])  # a loop round trip: the heartbeat has been answered
-    second = server.get_last_progress_time()
-    assert isinstance(second, int)
-    assert first <= second <= time.time() + 1
-    assert time.time() - second < 5
+class WallClock(MonotonicClock):
+    """The real monotonic clock with a wall clock the test sets (from any thread)."""
+
+    def __init__(self, wall: float) -> None:
+        self.wall = wall
+
+    def time(self) -> float:
+        return self.wall
+
+
+def test_last_progress_time_is_the_loops_last_heartbeat(reaper: RecordingReaper) -> None:
+    clock = WallClock(1000.0)
+    server = timer.LocalTimerServer(queue.Queue(), reaper=reaper, clock=clock)
+    with server:
+        assert server.get_last_progress_time() == 1000  # started at 1000; asks for a beat
+        server.register_timers([])  # a loop round trip: the beat has been answered
+        clock.wall = 2000.0
+        assert server.get_last_progress_time() == 1000  # the beat answered at 1000
+        server.register_timers([])
+        assert server.get_last_progress_time() == 2000
+        server.register_timers([])  # that call's beat is answered too, at 2000
+        # A stuck loop answers no beat: the value ages.
+        release = threading.Event()
+        loop = server._thread.loop
+        assert loop is not None
+        loop.call_soon_threadsafe(release.wait, 10.0)
+        try:
+            clock.wall = 3000.0
+            server.get_last_progress_time()
+            time.sleep(0.05)
+            assert server.get_last_progress_time() == 2000
+        finally:
+            release.set()
+        server.register_timers([])
+        assert server.get_last_progress_time() == 3000
 
 
 # -- recursive scopes (test_get_timer_recursive), on the queue server ---------------------

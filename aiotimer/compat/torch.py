@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import abc
 import array
-import asyncio
 import contextlib
 import fcntl
 import json
@@ -619,8 +618,6 @@ class _EngineServer:
         self._daemon = daemon
         self._clock: Clock = clock if clock is not None else MonotonicClock()
         self._on_event = on_event
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._loop_thread: int | None = None
         self._last_beat: float | None = None
 
     def _build(self, server: _AioTimerServer) -> None:
@@ -648,12 +645,12 @@ class _EngineServer:
             raise ServerStateError(f"{type(self).__name__} is already running")
         self._thread.stop()  # reap a thread that ended on its own, if any
         self._thread.start(_START_TIMEOUT)
+        self._last_beat = self._clock.time()
 
     def stop(self) -> None:
         """Stop serving; return once the thread has ended. Idempotent; can be restarted."""
         self._thread.stop()
-        self._loop = None
-        self._loop_thread = None
+        self._last_beat = None
 
     def get_last_progress_time(self) -> int:
         """Epoch seconds when the server's loop last proved responsive.
@@ -662,15 +659,15 @@ class _EngineServer:
         so a stuck loop shows an ageing value (torchrun's health check reads this). The
         current time before the first heartbeat or when not running, as torch does.
         """
-        loop = self._loop
-        if loop is None or self._last_beat is None:
-            return int(time.time())
+        loop, last = self._thread.loop, self._last_beat
+        if loop is None or last is None:
+            return int(self._clock.time())
         with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
             loop.call_soon_threadsafe(self._beat)
-        return int(self._last_beat)
+        return int(last)
 
     def _beat(self) -> None:
-        self._last_beat = time.time()
+        self._last_beat = self._clock.time()
 
     def register_timers(self, timer_requests: Iterable[TimerRequest]) -> None:
         """Apply acquires and releases as if clients had sent them; return once applied.
@@ -719,17 +716,11 @@ class _EngineServer:
 
     def _sync(self) -> None:
         """Wait until the loop has applied everything submitted so far."""
-        if threading.get_ident() == self._loop_thread:
-            return
         with contextlib.suppress(ServerStateError):  # not running: nothing to wait for
             self._server._call_in_loop(lambda: None, _SYNC_TIMEOUT)
 
     def _dispatch(self, event: Event) -> None:
         """The aiotimer server's ``on_event`` (runs in the server's loop thread)."""
-        if isinstance(event, ServerStarted):
-            self._loop = asyncio.get_running_loop()
-            self._loop_thread = threading.get_ident()
-            self._last_beat = time.time()
         self._translate(event)
         if self._on_event is not None:
             self._on_event(event)
