@@ -474,9 +474,9 @@ def test_a_pid_whose_process_was_replaced_is_never_signalled(tmp_path: Path) -> 
 
         async def attempts() -> str | None:
             with pytest.raises(ProcessGoneError):
-                await reaper.signal(pid, KILL)  # the pidfd still names the first process
+                reaper.signal(pid, KILL)  # the pidfd still names the first process
             with pytest.raises(ProcessGoneError):
-                await reaper.signal(pid, KILL, group=True)
+                reaper.signal(pid, KILL, group=True)
             return await reaper.dump_stacks(pid, 1.0)
 
         assert anyio.run(attempts) is None
