@@ -1,0 +1,110 @@
+"""The journal of live timers: written off the loop, read back with identity checks."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+from aiotimer._journal import Journal, boot_id
+from aiotimer._process import read_start_time
+from aiotimer._protocol import Request
+from aiotimer._table import Timer, TimerTable
+from aiotimer.testing import wait_until
+
+pytestmark = pytest.mark.skipif(boot_id() is None, reason="needs Linux's boot id")
+
+
+@pytest.fixture
+def sleeper() -> Iterator[int]:
+    proc = subprocess.Popen(["sleep", "60"])
+    yield proc.pid
+    proc.kill()
+    proc.wait()
+
+
+def _written(path: Path) -> list[dict[str, object]]:
+    entries: list[dict[str, object]] = json.loads(path.read_bytes())["entries"]
+    return entries
+
+
+@pytest.mark.asyncio
+async def test_each_worker_is_journaled_by_its_earliest_signalling_timer(
+    tmp_path: Path, sleeper: int
+) -> None:
+    path, table = tmp_path / "j", TimerTable()
+    journal = Journal(path, interval=0.01)
+    opts = Request(pid=sleeper, scope_id="a", expiration_time=1.0, signal=15, grace=2.0)
+    table.acquire(Timer(sleeper, "late", 200.0, 9))
+    table.acquire(Timer(sleeper, "early", 100.0, 15, options=opts))
+    table.acquire(Timer(sleeper, "report-only", 50.0, 0))
+    async with anyio.create_task_group() as tg:
+        await tg.start(journal.run, table, lambda: 1000.0)
+        journal.changed(sleeper)
+        await wait_until(path.exists)
+        [entry] = _written(path)
+        assert entry["scope_id"] == "early" and entry["signal"] == 15
+        assert (entry["mono"], entry["expiration_time"]) == (100.0, 1100.0)
+        assert entry["grace"] == 2.0 and entry["start_time"] == read_start_time(sleeper)
+        table.release(sleeper, "early")
+        journal.changed(sleeper)
+        await wait_until(lambda: _written(path)[0]["scope_id"] == "late")
+        table.clear_worker(sleeper)
+        journal.forget(sleeper)
+        await wait_until(lambda: _written(path) == [])
+        tg.cancel_scope.cancel()
+    assert [p.name for p in tmp_path.iterdir()] == ["j"], "no temporary file is left"
+
+
+@pytest.mark.asyncio
+async def test_a_restart_restores_live_workers_only(tmp_path: Path, sleeper: int) -> None:
+    path, table = tmp_path / "j", TimerTable()
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    now = time.monotonic()
+    for pid in (sleeper, gone.pid):
+        table.acquire(Timer(pid, "s", now + 30, 9))
+    journal = Journal(path, interval=0.01)
+    async with anyio.create_task_group() as tg:
+        await tg.start(journal.run, table, lambda: 0.0)
+        journal.changed(sleeper)
+        journal.changed(gone.pid)
+        await wait_until(lambda: path.exists() and len(_written(path)) == 2)
+        tg.cancel_scope.cancel()
+    [req] = Journal(path).load(time.monotonic())
+    assert (req.pid, req.scope_id, req.signal, req.mono) == (sleeper, "s", 9, now + 30)
+    assert req.start_time == read_start_time(sleeper)
+
+
+def test_a_recycled_pid_a_past_deadline_and_foreign_files(tmp_path: Path, sleeper: int) -> None:
+    path = tmp_path / "j"
+    start = read_start_time(sleeper)
+    assert start is not None
+    body = {
+        "format": "aiotimer-journal-1",
+        "boot_id": boot_id(),
+        "server_pid": 1,
+        "entries": [
+            {"pid": sleeper, "start_time": start + 1, "scope_id": "other process",
+             "mono": 1.0, "expiration_time": 1.0, "signal": 9},
+            {"pid": sleeper, "start_time": start, "scope_id": "past due",
+             "mono": 1.0, "expiration_time": 1.0, "signal": 9},
+        ],
+    }  # fmt: skip
+    path.write_text(json.dumps(body))
+    now = time.monotonic()
+    [req] = Journal(path, grace=1.0).load(now)
+    assert req.scope_id == "past due" and req.mono == now + 1.0
+    path.write_text(json.dumps({**body, "boot_id": "another boot"}))
+    assert Journal(path).load(now) == []
+    path.write_text("not json")
+    assert Journal(path).load(now) == []
+    path.unlink()
+    os.symlink(tmp_path / "elsewhere", path)
+    assert Journal(path).load(now) == []
