@@ -1,0 +1,40 @@
+"""PathWatch: wakes for changes of one directory entry, not for its neighbours."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import anyio
+import pytest
+
+from aiotimer._pathwatch import PathWatch
+
+
+@pytest.mark.asyncio
+async def test_changes_of_the_entry_wake_it_and_neighbours_do_not(tmp_path: Path) -> None:
+    target = tmp_path / "t.fifo"
+    os.mkfifo(target)
+    with PathWatch(target) as watch:
+        assert not watch.polling, "inotify is available on Linux"
+        (tmp_path / "neighbour").write_text("x")
+        with anyio.move_on_after(0.2) as idle:
+            await watch.changed()
+        assert idle.cancelled_caught, "a neighbour's change woke the watch"
+        for change in (
+            target.unlink,
+            lambda: os.symlink(tmp_path / "elsewhere", target),
+            lambda: os.replace(tmp_path / "neighbour", target),
+        ):
+            change()
+            with anyio.fail_after(5):
+                await watch.changed()
+
+
+@pytest.mark.asyncio
+async def test_without_inotify_it_polls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("aiotimer._pathwatch._libc", lambda: None)
+    with PathWatch(tmp_path / "x", poll_interval=0.01) as watch:
+        assert watch.polling
+        with anyio.fail_after(5):
+            await watch.changed()
