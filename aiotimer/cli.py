@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from aiotimer import demo
+from aiotimer._limits import raise_open_file_limit
 from aiotimer._logging import queued_logging
 from aiotimer._policy import Escalation, ReapPolicy
 from aiotimer._stats import format_summaries
@@ -246,6 +247,7 @@ def run_serve(args: argparse.Namespace) -> int:
         factory = loop_factory(args.loop)
     except ImportError as exc:
         return _fail(f"--loop {args.loop}: {exc}; install it or use --loop asyncio")
+    raise_open_file_limit()  # one pidfd per watched worker
     with queued_logging(args.log_level, sys.stderr):
         try:
             with asyncio.Runner(loop_factory=factory) as runner:

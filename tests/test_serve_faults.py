@@ -9,13 +9,15 @@ server is flooded); everything else is bounded by seconds.
 from __future__ import annotations
 
 import os
+import resource
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _procs import BOUND, Sentinel, env, events, kinds, send, serve_argv, serving
+from _procs import BOUND, Sentinel, env, events, kinds, line, send, serve_argv, serving
 
 from aiotimer.cli import main
 
@@ -126,3 +128,30 @@ def test_a_full_disk_under_the_event_log_never_stops_reaping(
         records = events(log)
         assert records[0]["event"] == "events_lost" and records[0]["count"] > 0
         assert "ENOSPC" in records[0]["error"]
+
+
+def _soft_nofile_128() -> None:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (128, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
+
+@pytest.mark.process
+@pytest.mark.timeout(90)
+def test_a_low_open_file_limit_still_watches_every_worker(tmp_path: Path) -> None:
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard < 512:
+        pytest.skip(f"the hard RLIMIT_NOFILE ({hard}) leaves no room for 300 pidfds")
+    fifo = tmp_path / "t.fifo"
+    workers: list[subprocess.Popen[bytes]] = []
+    with serving(fifo, preexec=_soft_nofile_128):
+        try:
+            workers = [subprocess.Popen(["sleep", "300"]) for _ in range(300)]
+            send(fifo, b"".join(line(w.pid, "hung", 1.5) for w in workers))
+            deadline = time.monotonic() + BOUND
+            for w in workers:
+                w.wait(timeout=max(0.1, deadline - time.monotonic()))
+                assert w.returncode == -signal.SIGKILL
+        finally:
+            for w in workers:
+                if w.poll() is None:
+                    w.kill()
+                    w.wait()
