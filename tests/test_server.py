@@ -74,9 +74,8 @@ class Rig:
 
 
 async def settle() -> None:
-    """Let every ready task run (the rig is single-threaded and deterministic)."""
-    for _ in range(30):
-        await anyio.lowlevel.checkpoint()
+    """Let every task run until all are blocked (on the fake clock, or on input)."""
+    await anyio.wait_all_tasks_blocked()
 
 
 @asynccontextmanager
