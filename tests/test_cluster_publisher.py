@@ -275,3 +275,20 @@ async def test_followers_survive_an_outage_and_catch_up() -> None:
         await settle(clock, 1.0)
         assert seen == [0, 3]
         tg.cancel_scope.cancel()
+
+
+@pytest.mark.asyncio
+async def test_a_node_giving_up_ends_the_job_once() -> None:
+    clock = FakeClock()
+    store = MemoryStore(clock)
+    a = JobRestarts(store, job="job", node="a", policy=RestartPolicy(), clock=clock)
+    await store.put(a.key, encode(GenerationRecord(generation=2)))
+    first = await a.give_up("worker 1 exited with no-restart code 93")
+    assert (first.generation, first.gave_up, first.node) == (
+        2,
+        "worker 1 exited with no-restart code 93",
+        "a",
+    )
+    again = await a.give_up("something else")
+    assert again.gave_up == first.gave_up, "the first give-up is kept"
+    assert (await a.current()).gave_up == first.gave_up

@@ -5,6 +5,8 @@
 - :meth:`JobRestarts.request` — one of this node's workers failed during generation
   ``g``: bump the generation with a compare-and-set (or record that the job gives up),
   unless another node already did;
+- :meth:`JobRestarts.give_up` — this node gave up on its own (its budget, or a
+  no-restart exit code): end the job on every node;
 - :meth:`JobRestarts.follow` — yields the generation record now (a late or restarted
   node catches up) and then every new generation, surviving store outages by
   re-reading and re-watching.
@@ -17,6 +19,7 @@ import random
 from collections.abc import AsyncIterator, Callable
 
 import anyio
+import msgspec
 
 from aiotimer._clock import Clock, MonotonicClock
 from aiotimer._restart import RestartPolicy
@@ -103,6 +106,32 @@ class JobRestarts:
                     self.node,
                     rank,
                     reason,
+                    exc,
+                    RETRY_INTERVAL,
+                )
+                await self._clock.sleep_until(self._clock.monotonic() + RETRY_INTERVAL)
+
+    async def give_up(self, reason: str) -> GenerationRecord:
+        """End the job on every node (a node gave up on its own). Retries until stored.
+
+        Returns the record that now holds (an earlier give-up is kept).
+        """
+        while True:
+            try:
+                entry = await self.store.get(self.key)
+                current = _decode(entry)
+                if current.gave_up is not None:
+                    return current
+                new = msgspec.structs.replace(
+                    current, at=self._clock.time(), node=self.node, rank=None, gave_up=reason
+                )
+                revision = 0 if entry is None else entry.mod_revision
+                if await self.store.put_if(self.key, encode(new), mod_revision=revision):
+                    return new
+            except StoreUnavailableError as exc:
+                logger.warning(
+                    "cannot record that job %s gives up: %s; retrying in %gs",
+                    self.job,
                     exc,
                     RETRY_INTERVAL,
                 )

@@ -252,7 +252,9 @@ class NodePublisher:
 
     def _record(self) -> NodeRecord:
         status = self._describe()
-        self._ranks = {w.pid: w.rank for w in status.workers if w.pid is not None}
+        self._ranks = {
+            w.pid: w.rank for w in status.workers if w.pid is not None and w.rank is not None
+        }
         return NodeRecord(
             node=self.node,
             job=self.job,

@@ -59,9 +59,9 @@ def generation_key(job: str) -> str:
 
 
 class WorkerRecord(msgspec.Struct, frozen=True, kw_only=True):
-    """One worker slot of a node: rank, current pid, state and restart count."""
+    """One worker of a node: rank (None under a bare server), pid, state, restarts."""
 
-    rank: int
+    rank: int | None = None
     pid: int | None = None
     state: str = "unknown"
     restarts: int = 0

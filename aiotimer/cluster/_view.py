@@ -185,8 +185,9 @@ def format_view(view: JobView) -> str:
         )
         for w in () if rec is None else rec.workers:
             pid = "-" if w.pid is None else str(w.pid)
+            rank = "-" if w.rank is None else str(w.rank)
             lines.append(
-                f"  rank {w.rank:<4} pid {pid:>8}  {w.state:<10} restarts {w.restarts}"
+                f"  rank {rank:<4} pid {pid:>8}  {w.state:<10} restarts {w.restarts}"
                 + (f", {w.live_timers} timers" if w.live_timers else "")
             )
     if view.recent_reaps:

@@ -1,0 +1,211 @@
+"""Command-line glue for the cluster layer: ``--etcd``/``--job``/``--node`` and the job view.
+
+``aiotimer serve`` and ``aiotimer run`` add :func:`add_node_arguments` and publish
+through :func:`publishing`; ``aiotimer status --etcd`` runs :func:`run_job_status`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import dataclasses
+import json
+import os
+import socket
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from aiotimer.cluster import connect, format_view, read_view
+from aiotimer.cluster._publisher import NodePublisher, NodeStatus
+from aiotimer.cluster._record import WorkerRecord
+from aiotimer.errors import AiotimerError, StoreUnavailableError
+from aiotimer.server import TimerServer
+
+__all__ = [
+    "NodeConfig",
+    "add_job_status_arguments",
+    "add_node_arguments",
+    "default_job",
+    "node_config",
+    "publishing",
+    "run_job_status",
+    "server_status",
+]
+
+#: ``aiotimer status --etcd``: etcd unreachable, or no node of the job runs.
+EXIT_NOT_RUNNING = 3
+#: ``aiotimer status --etcd``: bad arguments.
+EXIT_USAGE = 4
+
+
+def default_job() -> str | None:
+    """The job id from the environment: ``AIOTIMER_RUN_ID``, else ``TORCHELASTIC_RUN_ID``."""
+    return os.environ.get("AIOTIMER_RUN_ID") or os.environ.get("TORCHELASTIC_RUN_ID") or None
+
+
+@dataclass(frozen=True, slots=True)
+class NodeConfig:
+    """Where and as what a node publishes."""
+
+    endpoints: str
+    job: str
+    node: str
+    ttl: int
+
+
+def add_node_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``--etcd``, ``--job``, ``--node`` and ``--etcd-ttl`` (a node that publishes)."""
+    group = parser.add_argument_group(
+        "cluster",
+        "Publish this node's state to etcd v3 (needs aiotimer[etcd]); `aiotimer status "
+        "--etcd ENDPOINTS --job ID` shows the whole job.",
+    )
+    group.add_argument(
+        "--etcd",
+        metavar="HOST:PORT[,HOST:PORT...]",
+        help="etcd v3 client endpoints to publish this node's record to",
+    )
+    group.add_argument(
+        "--job",
+        default=default_job(),
+        help="the job id (default: $AIOTIMER_RUN_ID, else $TORCHELASTIC_RUN_ID)",
+    )
+    group.add_argument(
+        "--node",
+        default=socket.gethostname(),
+        help="this node's name, unique among the job's live nodes (default: the host name)",
+    )
+    group.add_argument(
+        "--etcd-ttl",
+        type=int,
+        default=10,
+        metavar="SECONDS",
+        help="lease time to live: a dead node's record disappears this long after it dies "
+        "(default: 10)",
+    )
+
+
+def node_config(args: argparse.Namespace) -> NodeConfig | None:
+    """The node's cluster settings, or None without ``--etcd``.
+
+    Raises:
+        ValueError: ``--etcd`` without a job id, or a TTL below 1 second.
+    """
+    if not args.etcd:
+        return None
+    if not args.job:
+        raise ValueError("--etcd needs a job id: pass --job ID or set AIOTIMER_RUN_ID")
+    if args.etcd_ttl < 1:
+        raise ValueError(f"--etcd-ttl must be at least 1 second, got {args.etcd_ttl}")
+    return NodeConfig(args.etcd, args.job, args.node, args.etcd_ttl)
+
+
+@asynccontextmanager
+async def publishing(
+    config: NodeConfig | None, describe: Callable[[], NodeStatus]
+) -> AsyncIterator[NodePublisher | None]:
+    """Publish the node while the block runs (nothing without a config).
+
+    Raises:
+        MissingExtraError: ``aiotimer[etcd]`` is not installed.
+        NodeNameTakenError: a live node of the job already has this name.
+        StoreUnavailableError: etcd cannot be reached at start.
+    """
+    if config is None:
+        yield None
+        return
+    store = connect(config.endpoints)
+    try:
+        publisher = NodePublisher(
+            store, job=config.job, node=config.node, describe=describe, ttl=config.ttl
+        )
+        async with publisher:
+            yield publisher
+    finally:
+        await store.aclose()
+
+
+def server_status(server: TimerServer) -> NodeStatus:
+    """A standalone server's :class:`NodeStatus`: its workers (by pid) and timers.
+
+    Costs a copy of the timer table (O(timers)), at most once per publish interval.
+    """
+    state = server.get_state()
+    per_pid = collections.Counter(t.pid for t in state.timers)
+    return NodeStatus(
+        role="server",
+        workers=tuple(
+            WorkerRecord(pid=pid, state="running", live_timers=per_pid[pid])
+            for pid in state.workers
+        ),
+        live_timers=len(state.timers),
+        counters=dataclasses.asdict(state.counters),
+    )
+
+
+# -- aiotimer status --etcd ---------------------------------------------------------------
+
+
+def add_job_status_arguments(
+    parser: argparse.ArgumentParser, where: argparse._MutuallyExclusiveGroup
+) -> None:
+    """Add ``--etcd`` (to the ``where`` group of ``--fifo``/``--control``) and ``--job``."""
+    where.add_argument(
+        "--etcd",
+        metavar="HOST:PORT[,HOST:PORT...]",
+        help="show a whole job from etcd v3 (with --job; needs aiotimer[etcd])",
+    )
+    parser.add_argument(
+        "--job",
+        default=default_job(),
+        help="with --etcd: the job id (default: $AIOTIMER_RUN_ID, else $TORCHELASTIC_RUN_ID)",
+    )
+
+
+def run_job_status(args: argparse.Namespace) -> int:
+    """``aiotimer status --etcd``: print the job view (or refresh it every ``--watch``).
+
+    Exit status: 0 when at least one node of the job runs, 3 when none does or etcd
+    cannot be reached, 4 for a usage error, 1 for any other error.
+    """
+    if not args.job:
+        print("aiotimer status: --etcd needs --job ID (or AIOTIMER_RUN_ID)", file=sys.stderr)
+        return EXIT_USAGE
+    watch = getattr(args, "watch", None)
+    if watch is not None and not watch > 0:
+        print("aiotimer status: --watch needs a positive number of seconds", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        return asyncio.run(_job_status(args.etcd, args.job, args.json, watch, args.timeout))
+    except StoreUnavailableError as exc:
+        print(f"aiotimer status: {exc}", file=sys.stderr)
+        return EXIT_NOT_RUNNING
+    except (AiotimerError, ValueError) as exc:
+        print(f"aiotimer status: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+
+
+async def _job_status(
+    endpoints: str, job: str, as_json: bool, watch: float | None, timeout: float
+) -> int:
+    store = connect(endpoints, timeout=timeout)
+    try:
+        while True:
+            view = await read_view(store, job, now=time.time())
+            text = json.dumps(view.to_json(), indent=2) + "\n" if as_json else format_view(view)
+            if watch is not None and sys.stdout.isatty():
+                text = "\x1b[H\x1b[2J" + text
+            sys.stdout.write(text)
+            sys.stdout.flush()
+            if watch is None:
+                running = view.totals["running"] + view.totals["stale"]
+                return 0 if running else EXIT_NOT_RUNNING
+            await asyncio.sleep(watch)
+    finally:
+        await store.aclose()
