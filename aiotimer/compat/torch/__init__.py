@@ -1,0 +1,89 @@
+"""``torch.distributed.elastic.timer``'s API on aiotimer's engine: switch with one import.
+
+Replace::
+
+    import torch.distributed.elastic.timer as timer
+
+with::
+
+    import aiotimer.compat.torch as timer
+
+and keep the rest: ``timer.configure(timer.FileTimerClient(path))``, ``with
+timer.expires(after=60): ...``, ``timer.FileTimerServer(path, run_id).start()``,
+``timer.LocalTimerServer(mp_queue).start()``. Importing this module does not import
+torch; the requests and lines it produces are the ones torch's servers and clients
+expect, in both directions.
+
+What is different (aiotimer's semantics; see docs/migrating-from-torch.md):
+
+* **Prompt expiry.** The servers sleep until the next deadline instead of polling:
+  ``max_interval`` is accepted (and kept) but does not bound latency any more.
+* **No self-kill.** torch 2.13's ``FileTimerServer`` signals its own process after it
+  reaps a worker; this one does not, unless built with ``self_kill=True``.
+* **Identity-safe reaping.** Workers are pinned (pidfd) when they register, so a
+  recycled pid is never signalled, and a worker that exits has its timers cleared at
+  once. pid ``<= 1``, negative pids and the server itself are never signalled.
+* **Monotonic deadlines.** The compat clients send, besides torch's epoch
+  ``expiration_time``, the same deadline on ``time.monotonic()`` (the ``mono`` key) to
+  aiotimer servers, so wall-clock steps cannot fire or postpone a timer.
+* **Typed errors** that still satisfy torch's ``except`` clauses:
+  :class:`TimerNotConfiguredError` is a ``RuntimeError``,
+  :class:`TimerServerUnavailableError` a ``BrokenPipeError``,
+  :class:`TimerRequestTooLargeError` a ``RuntimeError``.
+* **Unique default scopes.** ``expires()`` without ``scope=`` names the caller's
+  ``file:line`` plus a counter (cheap, no ``inspect.stack()``), so nested or concurrent
+  blocks on one line are independent timers. Pass ``scope=`` to share one timer (torch's
+  behaviour for recursive calls).
+* A release that fails never hides the exception of the block it closes.
+
+The servers run aiotimer's :class:`~aiotimer.server.TimerServer` in a daemon thread
+(:class:`~aiotimer.server.TimerServerThread`); ``stop()`` is idempotent and a stopped
+server can be started again. The clients use aiotimer's
+:class:`~aiotimer.client.FifoClient` and :class:`~aiotimer.client.QueueClient`.
+"""
+
+from __future__ import annotations
+
+from aiotimer.compat.torch._api import (
+    RequestQueue,
+    TimerClient,
+    TimerServer,
+    configure,
+    expires,
+)
+from aiotimer.compat.torch._clients import (
+    FileTimerClient,
+    LocalTimerClient,
+    MultiprocessingRequestQueue,
+)
+from aiotimer.compat.torch._requests import (
+    FileTimerRequest,
+    TimerNotConfiguredError,
+    TimerRequest,
+    TimerRequestTooLargeError,
+    TimerServerUnavailableError,
+)
+from aiotimer.compat.torch._servers import (
+    FileTimerServer,
+    LocalTimerServer,
+    log_debug_info_for_expired_timers,
+)
+
+__all__ = [
+    "FileTimerClient",
+    "FileTimerRequest",
+    "FileTimerServer",
+    "LocalTimerClient",
+    "LocalTimerServer",
+    "MultiprocessingRequestQueue",
+    "RequestQueue",
+    "TimerClient",
+    "TimerNotConfiguredError",
+    "TimerRequest",
+    "TimerRequestTooLargeError",
+    "TimerServer",
+    "TimerServerUnavailableError",
+    "configure",
+    "expires",
+    "log_debug_info_for_expired_timers",
+]
