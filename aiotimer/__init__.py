@@ -62,7 +62,7 @@ from aiotimer.server import (
     TimerServer,
     TimerServerThread,
 )
-from aiotimer.sources import FifoSource, QueueSource, RequestSink, Source
+from aiotimer.sources import FifoSource, QueueSource, RequestSink, SocketSource, Source
 from aiotimer.watchdog import Watchdog, watchdog
 
 __version__ = "0.1.0"
@@ -102,6 +102,7 @@ __all__ = [
     "ServerUnavailableError",
     "SignalReaper",
     "SiteSummary",
+    "SocketSource",
     "Source",
     "SourceError",
     "Timer",

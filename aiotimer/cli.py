@@ -54,6 +54,18 @@ def _configure_serve(parser: argparse.ArgumentParser) -> None:
         help="permission bits of the FIFO, in octal (default: 0600)",
     )
     parser.add_argument(
+        "--socket",
+        nargs="?",
+        const="",
+        type=_fifo_path,
+        metavar="PATH",
+        help=(
+            "also serve on a Unix socket (default path: the FIFO's plus '.sock'), where "
+            "the kernel names each client so none can name another process; the marker "
+            "tells clients, which then prefer it"
+        ),
+    )
+    parser.add_argument(
         "--event-log",
         type=_event_log_path,
         help="append every event as a JSON line to this file",
@@ -199,6 +211,13 @@ def policy_from_args(args: argparse.Namespace) -> ReapPolicy:
     return ReapPolicy(ladder, shadow=args.shadow, unkillable_after=args.unkillable_after)
 
 
+def socket_path(args: argparse.Namespace) -> str | None:
+    """The Unix socket ``aiotimer serve`` options ask for, if any."""
+    if args.socket is None:
+        return None
+    return str(args.socket) or f"{args.fifo}.sock"
+
+
 async def _serve(args: argparse.Namespace) -> str | None:
     """Serve until SIGINT/SIGTERM (``None``) or until the server fails (why it did)."""
     loop = asyncio.get_running_loop()
@@ -220,6 +239,7 @@ async def _serve(args: argparse.Namespace) -> str | None:
     server = TimerServer(
         fifo=args.fifo,
         fifo_mode=args.mode,
+        socket=socket_path(args),
         event_log=args.event_log,
         policy=policy_from_args(args),
         reaper=SignalReaper(dump_dir=args.dump_dir),

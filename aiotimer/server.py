@@ -48,6 +48,7 @@ from aiotimer.reapers import Reaper, SignalReaper
 from aiotimer.sources._base import Source
 from aiotimer.sources.fifo import FifoSource
 from aiotimer.sources.mpqueue import QueueSource
+from aiotimer.sources.socket import SocketSource
 
 if TYPE_CHECKING:
     import multiprocessing.queues
@@ -135,7 +136,11 @@ class TimerServer:
         on_event: called with every :class:`~aiotimer.events.Event`, in the loop's thread;
             exceptions it raises are logged and otherwise ignored.
         event_log: append every event as a JSON line to this file (written asynchronously).
-        fifo_mode: the FIFO's permission bits.
+        fifo_mode: the FIFO's permission bits (the socket's too).
+        socket: also serve the same lines on a Unix stream socket at this path
+            (:class:`~aiotimer.sources.SocketSource`), where the kernel names each
+            client, so a client can only register itself; the FIFO's marker names it
+            and clients that know it prefer it.
         request_events: also emit an event per acquire and release (off: they are hot).
         reap_retry: how failed signals are retried.
         self_kill_after_reap: torch compatibility only: after a successful reap, send the
@@ -162,11 +167,15 @@ class TimerServer:
         request_events: bool = False,
         reap_retry: ReapRetry | None = None,
         self_kill_after_reap: bool = False,
+        socket: str | os.PathLike[str] | None = None,
     ) -> None:
         own: list[Source] = []
         self._fifo_path = None if fifo is None else Path(fifo)
+        if socket is not None:
+            own.append(SocketSource(socket, mode=fifo_mode))
         if fifo is not None:
-            own.append(FifoSource(fifo, mode=fifo_mode))
+            marker = {} if socket is None else {"socket": os.fspath(socket)}
+            own.append(FifoSource(fifo, mode=fifo_mode, marker=marker))
         if queue is not None:
             own.append(QueueSource(queue))
         self._sources: tuple[Source, ...] = (*own, *sources)

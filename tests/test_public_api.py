@@ -60,6 +60,7 @@ EXPECTED_TOP_LEVEL = {
     "ServerUnavailableError",
     "SignalReaper",
     "SiteSummary",
+    "SocketSource",
     "Source",
     "SourceError",
     "Timer",

@@ -5,5 +5,6 @@ from __future__ import annotations
 from aiotimer.sources._base import RequestSink, Source
 from aiotimer.sources.fifo import FifoSource
 from aiotimer.sources.mpqueue import QueueSource
+from aiotimer.sources.socket import SocketSource
 
-__all__ = ["FifoSource", "QueueSource", "RequestSink", "Source"]
+__all__ = ["FifoSource", "QueueSource", "RequestSink", "SocketSource", "Source"]

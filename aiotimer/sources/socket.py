@@ -1,0 +1,296 @@
+"""The Unix-socket source: the FIFO's request lines over a stream socket whose peers the
+kernel names.
+
+Over a FIFO a request says which pid it is for, and the server has to believe it: a
+client can name any process. Over this socket the kernel tells the server who connected
+(``SO_PEERCRED``: pid and uid), so a request is accepted only for the connected process
+itself; a line naming another pid is rejected.
+
+How it works:
+
+* **Claiming the path.** A missing path gets a new socket, chmod-ed to exactly ``mode``.
+  An existing path is replaced only if it is a socket owned by this user that nobody
+  accepts on (a connection attempt is refused); anything else is refused and left alone.
+* **Peers.** Each accepted connection reads ``SO_PEERCRED`` once. Where the kernel has
+  ``SO_PEERPIDFD`` (Linux >= 6.5) the peer is pinned by a pidfd while its start time is
+  read, so the start time is proven to be the connected process's; elsewhere it is read
+  at accept. Every request of the connection is stamped with that start time (a line
+  carrying another is rejected), so the server never pins a process that got the
+  peer's pid after the peer died.
+* **Reading.** One task per connection reads what is readable into its own
+  :class:`~aiotimer._protocol.LineDecoder` (lines of different clients never mix) and
+  hands each batch to the sink. End of stream flushes a partial line as a rejection.
+  A closed connection is not an exit by itself (a forked child may hold the socket);
+  the worker's exit is seen through its pidfd as for every source.
+* **Leaving.** Connections and the listening socket are closed, and the path removed
+  if it is still the socket this source bound.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pathlib
+import select
+import socket
+import stat
+import struct
+from dataclasses import dataclass
+from typing import Final
+
+import anyio
+import anyio.abc
+import msgspec
+
+from aiotimer._process import read_start_time
+from aiotimer._protocol import (
+    MAX_LINE_BYTES,
+    Decoded,
+    LineDecoder,
+    Rejection,
+    Request,
+    encode,
+)
+from aiotimer.errors import ProcessGoneError, SourceError
+from aiotimer.sources._base import RequestSink
+
+__all__ = ["SocketSource", "peer_credentials"]
+
+#: ``SO_PEERPIDFD`` (Linux >= 6.5); Python names it from 3.12 on.
+_SO_PEERPIDFD: Final[int] = getattr(socket, "SO_PEERPIDFD", 77)
+_UCRED: Final = struct.Struct("3i")
+_BACKLOG: Final[int] = 1024
+_CHUNK: Final[int] = 1 << 16
+
+
+@dataclass(frozen=True, slots=True)
+class Peer:
+    """Who is on the other end of a connection, as the kernel says."""
+
+    pid: int
+    uid: int
+    start_time: int | None
+    """The peer's start time (``/proc/<pid>/stat`` field 22); ``None`` without ``/proc``."""
+
+
+def peer_credentials(conn: socket.socket) -> Peer:
+    """The connected peer of Unix stream socket ``conn``.
+
+    Raises:
+        ProcessGoneError: the peer has already exited.
+        OSError: the socket has no peer credentials (not a connected Unix socket).
+    """
+    pid, uid, _gid = _UCRED.unpack(
+        conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+    )
+    if pid <= 0:
+        raise ProcessGoneError("the peer's pid is not visible here (another pid namespace)")
+    pidfd = _peer_pidfd(conn)
+    try:
+        start_time = read_start_time(pid)
+        if pidfd is not None and _readable(pidfd):
+            raise ProcessGoneError(f"peer process {pid} has exited")
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+    return Peer(pid, uid, start_time)
+
+
+def _peer_pidfd(conn: socket.socket) -> int | None:
+    try:
+        fd = conn.getsockopt(socket.SOL_SOCKET, _SO_PEERPIDFD)
+    except OSError:
+        return None  # ENOPROTOOPT: a kernel without SO_PEERPIDFD
+    return fd if fd >= 0 else None
+
+
+def _readable(fd: int) -> bool:
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
+
+
+def _bind_to_peer(batch: Decoded, peer: Peer) -> Decoded:
+    """Keep the requests that name ``peer`` itself, stamped with its start time."""
+    out = Decoded(rejections=batch.rejections)
+    for req in batch.requests:
+        problem = None
+        if req.pid != peer.pid:
+            problem = (
+                f"pid {req.pid} is not the connected process (pid {peer.pid}); over the "
+                "socket a client can only name itself"
+            )
+        elif req.start_time is not None and req.start_time != peer.start_time:
+            problem = (
+                f"start_time {req.start_time} is not the connected process's ({peer.start_time})"
+            )
+        if problem is not None:
+            out.rejections.append(Rejection.of(problem, _wire(req)))
+        elif req.start_time is None and peer.start_time is not None:
+            out.requests.append(msgspec.structs.replace(req, start_time=peer.start_time))
+        else:
+            out.requests.append(req)
+    return out
+
+
+def _wire(req: Request) -> bytes:
+    try:
+        return encode(req)[:-1]
+    except ValueError:  # too long to encode as one line: its msgspec form
+        return msgspec.json.encode(req)
+
+
+class _Listener:
+    """The listening socket of one :meth:`SocketSource.serve` run and the inode it made."""
+
+    __slots__ = ("inode", "path", "sock")
+
+    def __init__(self, path: pathlib.Path, mode: int) -> None:
+        self.path = path
+        self.inode: tuple[int, int] | None = None
+        _clear_stale(path)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            self.sock.bind(os.fspath(path))
+            st = os.lstat(path)
+            self.inode = (st.st_dev, st.st_ino)
+            os.chmod(path, mode, follow_symlinks=False)
+            self.sock.listen(_BACKLOG)
+            self.sock.setblocking(False)
+        except OSError as exc:
+            self.close()
+            raise SourceError(f"cannot listen on Unix socket {path}: {exc}") from exc
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        self.sock.close()
+        if self.inode is None:
+            return
+        with contextlib.suppress(FileNotFoundError):
+            st = os.lstat(self.path)
+            if (st.st_dev, st.st_ino) == self.inode:
+                os.unlink(self.path)
+
+
+def _clear_stale(path: pathlib.Path) -> None:
+    """Remove a stale socket of ours at ``path``; refuse anything else.
+
+    Raises:
+        SourceError: the path is not a socket, not ours, or a live server accepts on it.
+    """
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise SourceError(
+            f"{path} exists and is not a socket; refusing to replace it. "
+            "Choose another path or remove it yourself."
+        )
+    if st.st_uid != os.geteuid():
+        raise SourceError(
+            f"socket {path} belongs to uid {st.st_uid}, not to this user; refusing to take it"
+        )
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.setblocking(False)
+        try:
+            probe.connect(os.fspath(path))
+        except ConnectionRefusedError:
+            os.unlink(path)  # nobody accepts on it: stale
+            return
+        except BlockingIOError:
+            pass  # a full backlog: someone listens
+        except OSError as exc:
+            raise SourceError(f"cannot check whether socket {path} is in use: {exc}") from exc
+    raise SourceError(
+        f"socket {path} is being served by another process; stop it or choose another path"
+    )
+
+
+class SocketSource:
+    """Serve request lines on a Unix stream socket at ``path`` (see the module docstring).
+
+    Args:
+        path: where to bind the socket.
+        mode: permission bits of the socket file (connecting needs write permission).
+        max_line: the longest accepted line, newline included.
+    """
+
+    __slots__ = ("_max_line", "_mode", "_name", "_path")
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        mode: int = 0o600,
+        max_line: int = MAX_LINE_BYTES,
+    ) -> None:
+        self._path = pathlib.Path(path)
+        self._mode = mode
+        self._max_line = max_line
+        self._name = f"socket:{self._path}"
+        LineDecoder(max_line)  # validates max_line now rather than in serve()
+
+    @property
+    def name(self) -> str:
+        """``"socket:<path>"``."""
+        return self._name
+
+    @property
+    def path(self) -> pathlib.Path:
+        """The socket's path."""
+        return self._path
+
+    async def serve(
+        self,
+        sink: RequestSink,
+        *,
+        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Bind and listen, then feed ``sink`` from every connection until cancelled.
+
+        Raises:
+            SourceError: the path cannot be claimed or bound (see the class docstring).
+        """
+        listener = _Listener(self._path, self._mode)
+        try:
+            async with anyio.create_task_group() as tg:
+                task_status.started()
+                while True:
+                    await anyio.wait_readable(listener.sock)
+                    try:
+                        conn, _ = listener.sock.accept()
+                    except (BlockingIOError, ConnectionAbortedError):
+                        continue
+                    tg.start_soon(self._serve_connection, conn, sink)
+        finally:
+            listener.close()
+
+    async def _serve_connection(self, conn: socket.socket, sink: RequestSink) -> None:
+        with conn:
+            conn.setblocking(False)
+            try:
+                peer = peer_credentials(conn)
+            except (ProcessGoneError, OSError) as exc:
+                reason = f"connection refused: no identifiable peer ({exc})"
+                sink.submit(Decoded(rejections=[Rejection.of(reason, b"")]), self._name)
+                return
+            decoder = LineDecoder(self._max_line)
+            while True:
+                await anyio.wait_readable(conn)
+                try:
+                    chunk = conn.recv(_CHUNK)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    chunk = b""  # ECONNRESET: the peer is gone, as at end of stream
+                batch = decoder.feed(chunk) if chunk else decoder.flush()
+                if batch.requests or batch.rejections:
+                    sink.submit(_bind_to_peer(batch, peer), self._name)
+                if not chunk:
+                    return
+
+    def __repr__(self) -> str:
+        return f"<SocketSource {str(self._path)!r} mode={self._mode:#o}>"
