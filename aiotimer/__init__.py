@@ -9,6 +9,7 @@ interoperate; :mod:`aiotimer.compat.torch` offers torch's names as a drop-in.
 Public submodules: :mod:`aiotimer.client`, :mod:`aiotimer.server`, :mod:`aiotimer.events`,
 :mod:`aiotimer.errors`, :mod:`aiotimer.reapers`, :mod:`aiotimer.sources`,
 :mod:`aiotimer.watchdog`, :mod:`aiotimer.diagnostics`, :mod:`aiotimer.testing`,
+:mod:`aiotimer.supervisor`,
 :mod:`aiotimer.compat.torch`. Modules whose names start with ``_`` are private.
 """
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 from aiotimer import events
 from aiotimer._clock import Clock, MonotonicClock
+from aiotimer._launch import Launch, Launcher, launched
 from aiotimer._policy import Escalation, ReapPolicy
 from aiotimer._protocol import (
     PIPE_BUF,
@@ -25,6 +27,14 @@ from aiotimer._protocol import (
     Request,
     RequestTooLargeError,
     encode,
+)
+from aiotimer._restart import (
+    Backoff,
+    ExitKind,
+    ExitReason,
+    RestartPolicy,
+    RestartScope,
+    WorkerState,
 )
 from aiotimer._stats import DurationStats, SiteSummary
 from aiotimer._table import Timer, TimerKey, TimerTable
@@ -44,6 +54,7 @@ from aiotimer.client import (
 from aiotimer.errors import (
     AiotimerError,
     ClientBackpressureError,
+    LaunchError,
     NotConfiguredError,
     ProcessGoneError,
     ReapError,
@@ -63,6 +74,7 @@ from aiotimer.server import (
     TimerServerThread,
 )
 from aiotimer.sources import FifoSource, QueueSource, RequestSink, SocketSource, Source
+from aiotimer.supervisor import RunOutcome, Supervisor, SupervisorState, WorkerSnapshot
 from aiotimer.watchdog import Watchdog, watchdog
 
 __version__ = "0.1.0"
@@ -70,6 +82,7 @@ __version__ = "0.1.0"
 __all__ = [
     "PIPE_BUF",
     "AiotimerError",
+    "Backoff",
     "ClientBackpressureError",
     "Clock",
     "Counters",
@@ -77,10 +90,15 @@ __all__ = [
     "DurationStats",
     "Escalation",
     "Event",
+    "ExitKind",
+    "ExitReason",
     "Expires",
     "FifoClient",
     "FifoSource",
     "InProcessClient",
+    "Launch",
+    "LaunchError",
+    "Launcher",
     "Lifecycle",
     "LineDecoder",
     "MonotonicClock",
@@ -97,6 +115,9 @@ __all__ = [
     "Request",
     "RequestSink",
     "RequestTooLargeError",
+    "RestartPolicy",
+    "RestartScope",
+    "RunOutcome",
     "ServerState",
     "ServerStateError",
     "ServerUnavailableError",
@@ -105,6 +126,8 @@ __all__ = [
     "SocketSource",
     "Source",
     "SourceError",
+    "Supervisor",
+    "SupervisorState",
     "Timer",
     "TimerClient",
     "TimerKey",
@@ -112,6 +135,8 @@ __all__ = [
     "TimerServerThread",
     "TimerTable",
     "Watchdog",
+    "WorkerSnapshot",
+    "WorkerState",
     "__version__",
     "configure",
     "current_client",
@@ -119,6 +144,7 @@ __all__ = [
     "events",
     "expires",
     "expires_at",
+    "launched",
     "under_timer_server",
     "use_client",
     "watchdog",

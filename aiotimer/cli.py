@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
-from aiotimer import demo
+from aiotimer import _cli_run, demo
 from aiotimer._limits import raise_open_file_limit
 from aiotimer._logging import queued_logging
 from aiotimer._policy import Escalation, ReapPolicy
@@ -82,18 +82,28 @@ def _configure_serve(parser: argparse.ArgumentParser) -> None:
         choices=["auto", "asyncio", "uvloop"],
         help="event loop (default: auto, i.e. uvloop when installed)",
     )
+    reaping = add_reap_arguments(parser)
+    reaping.add_argument(
+        "--shadow",
+        action="store_true",
+        help="report only: signal nothing, report what would have been done, and print "
+        "per-scope duration statistics with suggested timeouts on stop",
+    )
+    reaping.add_argument(
+        "--stats",
+        action="store_true",
+        help="print per-scope duration statistics on stop (implied by --shadow)",
+    )
+
+
+def add_reap_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+    """Add the reaping options (read by :func:`policy_from_args`); return their group."""
     reaping = parser.add_argument_group(
         "reaping",
         "Without --grace/--group/--dump each timer is reaped with exactly the signal its "
         "request names (torch semantics). With any of them the server uses a ladder: "
         "[stack dump] -> [SIGTERM -> wait GRACE] -> SIGKILL, to the process group with "
         "--group; request keys may add to it.",
-    )
-    reaping.add_argument(
-        "--shadow",
-        action="store_true",
-        help="report only: signal nothing, report what would have been done, and print "
-        "per-scope duration statistics with suggested timeouts on stop",
     )
     reaping.add_argument(
         "--grace",
@@ -131,11 +141,7 @@ def _configure_serve(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="report a worker still alive this long after its last signal (default: 5)",
     )
-    reaping.add_argument(
-        "--stats",
-        action="store_true",
-        help="print per-scope duration statistics on stop (implied by --shadow)",
-    )
+    return reaping
 
 
 def _argument_error(parser: argparse.ArgumentParser, message: str) -> NoReturn:
@@ -196,7 +202,7 @@ def _existing_dir(text: str) -> str:
 
 
 def policy_from_args(args: argparse.Namespace) -> ReapPolicy:
-    """The reap policy ``aiotimer serve`` options ask for."""
+    """The reap policy the options of :func:`add_reap_arguments` ask for."""
     dump = bool(args.dump or args.dump_dir)
     ladder = None
     if args.grace is not None or args.group or dump:
@@ -208,7 +214,8 @@ def policy_from_args(args: argparse.Namespace) -> ReapPolicy:
             kill_signal=signal.SIGKILL,
             group=args.group,
         )
-    return ReapPolicy(ladder, shadow=args.shadow, unkillable_after=args.unkillable_after)
+    shadow = getattr(args, "shadow", False)
+    return ReapPolicy(ladder, shadow=shadow, unkillable_after=args.unkillable_after)
 
 
 def socket_path(args: argparse.Namespace) -> str | None:
@@ -285,6 +292,12 @@ def _fail(message: str) -> int:
 #: Every subcommand, in the order ``--help`` lists them.
 COMMANDS: list[Command] = [
     Command("serve", "run a timer server on a FIFO", _configure_serve, run_serve),
+    Command(
+        "run",
+        "supervise workers: restart them when they hang or fail",
+        _cli_run.configure_run,
+        _cli_run.run_run,
+    ),
     Command(
         "demo",
         "watch a server reap a stuck worker among healthy ones (about 5 seconds)",

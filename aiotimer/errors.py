@@ -11,6 +11,7 @@ __all__ = [
     "ClientBackpressureError",
     "ClusterError",
     "EventLogError",
+    "LaunchError",
     "LeaseLostError",
     "MissingExtraError",
     "NodeNameTakenError",
@@ -83,3 +84,7 @@ class NodeNameTakenError(ClusterError):
 
 class EventLogError(AiotimerError):
     """The event log file cannot be opened for appending (the message says why)."""
+
+
+class LaunchError(AiotimerError):
+    """A supervised worker's command cannot be run (not found, not executable)."""

@@ -16,7 +16,7 @@ from aiotimer.cli import COMMANDS, build_parser, main
 
 
 def test_subcommands_are_registered_in_one_place() -> None:
-    assert [c.name for c in COMMANDS] == ["serve", "demo"]
+    assert [c.name for c in COMMANDS] == ["serve", "run", "demo"]
     help_text = build_parser().format_help()
     assert "serve" in help_text
 

@@ -1,0 +1,251 @@
+"""The supervisor with real worker processes: restarts, budget, back-off, stopping.
+
+Workers are tiny Python scripts (``WORKER`` below) whose behaviour is chosen by the
+``TEST_MODE`` variable; timers and back-offs are short (0.05-0.5 s) so each run takes a
+second or two. Tolerances: only orders and counts are asserted, plus generous upper
+bounds on a run's duration and a CPU bound that a spinning loop could not meet.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import anyio
+import pytest
+
+from aiotimer import Backoff, RestartPolicy, RestartScope, RunOutcome, Supervisor
+from aiotimer.events import (
+    Event,
+    RestartScheduled,
+    SupervisorGaveUp,
+    WorkerEnded,
+    WorkerRunning,
+    WorkerStarted,
+)
+
+pytestmark = [pytest.mark.process, pytest.mark.timeout(60)]
+
+WORKER = """
+import os, subprocess, sys, time
+from aiotimer import expires, launched
+
+me = launched()
+mode = os.environ["TEST_MODE"]
+if mode == "hang-once":  # rank 1 hangs on its first attempt only
+    if me.rank == 1 and me.restart_count == 0:
+        with expires(after=0.2, scope="step"):
+            time.sleep(60)
+    with expires(after=5, scope="step"):
+        time.sleep(0.3)
+elif mode == "hang-always":
+    if me.rank == 1:
+        with expires(after=0.1, scope="step"):
+            time.sleep(60)
+    time.sleep(0.2)
+elif mode == "crash":
+    sys.exit(3)
+elif mode == "no-restart":
+    sys.exit(93)
+elif mode == "tree":  # a child in its group, and a daemon that escapes with setsid
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    daemon = subprocess.Popen([sys.executable, "-c", '''
+import os, subprocess, sys, time
+os.setsid()
+p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+print(p.pid, flush=True)
+'''], stdout=subprocess.PIPE, text=True)
+    escaped = int(daemon.stdout.readline())
+    daemon.wait()  # its parent is gone: the escaped grandchild is an orphan
+    with open(os.environ["TEST_PIDS"], "a") as f:
+        f.write(f"{os.getpid()} {child.pid} {escaped}\\n")
+    time.sleep(60)
+"""
+
+
+@pytest.fixture
+def worker(tmp_path: Path) -> list[str]:
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    return [sys.executable, str(script)]
+
+
+def supervisor(
+    command: list[str], tmp_path: Path, mode: str, events: list[Event], **kwargs: object
+) -> Supervisor:
+    env = {**os.environ, "TEST_MODE": mode, "TEST_PIDS": str(tmp_path / "pids")}
+    kwargs.setdefault("stop_timeout", 2.0)
+    return Supervisor(command, env=env, on_event=events.append, **kwargs)  # type: ignore[arg-type]
+
+
+def policy(**kwargs: object) -> RestartPolicy:
+    kwargs.setdefault("backoff", Backoff(initial=0.05, cap=1.0))
+    kwargs.setdefault("min_uptime", 0.1)
+    return RestartPolicy(**kwargs)  # type: ignore[arg-type]
+
+
+def of(kind: type[Event], events: list[Event]) -> list[Event]:
+    return [e for e in events if isinstance(e, kind)]
+
+
+def starts(events: list[Event]) -> Counter[int]:
+    return Counter(e.rank for e in events if isinstance(e, WorkerStarted))
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return False
+    return data[data.rindex(b")") + 2 : data.rindex(b")") + 3] not in (b"Z", b"X")
+
+
+@pytest.mark.asyncio
+async def test_worker_scope_restarts_only_the_hung_rank(worker: list[str], tmp_path: Path) -> None:
+    events: list[Event] = []
+    # a long min-uptime: each worker is seen running by its first timer request
+    sup = supervisor(worker, tmp_path, "hang-once", events, nproc=3,
+                     policy=policy(min_uptime=10.0))  # fmt: skip
+    with anyio.fail_after(30):
+        outcome = await sup.run()
+    assert outcome is RunOutcome.SUCCEEDED
+    assert starts(events) == {0: 1, 1: 2, 2: 1}
+    (reaped,) = [e for e in of(WorkerEnded, events) if e.reason == "reaped"]
+    assert (reaped.rank, reaped.scopes) == (1, ("step",))
+    assert [e.ranks for e in of(RestartScheduled, events)] == [(1,)]
+    # the restarted rank got its restart count; running is evidence-based
+    assert [e.restarts for e in of(WorkerStarted, events) if e.rank == 1] == [0, 1]
+    running = of(WorkerRunning, events)
+    assert len(running) == 4
+    assert {e.evidence for e in running} == {"sent a timer request"}
+
+
+@pytest.mark.asyncio
+async def test_group_scope_restarts_every_rank(worker: list[str], tmp_path: Path) -> None:
+    events: list[Event] = []
+    sup = supervisor(
+        worker, tmp_path, "hang-once", events, nproc=3,
+        policy=policy(scope=RestartScope.GROUP),
+    )  # fmt: skip
+    with anyio.fail_after(30):
+        outcome = await sup.run()
+    assert outcome is RunOutcome.SUCCEEDED
+    assert starts(events) == {0: 2, 1: 2, 2: 2}
+    assert [e.ranks for e in of(RestartScheduled, events)] == [(0, 1, 2)]
+    assert {w.restarts for w in sup.get_state().workers} == {1}
+
+
+@pytest.mark.asyncio
+async def test_budget_gives_up_after_exactly_k_plus_one_attempts(
+    worker: list[str], tmp_path: Path
+) -> None:
+    events: list[Event] = []
+    sup = supervisor(worker, tmp_path, "hang-always", events, nproc=2,
+                     policy=policy(max_restarts=2))  # fmt: skip
+    started = time.monotonic()
+    with anyio.fail_after(30):
+        outcome = await sup.run()
+    elapsed = time.monotonic() - started
+    assert outcome is RunOutcome.GAVE_UP
+    assert starts(events)[1] == 3
+    assert len(of(SupervisorGaveUp, events)) == 1
+    assert elapsed < 15  # three 0.1 s hangs, ~0.15 s of back-off, interpreter start-ups
+    pids = [e.pid for e in of(WorkerStarted, events)]
+    assert not [pid for pid in pids if alive(pid)]
+    assert {w.state.value for w in sup.get_state().workers} == {"succeeded", "fatal"}
+
+
+@pytest.mark.asyncio
+async def test_backoff_delays_grow_and_start_failures_are_reported(
+    worker: list[str], tmp_path: Path
+) -> None:
+    events: list[Event] = []
+    sup = supervisor(worker, tmp_path, "crash", events,
+                     policy=policy(max_restarts=4, min_uptime=5.0))  # fmt: skip
+    with anyio.fail_after(30):
+        outcome = await sup.run()
+    assert outcome is RunOutcome.GAVE_UP
+    delays = [e.delay for e in of(RestartScheduled, events)]
+    assert len(delays) == 4
+    assert all(b > a for a, b in itertools.pairwise(delays))
+    ends = of(WorkerEnded, events)
+    assert [(e.reason, e.exit_code, e.start_failure) for e in ends] == [("crashed", 3, True)] * 5
+    # each restart waited its delay: the gap from an exit to the next start
+    gaps = [s.time - e.time for e, s in zip(ends, of(WorkerStarted, events)[1:], strict=False)]
+    assert all(g >= d * 0.9 for g, d in zip(gaps, delays, strict=True))
+    (summary,) = sup.summary
+    assert (summary.attempts, summary.start_failures) == (5, 5)
+
+
+@pytest.mark.asyncio
+async def test_no_restart_exit_code_is_not_restarted(worker: list[str], tmp_path: Path) -> None:
+    events: list[Event] = []
+    sup = supervisor(worker, tmp_path, "no-restart", events, nproc=2, policy=policy())
+    with anyio.fail_after(30):
+        outcome = await sup.run()
+    assert outcome is RunOutcome.FAILED
+    assert starts(events) == {0: 1, 1: 1}
+    assert of(RestartScheduled, events) == []
+    assert {w.state.value for w in sup.get_state().workers} == {"failed"}
+
+
+@pytest.mark.asyncio
+async def test_crash_loop_backoff_does_not_spin(worker: list[str], tmp_path: Path) -> None:
+    """While a restart waits out a 1 s back-off, the supervisor's process sleeps."""
+    events: list[Event] = []
+    marks: list[tuple[float, float]] = []
+
+    def on_event(event: Event) -> None:
+        events.append(event)
+        if isinstance(event, RestartScheduled | WorkerStarted):
+            marks.append((time.monotonic(), time.process_time()))
+
+    env = {**os.environ, "TEST_MODE": "crash"}
+    sup = Supervisor(
+        worker, env=env, on_event=on_event,
+        policy=policy(max_restarts=1, backoff=Backoff(initial=1.0, cap=1.0, jitter=0.0)),
+    )  # fmt: skip
+    with anyio.fail_after(30):
+        await sup.run()
+    # marks: start, restart scheduled, start again
+    (_, _), (wall0, cpu0), (wall1, cpu1) = marks
+    assert wall1 - wall0 >= 0.95
+    assert cpu1 - cpu0 < 0.1 * (wall1 - wall0), (cpu1 - cpu0, wall1 - wall0)
+
+
+def test_sigterm_to_run_leaves_no_process(worker: list[str], tmp_path: Path) -> None:
+    pids_file = tmp_path / "pids"
+    env = {
+        **os.environ,
+        "TEST_MODE": "tree",
+        "TEST_PIDS": str(pids_file),
+        "PYTHONPATH": os.pathsep.join(sys.path),
+    }
+    run = subprocess.Popen(
+        [sys.executable, "-m", "aiotimer", "run", "--nproc", "2", "--stop-timeout", "2",
+         "--", *worker],
+        env=env, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 20
+        while (not pids_file.exists() or len(pids_file.read_text().splitlines()) < 2) and (
+            time.monotonic() < deadline
+        ):
+            time.sleep(0.05)
+        pids = [int(p) for line in pids_file.read_text().splitlines() for p in line.split()]
+        assert len(pids) == 6
+        assert all(alive(pid) for pid in pids)
+        run.send_signal(signal.SIGTERM)
+        _, err = run.communicate(timeout=20)
+    finally:
+        run.kill()
+    assert run.returncode == 128 + signal.SIGTERM, err
+    assert [pid for pid in pids if alive(pid)] == []
+    assert "stopped" in err  # the summary table
