@@ -21,13 +21,13 @@ from aiotimer._launch import (
     TORCH_ENV_RUN_ID,
 )
 from aiotimer._protocol import ENV_FIFO, TORCH_ENV_FIFO
-from aiotimer.reapers import Reaper, as_nonblocking
+from aiotimer.reapers import Reaper
 
 __all__ = [
     "WORKER_ENV",
     "Attempt",
+    "ObservedReaper",
     "free_port",
-    "observe",
     "pidfd",
     "wait_exit",
     "worker_env",
@@ -118,7 +118,7 @@ class Attempt:
         return self.popen.pid
 
 
-class _ObservedReaper:
+class ObservedReaper:
     """Wraps the server's reaper to learn when a process first registers a timer."""
 
     def __init__(self, inner: Reaper, on_attach: Callable[[int], None]) -> None:
@@ -126,33 +126,27 @@ class _ObservedReaper:
         self._on_attach = on_attach
 
     def attach(self, pid: int) -> bool:
+        """Attach through the inner reaper; tell ``on_attach`` if the pid is live."""
         ok = self.inner.attach(pid)
         if ok:
             self._on_attach(pid)
         return ok
 
     async def wait_exit(self, pid: int) -> None:
+        """The inner reaper's."""
         await self.inner.wait_exit(pid)
 
-    async def signal(self, pid: int, signum: int, *, group: bool = False) -> None:
-        await self.inner.signal(pid, signum, group=group)
+    def signal(self, pid: int, signum: int, *, group: bool = False) -> None:
+        """The inner reaper's."""
+        self.inner.signal(pid, signum, group=group)
 
     async def dump_stacks(self, pid: int, timeout: float) -> str | None:
+        """The inner reaper's."""
         return await self.inner.dump_stacks(pid, timeout)
 
     def detach(self, pid: int) -> None:
+        """The inner reaper's."""
         self.inner.detach(pid)
-
-
-class _ObservedNonBlockingReaper(_ObservedReaper):
-    def signal_nowait(self, pid: int, signum: int, *, group: bool = False) -> None:
-        self.inner.signal_nowait(pid, signum, group=group)  # type: ignore[attr-defined]
-
-
-def observe(inner: Reaper, on_attach: Callable[[int], None]) -> Reaper:
-    if as_nonblocking(inner) is not None:
-        return _ObservedNonBlockingReaper(inner, on_attach)
-    return _ObservedReaper(inner, on_attach)
 
 
 def pidfd(pid: int) -> int | None:

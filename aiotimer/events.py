@@ -570,6 +570,12 @@ class SupervisorStopped(Event):
     exit_code: int
     workers: tuple[WorkerSummary, ...]
 
+    def to_dict(self) -> dict[str, Any]:
+        """:meth:`Event.to_dict`, with each worker's ``reasons`` as a list."""
+        out = Event.to_dict(self)
+        out["workers"] = [{**w, "reasons": list(w["reasons"])} for w in out["workers"]]
+        return out
+
     def describe(self) -> str:
         """One human-readable line."""
         return f"supervisor stopped: {self.outcome} (exit code {self.exit_code})"

@@ -67,8 +67,8 @@ from aiotimer._supervisor_types import (
 from aiotimer._workers import (
     WORKER_ENV,
     Attempt,
+    ObservedReaper,
     free_port,
-    observe,
     pidfd,
     wait_exit,
     worker_env,
@@ -327,7 +327,7 @@ class Supervisor:
         self._fifo = self._dir / "timer.fifo"
         self._server = TimerServer(
             fifo=self._fifo,
-            reaper=observe(self._reaper, self._timer_registered),
+            reaper=ObservedReaper(self._reaper, self._timer_registered),
             policy=self._reap_policy,
             clock=self._clock,
             on_event=self._server_event,

@@ -47,11 +47,44 @@ SAMPLES: list[ev.Event] = [
     ev.WorkerUnknown(time=1.0, pid=1, scope_id="a", source="fifo:/x"),
     ev.RequestRejected(time=1.0, reason="malformed JSON", line="garbage", source="fifo:/x"),
     ev.EventsLost(time=1.0, count=3, error="No space left on device (ENOSPC)"),
+    ev.WorkerStarted(time=1.0, rank=1, pid=7, attempt=2, restarts=1),
+    ev.WorkerRunning(time=1.0, rank=1, pid=7, evidence="sent a timer request"),
+    ev.WorkerEnded(
+        time=1.0,
+        rank=1,
+        pid=7,
+        reason="reaped",
+        exit_code=None,
+        signal=9,
+        scopes=("a",),
+        uptime=2.5,
+        start_failure=False,
+        state="backoff",
+        description="reaped by timer 'a'",
+    ),
+    ev.RestartScheduled(time=1.0, ranks=(0, 1), delay=0.5, restarts=(1, 1), attempt=1, budget=3),
+    ev.SupervisorGaveUp(time=1.0, reason="restart budget exhausted"),
+    ev.SupervisorStopped(
+        time=1.0,
+        outcome="succeeded",
+        exit_code=0,
+        workers=(
+            ev.WorkerSummary(
+                rank=0,
+                state="succeeded",
+                attempts=2,
+                restarts=1,
+                start_failures=0,
+                reasons=("crashed", "succeeded"),
+                uptime=3.0,
+            ),
+        ),
+    ),
 ]
 
 
 def test_every_event_kind_has_a_sample_and_a_unique_kind() -> None:
-    helpers = {"Event", "Counters", "signal_name", "clip_text", "MAX_LOGGED_TEXT"}
+    helpers = {"Event", "Counters", "signal_name", "clip_text", "MAX_LOGGED_TEXT", "WorkerSummary"}
     classes = {getattr(ev, name) for name in ev.__all__ if name not in helpers}
     assert classes == {type(e) for e in SAMPLES}
     kinds = list(dict.fromkeys(e.kind for e in SAMPLES))
