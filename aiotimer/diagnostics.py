@@ -19,6 +19,9 @@ the thread stacks.
 
 Server side
 -----------
+(In :mod:`aiotimer._dump_collect`; its names are importable from here too, loaded on
+first use, so that a worker importing this module loads no server code.)
+
 :func:`collect_dump` checks the worker's header (same pid, same process start time, the
 hook's signal), notes the file's size, sends the signal through the caller's
 ``send_signal`` (a pidfd-pinned sender), and waits, bounded, for the end marker
@@ -34,24 +37,29 @@ import atexit
 import contextlib
 import faulthandler
 import logging
-import math
 import os
-import shutil
 import signal
-import sys
 import tempfile
 import threading
 import time
 import types
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
-
-import anyio
+from typing import TYPE_CHECKING, Any, Final
 
 from aiotimer._process import read_start_time
+from aiotimer._task_stacks import format_tasks
 from aiotimer.errors import ProcessGoneError
+
+if TYPE_CHECKING:
+    from aiotimer._dump_collect import (
+        HookInfo,
+        collect_dump,
+        hook_info,
+        py_spy_dump,
+        py_spy_executable,
+        read_dump,
+    )
 
 __all__ = [
     "DEFAULT_DUMP_SIGNAL",
@@ -82,8 +90,6 @@ END_MARKER: Final[str] = "=== end of aiotimer dump ==="
 _HEADER_TAG: Final[str] = "aiotimer-dump-hook"
 #: The most a reader takes of one dump.
 MAX_DUMP_BYTES: Final[int] = 4 * 1024 * 1024
-#: The longest await chain printed per task (guards against cycles).
-_MAX_CHAIN: Final[int] = 200
 
 
 def dump_path_for(pid: int, dump_dir: str | os.PathLike[str] | None = None) -> Path:
@@ -283,282 +289,18 @@ def _asyncio_section(frame: types.FrameType | None) -> str:
     return "\n".join(lines) + "\n" + format_tasks(loop, current_frame=frame)
 
 
-# -- formatting tasks -------------------------------------------------------------------
+_SERVER_SIDE: Final = frozenset(
+    {"HookInfo", "collect_dump", "hook_info", "py_spy_dump", "py_spy_executable", "read_dump"}
+)
 
 
-def _where(frame: types.FrameType) -> str:
-    code = frame.f_code
-    return f"{code.co_qualname} at {code.co_filename}:{frame.f_lineno}"
+def __getattr__(name: str) -> Any:
+    if name in _SERVER_SIDE:
+        from aiotimer import _dump_collect  # noqa: PLC0415 (lazy: server side)
+
+        return getattr(_dump_collect, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _short(obj: object, limit: int = 160) -> str:
-    try:
-        text = repr(obj)
-    except Exception as exc:
-        text = f"<unprintable {type(obj).__name__}: {exc!r}>"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _frame_of(obj: object) -> types.FrameType | None:
-    for attr in ("cr_frame", "gi_frame", "ag_frame"):
-        frame = getattr(obj, attr, None)
-        if isinstance(frame, types.FrameType):
-            return frame
-    return None
-
-
-def _awaited_by(obj: object) -> object | None:
-    for attr in ("cr_await", "gi_yieldfrom", "ag_await"):
-        inner: object = getattr(obj, attr, None)
-        if inner is not None:
-            return inner
-    return None
-
-
-def _running_frames(
-    coro_frame: types.FrameType, current: types.FrameType | None
-) -> list[types.FrameType] | None:
-    """The frames from ``coro_frame`` down to ``current``, if ``current`` runs inside it."""
-    frames: list[types.FrameType] = []
-    f = current
-    while f is not None:
-        frames.append(f)
-        if f is coro_frame:
-            return frames[::-1]
-        f = f.f_back
-    return None
-
-
-def _await_chain(coro: object, current: types.FrameType | None, waiter: object) -> list[str]:
-    """One line per coroutine from the task's outermost one to where it is stuck.
-
-    ``waiter`` is the future the task waits for, if known: it names the awaited object
-    better than the opaque future iterator at the end of the chain.
-    """
-    lines: list[str] = []
-    obj: object | None = coro
-    for _ in range(_MAX_CHAIN):
-        if obj is None:
-            break
-        frame = _frame_of(obj)
-        if frame is None:
-            if any(hasattr(obj, a) for a in ("cr_code", "gi_code", "ag_code")):
-                name = getattr(obj, "__qualname__", type(obj).__name__)
-                lines.append(f"{name} (finished or not started)")
-            else:
-                lines.append(f"awaiting {_describe_awaited(obj, waiter)}")
-            break
-        running = _running_frames(frame, current)
-        if running is not None:
-            # This coroutine is executing right now (the signal interrupted it, e.g. in
-            # time.sleep): its callees are frames on the stack, not an await chain.
-            lines.extend(_where(f) for f in running)
-            lines.append("(running: interrupted in the innermost frame above)")
-            break
-        lines.append(_where(frame))
-        obj = _awaited_by(obj)
-        if obj is None and waiter is not None:
-            lines.append(f"awaiting {_describe_awaited(None, waiter)}")
-    return lines
-
-
-def _describe_awaited(obj: object, waiter: object) -> str:
-    if waiter is None:
-        return _short(obj)
-    if isinstance(waiter, asyncio.Task):
-        return f"task {waiter.get_name()!r}"
-    return _short(waiter)
-
-
-def format_tasks(
-    loop: asyncio.AbstractEventLoop, *, current_frame: types.FrameType | None = None
-) -> str:
-    """Every task of ``loop`` with its await chain, outermost coroutine first.
-
-    ``current_frame`` is the frame executing in the loop's thread right now (a signal
-    handler's ``frame``); the task running it is shown down to that frame.
-    """
-    tasks = sorted(asyncio.all_tasks(loop), key=lambda t: t.get_name())
-    lines = [f"{len(tasks)} task(s) in {_short(loop, 100)}"]
-    for task in tasks:
-        coro = task.get_coro()
-        waiter: object = getattr(task, "_fut_waiter", None)  # what a pending task awaits
-        if task.done():
-            state = "done"
-        elif getattr(coro, "cr_running", False) or getattr(coro, "gi_running", False):
-            state = "running"
-        else:
-            state = "pending"
-        lines.append(f"Task {task.get_name()!r} ({state}):")
-        lines.extend(f"    {line}" for line in _await_chain(coro, current_frame, waiter))
-    return "\n".join(lines) + "\n"
-
-
-# -- server side ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class HookInfo:
-    """What a dump file's header says about the hook that wrote it."""
-
-    path: Path
-    pid: int
-    start_time: int | None
-    signum: int
-
-
-def _parse_header(line: str, path: Path) -> HookInfo | None:
-    parts = line.split()
-    if len(parts) != 4 or parts[0] != _HEADER_TAG:
-        return None
-    try:
-        fields = dict(p.split("=", 1) for p in parts[1:])
-        start = fields["start"]
-        return HookInfo(
-            path=path,
-            pid=int(fields["pid"]),
-            start_time=None if start == "-" else int(start),
-            signum=int(fields["signal"]),
-        )
-    except (KeyError, ValueError):
-        return None
-
-
-def _open_for_reading(path: Path) -> int:
-    return os.open(path, os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0))
-
-
-def hook_info(pid: int, dump_dir: str | os.PathLike[str] | None = None) -> HookInfo | None:
-    """The dump hook of the live process ``pid``, or ``None`` if it has none.
-
-    ``None`` also when the file was left by an earlier process with the same pid (its
-    start time differs) or cannot be read.
-    """
-    path = dump_path_for(pid, dump_dir)
-    try:
-        fd = _open_for_reading(path)
-    except OSError:
-        return None
-    try:
-        first = os.pread(fd, 256, 0).split(b"\n", 1)[0].decode("ascii", "replace")
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    info = _parse_header(first, path)
-    if info is None or info.pid != pid:
-        return None
-    try:
-        start = read_start_time(pid)
-    except ProcessGoneError:
-        return None
-    if info.start_time is not None and start is not None and info.start_time != start:
-        return None
-    return info
-
-
-def _read_tail(path: Path, offset: int) -> str:
-    try:
-        fd = _open_for_reading(path)
-    except FileNotFoundError:
-        return ""
-    try:
-        data = os.pread(fd, MAX_DUMP_BYTES, offset)
-    finally:
-        os.close(fd)
-    return data.decode("utf-8", "replace")
-
-
-async def read_dump(
-    path: str | os.PathLike[str],
-    *,
-    offset: int = 0,
-    timeout: float = 2.0,
-    poll_interval: float = 0.01,
-) -> str | None:
-    """Wait (at most ``timeout`` seconds) for a complete dump after byte ``offset``.
-
-    Polls the file (``poll_interval``, doubling up to 0.1 s). Returns the dump up to and
-    including :data:`END_MARKER`; on timeout, what was written (typically the thread
-    stacks alone) plus a note that the dump is incomplete; ``None`` if nothing was.
-    """
-    if not (math.isfinite(timeout) and timeout >= 0):
-        raise ValueError(f"timeout must be a finite number >= 0, got {timeout!r}")
-    target = Path(path)
-    deadline = anyio.current_time() + timeout
-    delay = poll_interval
-    while True:
-        text = _read_tail(target, offset)
-        end = text.find(END_MARKER)
-        if end != -1:
-            return text[: end + len(END_MARKER)] + "\n"
-        remaining = deadline - anyio.current_time()
-        if remaining <= 0:
-            break
-        await anyio.sleep(min(delay, remaining))
-        delay = min(delay * 2, 0.1)
-    if not text.strip():
-        return None
-    return (
-        text + f"\n[aiotimer: dump incomplete: no end marker within {timeout:g}s; the worker's"
-        " main thread did not get to run Python code (stuck in C code holding the GIL?)]\n"
-    )
-
-
-async def collect_dump(
-    pid: int,
-    *,
-    send_signal: Callable[[int], None],
-    signum: int | None = None,
-    dump_dir: str | os.PathLike[str] | None = None,
-    timeout: float = 2.0,
-) -> str | None:
-    """Ask worker ``pid`` for a stack dump and return it (``None`` if it has no hook).
-
-    Args:
-        pid: the worker.
-        send_signal: sends a signal to exactly that worker, e.g. the bound method
-            ``WorkerProcess.send_signal`` (a pidfd-pinned sender; its errors propagate).
-        signum: the signal the hook must listen to; ``None`` uses the one its header
-            names. A hook listening to another signal counts as no hook.
-        dump_dir: the dump directory (see :func:`dump_path_for`).
-        timeout: how long to wait for the end marker (see :func:`read_dump`).
-
-    The worker is signalled only when its dump file's header proves the hook is there,
-    installed by this very process (same pid and start time).
-    """
-    info = hook_info(pid, dump_dir)
-    if info is None or (signum is not None and info.signum != signum):
-        return None
-    try:
-        offset = info.path.stat().st_size
-    except OSError:
-        return None
-    send_signal(info.signum)
-    return await read_dump(info.path, offset=offset, timeout=timeout)
-
-
-def py_spy_executable() -> str | None:
-    """The ``py-spy`` executable: on ``PATH``, or beside this Python (an unactivated venv)."""
-    found = shutil.which("py-spy")
-    if found is not None:
-        return found
-    beside = Path(sys.executable).parent / "py-spy"
-    return str(beside) if os.access(beside, os.X_OK) else None
-
-
-async def py_spy_dump(pid: int, *, timeout: float = 10.0) -> str | None:
-    """``py-spy dump --pid <pid>`` output, or ``None`` (not installed, failed, timed out).
-
-    py-spy reads the process from outside (ptrace), so it needs no hook in the worker,
-    but it needs the permission to trace it (same user and ``ptrace_scope`` 0, or
-    ``CAP_SYS_PTRACE``).
-    """
-    exe = py_spy_executable()
-    if exe is None:
-        return None
-    with anyio.move_on_after(timeout):
-        result = await anyio.run_process([exe, "dump", "--pid", str(pid)], check=False)
-        if result.returncode == 0:
-            return result.stdout.decode("utf-8", "replace")
-    return None
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_SERVER_SIDE})

@@ -21,8 +21,8 @@ from typing import Protocol, runtime_checkable
 
 import anyio
 
+from aiotimer._dump_collect import collect_dump, py_spy_dump
 from aiotimer._process import WorkerProcess
-from aiotimer.diagnostics import collect_dump, py_spy_dump
 from aiotimer.errors import ProcessGoneError, RefusedTargetError
 
 __all__ = ["Reaper", "SignalReaper"]

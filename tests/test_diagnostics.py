@@ -273,7 +273,7 @@ async def test_py_spy_dump_is_none_without_py_spy(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
-    monkeypatch.setattr(diagnostics.sys, "executable", str(tmp_path / "python"))
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
     assert diagnostics.py_spy_executable() is None
     assert await py_spy_dump(os.getpid()) is None
 

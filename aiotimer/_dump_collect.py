@@ -1,0 +1,201 @@
+"""Stack dumps, server side: read a hooked worker's dump, or ask py-spy.
+
+:func:`collect_dump` checks the worker's header (same pid, same process start time, the
+hook's signal), notes the file's size, sends the signal through the caller's
+``send_signal`` (a pidfd-pinned sender), and waits, bounded, for the end marker
+(:func:`read_dump`). A worker without the hook is never signalled: the default action of
+``SIGUSR1`` would kill it. :func:`py_spy_dump` is the external fallback when ``py-spy``
+is installed. The worker side (the hook, the file's format) is :mod:`aiotimer.diagnostics`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+
+from aiotimer._process import read_start_time
+from aiotimer.diagnostics import _HEADER_TAG, END_MARKER, MAX_DUMP_BYTES, dump_path_for
+from aiotimer.errors import ProcessGoneError
+
+__all__ = [
+    "HookInfo",
+    "collect_dump",
+    "hook_info",
+    "py_spy_dump",
+    "py_spy_executable",
+    "read_dump",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class HookInfo:
+    """What a dump file's header says about the hook that wrote it."""
+
+    path: Path
+    pid: int
+    start_time: int | None
+    signum: int
+
+
+def _parse_header(line: str, path: Path) -> HookInfo | None:
+    parts = line.split()
+    if len(parts) != 4 or parts[0] != _HEADER_TAG:
+        return None
+    try:
+        fields = dict(p.split("=", 1) for p in parts[1:])
+        start = fields["start"]
+        return HookInfo(
+            path=path,
+            pid=int(fields["pid"]),
+            start_time=None if start == "-" else int(start),
+            signum=int(fields["signal"]),
+        )
+    except (KeyError, ValueError):
+        return None
+
+
+def _open_for_reading(path: Path) -> int:
+    return os.open(path, os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0))
+
+
+def hook_info(pid: int, dump_dir: str | os.PathLike[str] | None = None) -> HookInfo | None:
+    """The dump hook of the live process ``pid``, or ``None`` if it has none.
+
+    ``None`` also when the file was left by an earlier process with the same pid (its
+    start time differs) or cannot be read.
+    """
+    path = dump_path_for(pid, dump_dir)
+    try:
+        fd = _open_for_reading(path)
+    except OSError:
+        return None
+    try:
+        first = os.pread(fd, 256, 0).split(b"\n", 1)[0].decode("ascii", "replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    info = _parse_header(first, path)
+    if info is None or info.pid != pid:
+        return None
+    try:
+        start = read_start_time(pid)
+    except ProcessGoneError:
+        return None
+    if info.start_time is not None and start is not None and info.start_time != start:
+        return None
+    return info
+
+
+def _read_tail(path: Path, offset: int) -> str:
+    try:
+        fd = _open_for_reading(path)
+    except FileNotFoundError:
+        return ""
+    try:
+        data = os.pread(fd, MAX_DUMP_BYTES, offset)
+    finally:
+        os.close(fd)
+    return data.decode("utf-8", "replace")
+
+
+async def read_dump(
+    path: str | os.PathLike[str],
+    *,
+    offset: int = 0,
+    timeout: float = 2.0,
+    poll_interval: float = 0.01,
+) -> str | None:
+    """Wait (at most ``timeout`` seconds) for a complete dump after byte ``offset``.
+
+    Polls the file (``poll_interval``, doubling up to 0.1 s). Returns the dump up to and
+    including :data:`END_MARKER`; on timeout, what was written (typically the thread
+    stacks alone) plus a note that the dump is incomplete; ``None`` if nothing was.
+    """
+    if not (math.isfinite(timeout) and timeout >= 0):
+        raise ValueError(f"timeout must be a finite number >= 0, got {timeout!r}")
+    target = Path(path)
+    deadline = anyio.current_time() + timeout
+    delay = poll_interval
+    while True:
+        text = _read_tail(target, offset)
+        end = text.find(END_MARKER)
+        if end != -1:
+            return text[: end + len(END_MARKER)] + "\n"
+        remaining = deadline - anyio.current_time()
+        if remaining <= 0:
+            break
+        await anyio.sleep(min(delay, remaining))
+        delay = min(delay * 2, 0.1)
+    if not text.strip():
+        return None
+    return (
+        text + f"\n[aiotimer: dump incomplete: no end marker within {timeout:g}s; the worker's"
+        " main thread did not get to run Python code (stuck in C code holding the GIL?)]\n"
+    )
+
+
+async def collect_dump(
+    pid: int,
+    *,
+    send_signal: Callable[[int], None],
+    signum: int | None = None,
+    dump_dir: str | os.PathLike[str] | None = None,
+    timeout: float = 2.0,
+) -> str | None:
+    """Ask worker ``pid`` for a stack dump and return it (``None`` if it has no hook).
+
+    Args:
+        pid: the worker.
+        send_signal: sends a signal to exactly that worker, e.g. the bound method
+            ``WorkerProcess.send_signal`` (a pidfd-pinned sender; its errors propagate).
+        signum: the signal the hook must listen to; ``None`` uses the one its header
+            names. A hook listening to another signal counts as no hook.
+        dump_dir: the dump directory (see :func:`dump_path_for`).
+        timeout: how long to wait for the end marker (see :func:`read_dump`).
+
+    The worker is signalled only when its dump file's header proves the hook is there,
+    installed by this very process (same pid and start time).
+    """
+    info = hook_info(pid, dump_dir)
+    if info is None or (signum is not None and info.signum != signum):
+        return None
+    try:
+        offset = info.path.stat().st_size
+    except OSError:
+        return None
+    send_signal(info.signum)
+    return await read_dump(info.path, offset=offset, timeout=timeout)
+
+
+def py_spy_executable() -> str | None:
+    """The ``py-spy`` executable: on ``PATH``, or beside this Python (an unactivated venv)."""
+    found = shutil.which("py-spy")
+    if found is not None:
+        return found
+    beside = Path(sys.executable).parent / "py-spy"
+    return str(beside) if os.access(beside, os.X_OK) else None
+
+
+async def py_spy_dump(pid: int, *, timeout: float = 10.0) -> str | None:
+    """``py-spy dump --pid <pid>`` output, or ``None`` (not installed, failed, timed out).
+
+    py-spy reads the process from outside (ptrace), so it needs no hook in the worker,
+    but it needs the permission to trace it (same user and ``ptrace_scope`` 0, or
+    ``CAP_SYS_PTRACE``).
+    """
+    exe = py_spy_executable()
+    if exe is None:
+        return None
+    with anyio.move_on_after(timeout):
+        result = await anyio.run_process([exe, "dump", "--pid", str(pid)], check=False)
+        if result.returncode == 0:
+            return result.stdout.decode("utf-8", "replace")
+    return None
