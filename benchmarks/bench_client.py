@@ -18,6 +18,8 @@ Cases (each block is an acquire line plus a release line):
 * ``raw os.write x2`` — two ``os.write`` of pre-encoded lines: the physical floor;
 * aiotimer ``with expires()`` sync and ``async with expires()`` (asyncio loop), with an
   explicit scope and with the default ``file:line#n`` scope;
+* the same sync default-scope block with no ``client=``: through the process-wide client
+  (``configure()``) and through env discovery (``AIOTIMER_FIFO``, no setup at all);
 * ``default_scope()`` alone (``sys._getframe``; torch uses ``inspect.stack()``);
 * when torch is importable: ``torch.distributed.elastic.timer.expires`` with its
   ``FileTimerClient``, explicit and default scope — the reference of the ratios.
@@ -47,9 +49,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aiotimer._protocol import MARKER_SUFFIX, Request, encode
+from aiotimer import client as client_module
+from aiotimer._protocol import ENV_FIFO, MARKER_SUFFIX, Request, encode
 from aiotimer._scope import default_scope
-from aiotimer.client import FifoClient, expires
+from aiotimer.client import FifoClient, configure, expires
 from benchmarks._util import format_table, gc_paused
 
 TARGET_US = 5.0
@@ -58,6 +61,11 @@ VERDICTS = (
     "aiotimer: with expires(), default scope",
     "aiotimer: async with expires(), default scope",
 )
+CONFIGURED = "aiotimer: with expires(), default scope, configure()"
+DISCOVERED = "aiotimer: with expires(), default scope, env discovery"
+#: The zero-setup path (the client found through the environment) may cost at most this
+#: much more than the same block after ``configure()``.
+DISCOVERY_SLACK = 1.10
 
 _READER = r"""
 import fcntl, os, sys, time
@@ -175,6 +183,29 @@ def aiotimer_cases(fifo: Path, blocks: int, runner: asyncio.Runner) -> list[Case
                     pass
         return time.perf_counter() - start
 
+    def sync_configured(n: int) -> float:
+        configure(client, dump_hook=False)
+        try:
+            start = time.perf_counter()
+            for _ in range(n):
+                with expires(after=30):
+                    pass
+            return time.perf_counter() - start
+        finally:
+            configure(None)
+
+    def sync_discovered(n: int) -> float:
+        os.environ[ENV_FIFO] = str(fifo)
+        try:
+            client_module.current_client()  # discovered once, as any worker's first block
+            start = time.perf_counter()
+            for _ in range(n):
+                with expires(after=30):
+                    pass
+            return time.perf_counter() - start
+        finally:
+            del os.environ[ENV_FIFO]
+
     def scope_only(n: int) -> float:
         start = time.perf_counter()
         for _ in range(n):
@@ -205,6 +236,8 @@ def aiotimer_cases(fifo: Path, blocks: int, runner: asyncio.Runner) -> list[Case
             blocks,
             lambda n: runner.run(async_blocks(n, False)),
         ),
+        Case(CONFIGURED, blocks, sync_configured),
+        Case(DISCOVERED, blocks, sync_discovered),
         Case("aiotimer: default_scope() alone", blocks, scope_only),
         Case("aiotimer: with expires(), torch server (no marker)", few, sync_torch_server),
     ]
@@ -286,6 +319,12 @@ def report(cases: Sequence[Case]) -> str:
                 f"{torch_default.best_us() / best:.0f}x with its default scope"
             )
         lines.append(line)
+    configured, discovered = by_name[CONFIGURED].best_us(), by_name[DISCOVERED].best_us()
+    verdict = "meets" if discovered <= configured * DISCOVERY_SLACK else "MISSES"
+    lines.append(
+        f"env discovery: {discovered:.2f} us best, {discovered / configured:.2f}x the "
+        f"configure() block ({verdict} the <= {DISCOVERY_SLACK:.2f}x target)"
+    )
     if reference is None:
         lines.append("no reference measured (torch is not importable, or --no-torch)")
     return "\n".join(lines)
