@@ -11,73 +11,171 @@ Public submodules: :mod:`aiotimer.client`, :mod:`aiotimer.server`, :mod:`aiotime
 :mod:`aiotimer.watchdog`, :mod:`aiotimer.diagnostics`, :mod:`aiotimer.testing`,
 :mod:`aiotimer.supervisor`,
 :mod:`aiotimer.compat.torch`. Modules whose names start with ``_`` are private.
+
+Importing the package is cheap: every public name is loaded on first use (a module
+``__getattr__``), so ``from aiotimer import expires`` in a worker loads the client and
+the wire codec, not the server, its sources, anyio or the event log.
 """
 
 from __future__ import annotations
 
-from aiotimer import events
-from aiotimer._clock import Clock, MonotonicClock
-from aiotimer._launch import Launch, Launcher, launched
-from aiotimer._policy import Escalation, ReapPolicy
-from aiotimer._protocol import (
-    PIPE_BUF,
-    Decoded,
-    LineDecoder,
-    Rejection,
-    Request,
-    RequestTooLargeError,
-    encode,
-)
-from aiotimer._restart import (
-    Backoff,
-    ExitKind,
-    ExitReason,
-    RestartPolicy,
-    RestartScope,
-    WorkerState,
-)
-from aiotimer._stats import DurationStats, SiteSummary
-from aiotimer._table import Timer, TimerKey, TimerTable
-from aiotimer.client import (
-    Expires,
-    FifoClient,
-    InProcessClient,
-    QueueClient,
-    TimerClient,
-    configure,
-    current_client,
-    expires,
-    expires_at,
-    under_timer_server,
-    use_client,
-)
-from aiotimer.errors import (
-    AiotimerError,
-    ClientBackpressureError,
-    LaunchError,
-    NotConfiguredError,
-    ProcessGoneError,
-    ReapError,
-    RefusedTargetError,
-    ServerStateError,
-    ServerUnavailableError,
-    SourceError,
-)
-from aiotimer.events import Event
-from aiotimer.reapers import Reaper, SignalReaper
-from aiotimer.server import (
-    Counters,
-    Lifecycle,
-    ReapRetry,
-    ServerState,
-    TimerServer,
-    TimerServerThread,
-)
-from aiotimer.sources import FifoSource, QueueSource, RequestSink, SocketSource, Source
-from aiotimer.supervisor import RunOutcome, Supervisor, SupervisorState, WorkerSnapshot
-from aiotimer.watchdog import Watchdog, watchdog
+import importlib
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    from aiotimer import events
+    from aiotimer._clock import Clock, MonotonicClock
+    from aiotimer._launch import Launch, Launcher, launched
+    from aiotimer._policy import Escalation, ReapPolicy
+    from aiotimer._protocol import (
+        PIPE_BUF,
+        Decoded,
+        LineDecoder,
+        Rejection,
+        Request,
+        RequestTooLargeError,
+        encode,
+    )
+    from aiotimer._restart import (
+        Backoff,
+        ExitKind,
+        ExitReason,
+        RestartPolicy,
+        RestartScope,
+        WorkerState,
+    )
+    from aiotimer._stats import DurationStats, SiteSummary
+    from aiotimer._table import Timer, TimerKey, TimerTable
+    from aiotimer.client import (
+        Expires,
+        FifoClient,
+        InProcessClient,
+        QueueClient,
+        TimerClient,
+        configure,
+        current_client,
+        expires,
+        expires_at,
+        under_timer_server,
+        use_client,
+    )
+    from aiotimer.errors import (
+        AiotimerError,
+        ClientBackpressureError,
+        LaunchError,
+        NotConfiguredError,
+        ProcessGoneError,
+        ReapError,
+        RefusedTargetError,
+        ServerStateError,
+        ServerUnavailableError,
+        SourceError,
+    )
+    from aiotimer.events import Event
+    from aiotimer.reapers import Reaper, SignalReaper
+    from aiotimer.server import (
+        Counters,
+        Lifecycle,
+        ReapRetry,
+        ServerState,
+        TimerServer,
+        TimerServerThread,
+    )
+    from aiotimer.sources import FifoSource, QueueSource, RequestSink, SocketSource, Source
+    from aiotimer.supervisor import RunOutcome, Supervisor, SupervisorState, WorkerSnapshot
 
 __version__ = "0.1.0"
+
+# Eager, unlike the rest: the function ``watchdog`` shares its name with the submodule
+# ``aiotimer.watchdog``, and importing a submodule sets the package's attribute to it;
+# bound here, after that import, the name is the function whatever is imported later.
+from aiotimer.watchdog import Watchdog, watchdog
+
+#: Where each public name lives, imported when first asked for. A new public name is
+#: added here, to the ``TYPE_CHECKING`` imports above (for type checkers and IDEs) and
+#: to ``__all__``; tests/test_public_api.py checks that the three agree.
+_LAZY: Final[dict[str, str]] = {
+    "events": "aiotimer.events",
+    "Clock": "aiotimer._clock",
+    "MonotonicClock": "aiotimer._clock",
+    "Launch": "aiotimer._launch",
+    "Launcher": "aiotimer._launch",
+    "launched": "aiotimer._launch",
+    "Escalation": "aiotimer._policy",
+    "ReapPolicy": "aiotimer._policy",
+    "PIPE_BUF": "aiotimer._protocol",
+    "Decoded": "aiotimer._protocol",
+    "LineDecoder": "aiotimer._protocol",
+    "Rejection": "aiotimer._protocol",
+    "Request": "aiotimer._protocol",
+    "RequestTooLargeError": "aiotimer._protocol",
+    "encode": "aiotimer._protocol",
+    "Backoff": "aiotimer._restart",
+    "ExitKind": "aiotimer._restart",
+    "ExitReason": "aiotimer._restart",
+    "RestartPolicy": "aiotimer._restart",
+    "RestartScope": "aiotimer._restart",
+    "WorkerState": "aiotimer._restart",
+    "DurationStats": "aiotimer._stats",
+    "SiteSummary": "aiotimer._stats",
+    "Timer": "aiotimer._table",
+    "TimerKey": "aiotimer._table",
+    "TimerTable": "aiotimer._table",
+    "Expires": "aiotimer.client",
+    "FifoClient": "aiotimer.client",
+    "InProcessClient": "aiotimer.client",
+    "QueueClient": "aiotimer.client",
+    "TimerClient": "aiotimer.client",
+    "configure": "aiotimer.client",
+    "current_client": "aiotimer.client",
+    "expires": "aiotimer.client",
+    "expires_at": "aiotimer.client",
+    "under_timer_server": "aiotimer.client",
+    "use_client": "aiotimer.client",
+    "AiotimerError": "aiotimer.errors",
+    "ClientBackpressureError": "aiotimer.errors",
+    "LaunchError": "aiotimer.errors",
+    "NotConfiguredError": "aiotimer.errors",
+    "ProcessGoneError": "aiotimer.errors",
+    "ReapError": "aiotimer.errors",
+    "RefusedTargetError": "aiotimer.errors",
+    "ServerStateError": "aiotimer.errors",
+    "ServerUnavailableError": "aiotimer.errors",
+    "SourceError": "aiotimer.errors",
+    "Event": "aiotimer.events",
+    "Reaper": "aiotimer.reapers",
+    "SignalReaper": "aiotimer.reapers",
+    "Counters": "aiotimer.server",
+    "Lifecycle": "aiotimer.server",
+    "ReapRetry": "aiotimer.server",
+    "ServerState": "aiotimer.server",
+    "TimerServer": "aiotimer.server",
+    "TimerServerThread": "aiotimer.server",
+    "FifoSource": "aiotimer.sources",
+    "QueueSource": "aiotimer.sources",
+    "RequestSink": "aiotimer.sources",
+    "SocketSource": "aiotimer.sources",
+    "Source": "aiotimer.sources",
+    "RunOutcome": "aiotimer.supervisor",
+    "Supervisor": "aiotimer.supervisor",
+    "SupervisorState": "aiotimer.supervisor",
+    "WorkerSnapshot": "aiotimer.supervisor",
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'aiotimer' has no attribute {name!r}")
+    imported = importlib.import_module(module)
+    value = imported if name == "events" else getattr(imported, name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __all__ = [
     "PIPE_BUF",

@@ -16,15 +16,8 @@ from the environment (``AIOTIMER_FIFO``, then torch's ``TORCHELASTIC_TIMER_FILE`
 
 from __future__ import annotations
 
-import contextvars
-import logging
-import os
-import stat
-import sys
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from types import TracebackType
 from typing import Final
 
@@ -38,11 +31,14 @@ from aiotimer._clients import (
     QueueRequest,
     RequestSubmitter,
     TimerClient,
+    configure,
+    current_client,
+    release_failed,
+    under_timer_server,
+    use_client,
 )
-from aiotimer._protocol import ENV_FIFO, TORCH_ENV_FIFO, Request
-from aiotimer._scope import _counter, _new_site, _sites, current_pid, default_scope, scope_site
-from aiotimer.diagnostics import ensure_dump_handler
-from aiotimer.errors import NotConfiguredError
+from aiotimer._protocol import Request
+from aiotimer._scope import current_pid, default_scope, scope_site
 
 __all__ = [
     "DEFAULT_CONNECT_TIMEOUT",
@@ -64,121 +60,12 @@ __all__ = [
     "use_client",
 ]
 
-log = logging.getLogger("aiotimer.client")
-
-_configured: TimerClient | None = None
-_context_client: Final[contextvars.ContextVar[TimerClient | None]] = contextvars.ContextVar(
-    "aiotimer_client", default=None
-)
-_discovered: dict[str, FifoClient] = {}
-_discovery_lock = threading.Lock()
-
-
-def configure(client: TimerClient | None, *, dump_hook: bool = True) -> None:
-    """Set the process-wide default client (``None`` removes it).
-
-    Blocks that name no client, in a context without :func:`use_client`, use it.
-
-    With ``dump_hook`` (the default), configuring a client also installs the worker-side
-    stack-dump hook (:func:`aiotimer.diagnostics.ensure_dump_handler`: on ``SIGUSR1``
-    every thread's stack and every asyncio task's await chain go to a file the server
-    reads before reaping; any previous ``SIGUSR1`` handler is still called). It is
-    installed only from the main thread and never raises; pass ``dump_hook=False`` to
-    leave ``SIGUSR1`` alone.
-    """
-    global _configured
-    _configured = client
-    if client is not None and dump_hook:
-        ensure_dump_handler()
-
-
-@contextmanager
-def use_client(client: TimerClient) -> Iterator[TimerClient]:
-    """Within the ``with`` block, in this context only, ``expires()`` uses ``client``.
-
-    The override lives in a :mod:`contextvars` variable: other threads and other asyncio
-    tasks (each task runs in a copy of its creator's context) are unaffected.
-    """
-    token = _context_client.set(client)
-    try:
-        yield client
-    finally:
-        _context_client.reset(token)
-
-
-def current_client() -> TimerClient:
-    """The client ``expires()`` would use here and now.
-
-    In order: the context-local override (:func:`use_client`), the process-wide client
-    (:func:`configure`), a :class:`FifoClient` for the FIFO named by ``AIOTIMER_FIFO``
-    or torch's ``TORCHELASTIC_TIMER_FILE`` (one cached client per path).
-
-    Raises:
-        NotConfiguredError: none of these is set.
-    """
-    client = _context_client.get()
-    if client is not None:
-        return client
-    if _configured is not None:
-        return _configured
-    path = _env_fifo()
-    if path is None:
-        raise NotConfiguredError(
-            "no timer client: call aiotimer.configure(FifoClient(path)) (or use "
-            "use_client/expires(client=...)), or run the worker under a timer server: "
-            f"`aiotimer serve --fifo PATH` and export {ENV_FIFO}=PATH "
-            f"(torch's {TORCH_ENV_FIFO} works too)"
-        )
-    client = _discovered.get(path)
-    if client is None:
-        with _discovery_lock:
-            client = _discovered.setdefault(path, FifoClient(path))
-    return client
-
-
-def under_timer_server() -> bool:
-    """True when a client is set (:func:`use_client`, :func:`configure`) or the
-    environment names an existing FIFO. Never connects.
-    """
-    if _context_client.get() is not None or _configured is not None:
-        return True
-    path = _env_fifo()
-    if path is None:
-        return False
-    try:
-        return stat.S_ISFIFO(os.stat(path).st_mode)
-    except OSError:
-        return False
-
-
-def _env_fifo() -> str | None:
-    return os.environ.get(ENV_FIFO) or os.environ.get(TORCH_ENV_FIFO) or None
-
-
-def release_failed(scope: str, exc: Exception, body_exc: BaseException | None) -> None:
-    """Re-raise a failed release, unless the block's own exception is propagating.
-
-    Then the release failure is logged and the block's exception (a ``CancelledError``
-    included) propagates untouched.
-    """
-    if body_exc is None:
-        raise exc
-    log.warning(
-        "releasing scope %r failed (%s: %s) while the block raised %s; the block's "
-        "exception propagates",
-        scope,
-        type(exc).__name__,
-        exc,
-        type(body_exc).__name__,
-    )
-
 
 # Lifecycle of an Expires (plain ints: this is the hot path).
 _CREATED, _ACTIVE, _EXITED = 0, 1, 2
 _STATE_NAMES: Final = ("created", "active", "exited")
 _monotonic: Final = time.monotonic
 _wall: Final = time.time
-_getframe: Final = sys._getframe
 
 
 class Expires:
@@ -189,11 +76,12 @@ class Expires:
         deadline: the deadline on ``time.monotonic()`` (set on entry for ``expires``).
     """
 
-    __slots__ = ("_after", "_client", "_signal", "_state", "deadline", "scope")
+    __slots__ = ("_after", "_client", "_send_nowait", "_signal", "_state", "deadline", "scope")
     scope: str
     deadline: float | None
     _after: float | None
     _client: TimerClient | None
+    _send_nowait: Callable[[Request], bool] | None
     _signal: int | None
     _state: int
 
@@ -215,21 +103,18 @@ class Expires:
         self._client = client
         self._signal = signal
         self._state = _CREATED
+        self._send_nowait = None
 
     # -- the one place requests are built --------------------------------------------
-    #
-    # The hot path (a FifoClient with its descriptor open) builds no Request at all:
-    # the client encodes both lines of the block on entry and writes them directly.
-    # Every other case builds the Request and goes through send()/send_async().
 
-    def _acquire(self) -> Request | None:
-        """Enter: fix the deadline and send the acquire at once if the client can;
-        otherwise return the acquire for ``send``/``send_async``."""
+    def _acquire(self) -> Request:
+        """Enter: fix the client and the deadline; the acquire to send."""
         if self._state != _CREATED:
             raise RuntimeError(f"{self!r} can be entered only once")
         client = self._client
         if client is None:
             client = self._client = current_client()
+        self._send_nowait = getattr(client, "send_nowait", None)
         mono = _monotonic()
         wall = _wall()
         after = self._after
@@ -237,32 +122,26 @@ class Expires:
         assert deadline is not None
         self.deadline = deadline
         self._state = _ACTIVE
-        expiration_time = wall + (deadline - mono)
-        if client.__class__ is FifoClient:
-            try:
-                if client._acquire_now(self.scope, expiration_time, self._signal, deadline, mono):
-                    return None
-            except BaseException:
-                self._state = _EXITED
-                raise
         signal = client.signal if self._signal is None else self._signal
         # Positional: pid, scope_id, expiration_time (epoch), signal, version, mono.
-        return Request(current_pid(), self.scope, expiration_time, signal, None, deadline)
+        return Request(current_pid(), self.scope, wall + (deadline - mono), signal, None, deadline)
 
     def _release(self) -> Request:
-        """The release, for ``send``/``send_async`` (when the client's hot path is shut)."""
+        """Exit: the release to send."""
+        self._state = _EXITED
         return Request(current_pid(), self.scope, -1, 0)
 
-    # -- the two faces ---------------------------------------------------------------
+    # -- the two faces: each tries the client's fast path first (see TimerClient) ----
 
     def __enter__(self) -> Expires:
         request = self._acquire()
-        if request is not None:
-            try:
+        try:
+            send_nowait = self._send_nowait
+            if send_nowait is None or not send_nowait(request):
                 self._sender().send(request)
-            except BaseException:
-                self._state = _EXITED
-                raise
+        except BaseException:
+            self._state = _EXITED
+            raise
         return self
 
     def __exit__(
@@ -271,22 +150,23 @@ class Expires:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._state = _EXITED
-        client = self._client
+        request = self._release()
         try:
-            if not (client.__class__ is FifoClient and client._release_now(self.scope)):
-                self._sender().send(self._release())
+            send_nowait = self._send_nowait
+            if send_nowait is None or not send_nowait(request):
+                self._sender().send(request)
         except Exception as release_exc:
             release_failed(self.scope, release_exc, exc)
 
     async def __aenter__(self) -> Expires:
         request = self._acquire()
-        if request is not None:
-            try:
+        try:
+            send_nowait = self._send_nowait
+            if send_nowait is None or not send_nowait(request):
                 await self._sender().send_async(request)
-            except BaseException:
-                self._state = _EXITED
-                raise
+        except BaseException:
+            self._state = _EXITED
+            raise
         return self
 
     async def __aexit__(
@@ -295,11 +175,11 @@ class Expires:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._state = _EXITED
-        client = self._client
+        request = self._release()
         try:
-            if not (client.__class__ is FifoClient and client._release_now(self.scope)):
-                await self._sender().send_async(self._release())
+            send_nowait = self._send_nowait
+            if send_nowait is None or not send_nowait(request):
+                await self._sender().send_async(request)
         except Exception as release_exc:
             release_failed(self.scope, release_exc, exc)
 
@@ -346,20 +226,7 @@ def expires(
     A failing release never hides the block's own exception (it is logged instead),
     and a cancelled task still sends its release.
     """
-    if scope is None:  # default_scope(), inlined: this is the hot path
-        frame = _getframe(1)
-        site = _sites.get((id(frame.f_code), frame.f_lasti))
-        scope = f"{_new_site(frame) if site is None else site[0]}{next(_counter)}"
-    if not after >= 0:  # Expires.__init__'s check, inlined with its fields: the hot path
-        raise ValueError(f"after must be a number >= 0, got {after!r}")
-    block = _new(Expires)
-    block.scope = scope
-    block._after = after
-    block.deadline = None
-    block._client = client
-    block._signal = signal
-    block._state = _CREATED
-    return block
+    return Expires(default_scope() if scope is None else scope, after, None, client, signal)
 
 
 def expires_at(
@@ -375,12 +242,4 @@ def expires_at(
     (asyncio's ``loop.time()`` is the same clock on Linux but is not guaranteed to be).
     A deadline already past is sent as "expire now".
     """
-    block = _new(Expires)
-    _init(block, default_scope() if scope is None else scope, None, deadline, client, signal)
-    return block
-
-
-# Blocks are made by calling __init__ as a plain function on a new object: the same
-# checks and fields, without the C-level call of Expires(...), which costs more.
-_new: Final = object.__new__
-_init: Final = Expires.__init__
+    return Expires(default_scope() if scope is None else scope, None, deadline, client, signal)

@@ -22,15 +22,24 @@ from __future__ import annotations
 
 import math
 from types import TracebackType
+from typing import TYPE_CHECKING
 
-from aiotimer._clock import Clock, MonotonicClock
+from aiotimer._clients import TimerClient, current_client, release_failed
 from aiotimer._protocol import Request
 from aiotimer._scope import current_pid, default_scope
-from aiotimer.client import TimerClient, current_client, release_failed
+
+if TYPE_CHECKING:
+    from aiotimer._clock import Clock
 
 __all__ = ["Watchdog", "watchdog"]
 
-_SYSTEM_CLOCK = MonotonicClock()
+
+def _system_clock() -> Clock:
+    # Imported on use: the clock module loads anyio, which a worker that only times
+    # blocks does not need (this module is loaded with the package).
+    from aiotimer._clock import MonotonicClock  # noqa: PLC0415
+
+    return MonotonicClock()
 
 
 class Watchdog:
@@ -72,7 +81,7 @@ class Watchdog:
         self.scope = scope
         self._client = client
         self._signal = signal
-        self._clock: Clock = clock if clock is not None else _SYSTEM_CLOCK
+        self._clock: Clock = clock if clock is not None else _system_clock()
         self._entered = self._exited = False
         self._last_kick = self._last_sent = -math.inf
         #: How many acquires this watchdog has sent (entry included).

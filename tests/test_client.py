@@ -575,13 +575,13 @@ def test_releases_skip_the_marker_check(
     client = fifo_client(client_factory, aiotimer_fifo)
     client.marker_check_interval = 0.0
     reads: list[str] = []
-    real_read_marker = _clients._read_marker
+    real_read_marker = _clients.fifo.read_live_marker
 
     def counting(path: str) -> object:
         reads.append(path)
         return real_read_marker(path)
 
-    monkeypatch.setattr(_clients, "_read_marker", counting)
+    monkeypatch.setattr(_clients.fifo, "read_live_marker", counting)
     with expires(5, scope="a", client=client):
         acquire_reads = len(reads)
         assert acquire_reads >= 1

@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import json
 import os
 import pathlib
 import stat
@@ -37,7 +36,8 @@ from typing import Final
 import anyio
 import anyio.abc
 
-from aiotimer._protocol import MARKER_SUFFIX, MAX_LINE_BYTES, PROTOCOL_VERSION, LineDecoder
+from aiotimer._marker import AIOTIMER, Marker, read_marker, remove_marker, write_marker
+from aiotimer._protocol import MAX_LINE_BYTES, LineDecoder
 from aiotimer.errors import SourceError
 from aiotimer.sources._base import RequestSink
 
@@ -49,7 +49,6 @@ MAX_READS_PER_WAKE: Final[int] = 16
 #: buffer absorbs bursts from many writers, so fewer of them meet a full pipe (torch's
 #: clients fail outright when they do), and one wake-up reads more lines.
 PIPE_SIZE: Final[int] = 1 << 20
-_MARKER_MODE: Final[int] = 0o644
 _Inode = tuple[int, int]
 
 
@@ -167,55 +166,12 @@ def _check_replaceable(path: pathlib.Path, st: os.stat_result) -> None:
             return
         raise SourceError(f"cannot check whether FIFO {path} is in use: {exc}") from exc
     os.close(probe)
-    owner = _marker_owner(path)
+    found = read_marker(path)
+    owner = None if found is None else found.marker.pid
     who = f"aiotimer server pid {owner}" if owner is not None else "another process"
     raise SourceError(
         f"FIFO {path} is being served by {who}; stop that server or choose another path"
     )
-
-
-def _marker_path(path: pathlib.Path) -> pathlib.Path:
-    return path.with_name(path.name + MARKER_SUFFIX)
-
-
-def _marker_owner(path: pathlib.Path) -> int | None:
-    """The pid recorded in ``path``'s marker, if it is a readable aiotimer marker."""
-    try:
-        data = json.loads(_marker_path(path).read_bytes())
-    except (OSError, ValueError):
-        return None
-    pid = data.get("pid") if isinstance(data, dict) else None
-    return pid if isinstance(pid, int) and data.get("server") == "aiotimer" else None
-
-
-def _write_marker(path: pathlib.Path, extra: Mapping[str, object]) -> None:
-    body = {
-        **extra,
-        "server": "aiotimer",
-        "version": _version(),
-        "pid": os.getpid(),
-        "protocol": PROTOCOL_VERSION,
-    }
-    marker = _marker_path(path)
-    tmp = marker.with_name(f"{marker.name}.{os.getpid()}.tmp")
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(tmp)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            os.fchmod(f.fileno(), _MARKER_MODE)
-            json.dump(body, f)
-        os.replace(tmp, marker)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
-def _remove_marker(path: pathlib.Path) -> None:
-    if _marker_owner(path) == os.getpid():
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(_marker_path(path))
 
 
 class FifoSource:
@@ -276,12 +232,16 @@ class FifoSource:
         """
         fifo = _OpenFifo(self._path, self._mode)
         try:
-            _write_marker(self._path, self._marker)
+            write_marker(
+                self._path,
+                Marker(server=AIOTIMER, pid=os.getpid(), version=_version()),
+                self._marker,
+            )
             try:
                 task_status.started()
                 await self._read_forever(fifo.read_fd, sink)
             finally:
-                _remove_marker(self._path)
+                remove_marker(self._path)
         finally:
             fifo.close()
 
