@@ -9,9 +9,6 @@ Cost: one ``sys._getframe`` (no ``inspect.stack()``, which builds every frame's 
 context), one dict lookup and an f-string. The ``"{basename}:{lineno}#"`` part is cached
 per call site, keyed by the caller's code object and instruction offset: computing
 ``f_lineno`` walks the code's line table, which costs more the longer the function.
-:func:`aiotimer.client.expires` inlines :func:`default_scope` (one call less on the
-client's hot path) with this module's ``_sites``, ``_new_site`` and ``_counter``: keep
-the two in step.
 """
 
 from __future__ import annotations

@@ -500,6 +500,43 @@ async def test_expires_blocks_write_exactly_the_bytes_of_encode(
     assert abs(got[4].expiration_time - (time.time() + 5)) < SLACK
 
 
+class _CountingFifoClient(FifoClient):
+    """A subclass that only counts the slow path: the fast path must still be taken."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.slow: list[Request] = []
+
+    def send(self, request: Request) -> None:
+        self.slow.append(request)
+        super().send(request)
+
+    async def send_async(self, request: Request) -> None:
+        self.slow.append(request)
+        await super().send_async(request)
+
+
+@pytest.mark.process
+@pytest.mark.asyncio
+async def test_a_subclass_keeps_the_fast_path(aiotimer_fifo: Path, reader: Reader) -> None:
+    client = _CountingFifoClient(aiotimer_fifo)
+    client.marker_check_interval = 3600.0  # no periodic check during the test
+    try:
+        with expires(5, scope="first", client=client):  # connects: the slow path
+            pass
+        assert [r.scope_id for r in client.slow] == ["first"]
+        client.slow.clear()
+        for _ in range(3):
+            with expires(5, client=client):
+                pass
+            async with expires(5, client=client):
+                pass
+        assert client.slow == []
+        assert len(reader.requests()) == 2 + 12
+    finally:
+        client.close()
+
+
 @pytest.mark.process
 def test_generic_requests_keep_their_exact_bytes(
     aiotimer_fifo: Path, reader: Reader, client_factory: list[FifoClient]
@@ -699,6 +736,65 @@ def test_discovery_prefers_aiotimer_variable_over_torch(
     clean_env.setenv(ENV_FIFO, str(tmp_path / "aiotimer.fifo"))
     found = current_client()
     assert isinstance(found, FifoClient) and found.path == str(tmp_path / "aiotimer.fifo")
+
+
+def count_environ_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """From now on, every variable read through ``os.environ`` is appended to the list."""
+    environ_class = type(os.environ)
+    real_getitem = environ_class.__getitem__
+    reads: list[str] = []
+
+    def counting(self: os._Environ[str], key: str) -> str:
+        reads.append(key)
+        return real_getitem(self, key)
+
+    monkeypatch.setattr(environ_class, "__getitem__", counting)
+    return reads
+
+
+def test_discovery_reads_the_environment_only_when_it_changes(
+    clean_env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A block through discovery reads no variable while nothing changed; setting,
+    changing or removing a variable is seen by the very next block."""
+    reads = count_environ_reads(clean_env)
+    clean_env.setenv(ENV_FIFO, str(tmp_path / "a.fifo"))
+    first = current_client()
+    assert isinstance(first, FifoClient) and first.path == str(tmp_path / "a.fifo")
+    reads.clear()
+    for _ in range(100):
+        assert current_client() is first
+    assert reads == []
+    clean_env.setenv(ENV_FIFO, str(tmp_path / "b.fifo"))
+    second = current_client()
+    assert isinstance(second, FifoClient) and second.path == str(tmp_path / "b.fifo")
+    clean_env.setenv(ENV_FIFO, str(tmp_path / "a.fifo"))
+    assert current_client() is first  # one client per path, kept
+    clean_env.delenv(ENV_FIFO)
+    with pytest.raises(NotConfiguredError):
+        current_client()
+    clean_env.setenv(TORCH_ENV_FIFO, str(tmp_path / "t.fifo"))
+    third = current_client()
+    assert isinstance(third, FifoClient) and third.path == str(tmp_path / "t.fifo")
+
+
+@pytest.mark.process
+def test_a_forked_child_reads_the_environment_again(
+    clean_env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    clean_env.setenv(ENV_FIFO, str(tmp_path / "a.fifo"))
+    current_client()
+    reads = count_environ_reads(clean_env)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        ok = False
+        with contextlib.suppress(BaseException):
+            found = current_client()
+            ok = reads == [ENV_FIFO] and isinstance(found, FifoClient)
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert reads == []
 
 
 def test_under_timer_server_needs_an_existing_fifo(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import subprocess
+import sys
 from importlib.metadata import version
 
 import pytest
@@ -133,3 +135,56 @@ def test_public_classes_document_their_public_methods() -> None:
 def test_version_matches_package_metadata() -> None:
 
     assert aiotimer.__version__ == version("aiotimer")
+
+
+def test_lazy_names_agree_with_all_and_resolve() -> None:
+    """Every public name is either bound eagerly or listed in the lazy table, and each
+    resolves to the object its defining module exports."""
+    lazy = aiotimer._LAZY
+    eager = {"Watchdog", "watchdog", "__version__"}
+    assert set(lazy) | eager == set(aiotimer.__all__)
+    assert not set(lazy) & eager
+    for name, module_name in lazy.items():
+        module = importlib.import_module(module_name)
+        expected = module if name == "events" else getattr(module, name)
+        assert getattr(aiotimer, name) is expected, name
+    assert set(dir(aiotimer)) >= set(aiotimer.__all__)
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        aiotimer.nope  # noqa: B018
+
+
+def _fresh_python(code: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    return done.stdout
+
+
+#: What a worker that only times blocks must not load.
+HEAVY = ["anyio", "aiofiles", "ssl", "subprocess", "asyncio"] + [
+    f"aiotimer.{m}" for m in ("server", "sources", "events", "_eventlog", "_server_engine")
+]
+
+
+def test_the_worker_import_is_light() -> None:
+    out = _fresh_python(
+        "import sys\nfrom aiotimer import expires\n"
+        f"print(' '.join(m for m in {HEAVY!r} if m in sys.modules))"
+    )
+    assert out.split() == []
+
+
+def test_the_server_names_still_import_on_use() -> None:
+    out = _fresh_python(
+        "import sys, aiotimer\nassert 'aiotimer.server' not in sys.modules\n"
+        "print(aiotimer.TimerServer.__module__, 'aiotimer.server' in sys.modules)"
+    )
+    assert out.split() == ["aiotimer.server", "True"]
+
+
+def test_watchdog_is_the_function_even_after_its_submodule_is_imported() -> None:
+    out = _fresh_python(
+        "import aiotimer.watchdog\nfrom aiotimer.watchdog import Watchdog\nimport aiotimer\n"
+        "print(callable(aiotimer.watchdog) and aiotimer.watchdog.__name__)"
+    )
+    assert out.strip() == "watchdog"

@@ -1,0 +1,124 @@
+"""The marker beside a server's FIFO: one writer, one reader, keys easy to add."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from aiotimer._marker import (
+    AIOTIMER,
+    MARKER_MODE,
+    Marker,
+    marker_path,
+    read_live_marker,
+    read_marker,
+    remove_marker,
+    write_marker,
+)
+from aiotimer._protocol import MARKER_SUFFIX
+
+
+@pytest.fixture
+def fifo(tmp_path: Path) -> Path:
+    return tmp_path / "timer.fifo"
+
+
+def dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait(timeout=30)
+    return child.pid
+
+
+def test_written_then_read_back(fifo: Path) -> None:
+    marker = Marker(server=AIOTIMER, pid=os.getpid(), version="1.2.3")
+    write_marker(fifo, marker, {"dump_dir": "/tmp/d"})
+    assert marker_path(fifo) == str(fifo) + MARKER_SUFFIX
+    assert stat.S_IMODE(os.stat(marker_path(fifo)).st_mode) == MARKER_MODE
+    body = json.loads(Path(marker_path(fifo)).read_text())
+    assert body == {"dump_dir": "/tmp/d", "server": "aiotimer", "pid": os.getpid(),
+                    "version": "1.2.3", "protocol": 1}  # fmt: skip
+    found = read_marker(fifo)
+    assert found is not None and found.marker == marker
+    assert [p.name for p in fifo.parent.iterdir()] == [fifo.name + MARKER_SUFFIX]
+
+
+def test_extra_keys_never_override_the_typed_fields(fifo: Path) -> None:
+    write_marker(fifo, Marker(server=AIOTIMER, pid=os.getpid()), {"pid": 1, "server": "x"})
+    found = read_marker(fifo)
+    assert found is not None and found.marker.pid == os.getpid()
+
+
+def test_unknown_keys_are_tolerated_and_missing_ones_default(fifo: Path) -> None:
+    Path(marker_path(fifo)).write_text(
+        json.dumps({"server": "aiotimer", "pid": 42, "socket": "/run/x.sock", "new": [1]})
+    )
+    found = read_marker(fifo)
+    assert found is not None
+    assert found.marker == Marker(server=AIOTIMER, pid=42, version=None, protocol=1)
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"",
+        b"not json",
+        b"[1, 2]",
+        b'{"pid": 42}',  # no server: not ours
+        b'{"server": "torch", "pid": 42}',
+        b'{"server": "aiotimer", "pid": "42"}',  # wrong type
+    ],
+)
+def test_anything_else_reads_as_no_marker(fifo: Path, content: bytes) -> None:
+    Path(marker_path(fifo)).write_bytes(content)
+    assert read_marker(fifo) is None
+
+
+def test_no_file_reads_as_no_marker(fifo: Path) -> None:
+    assert read_marker(fifo) is None
+    assert read_live_marker(fifo) is None
+
+
+def test_a_nonpositive_pid_reads_as_unknown(fifo: Path) -> None:
+    Path(marker_path(fifo)).write_text('{"server": "aiotimer", "pid": -5}')
+    found = read_marker(fifo)
+    assert found is not None and found.marker.pid is None
+
+
+def test_a_dead_servers_marker_is_not_live(fifo: Path) -> None:
+    write_marker(fifo, Marker(server=AIOTIMER, pid=dead_pid()))
+    assert read_marker(fifo) is not None
+    assert read_live_marker(fifo) is None
+    write_marker(fifo, Marker(server=AIOTIMER, pid=os.getpid()))
+    assert read_live_marker(fifo) is not None
+
+
+def test_a_new_publication_reads_as_a_different_file(fifo: Path) -> None:
+    marker = Marker(server=AIOTIMER, pid=os.getpid())
+    write_marker(fifo, marker)
+    first = read_marker(fifo)
+    assert read_marker(fifo) == first
+    write_marker(fifo, marker)  # the same content, published again (a restart)
+    second = read_marker(fifo)
+    assert first is not None and second is not None
+    assert second.marker == first.marker and second != first
+
+
+def test_remove_leaves_another_servers_marker(fifo: Path) -> None:
+    write_marker(fifo, Marker(server=AIOTIMER, pid=os.getpid() + 1))
+    remove_marker(fifo)
+    assert read_marker(fifo) is not None
+    remove_marker(fifo, pid=os.getpid() + 1)
+    assert read_marker(fifo) is None
+    remove_marker(fifo)  # nothing there: no error
+
+
+def test_marker_struct_round_trips_through_msgspec() -> None:
+    marker = Marker(server=AIOTIMER, pid=7, version="0.1.0")
+    assert msgspec.json.decode(msgspec.json.encode(marker), type=Marker) == marker
