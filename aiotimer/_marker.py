@@ -58,6 +58,8 @@ class Marker(msgspec.Struct, frozen=True, kw_only=True):
     version: str | None = None
     #: The wire protocol version (torch's lines: ``1``).
     protocol: int = PROTOCOL_VERSION
+    #: The path of the server's Unix socket for the same requests, if it offers one.
+    socket: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,10 +120,11 @@ def write_marker(
     marker: Marker,
     extra: Mapping[str, object] | None = None,
 ) -> None:
-    """Publish ``marker`` (plus ``extra`` keys, which never override its fields)
-    atomically beside ``fifo_path``, with mode :data:`MARKER_MODE`."""
+    """Publish ``marker`` (plus ``extra`` keys, which never override its fields that are
+    set) atomically beside ``fifo_path``, with mode :data:`MARKER_MODE`. Fields that are
+    ``None`` are left out."""
     body: dict[str, object] = dict(extra or {})
-    body.update(msgspec.to_builtins(marker))
+    body.update((k, v) for k, v in msgspec.to_builtins(marker).items() if v is not None)
     path = marker_path(fifo_path)
     tmp = f"{path}.{os.getpid()}.tmp"
     with contextlib.suppress(FileNotFoundError):

@@ -55,13 +55,21 @@ def test_extra_keys_never_override_the_typed_fields(fifo: Path) -> None:
     assert found is not None and found.marker.pid == os.getpid()
 
 
+def test_unset_fields_are_left_out_and_an_extra_key_fills_one(fifo: Path) -> None:
+    write_marker(fifo, Marker(server=AIOTIMER), {"socket": "/run/s.sock"})
+    body = json.loads(Path(marker_path(fifo)).read_text())
+    assert body == {"server": "aiotimer", "protocol": 1, "socket": "/run/s.sock"}
+    found = read_marker(fifo)
+    assert found is not None and found.marker.socket == "/run/s.sock"
+
+
 def test_unknown_keys_are_tolerated_and_missing_ones_default(fifo: Path) -> None:
     Path(marker_path(fifo)).write_text(
         json.dumps({"server": "aiotimer", "pid": 42, "socket": "/run/x.sock", "new": [1]})
     )
     found = read_marker(fifo)
     assert found is not None
-    assert found.marker == Marker(server=AIOTIMER, pid=42, version=None, protocol=1)
+    assert found.marker == Marker(server=AIOTIMER, pid=42, socket="/run/x.sock")
 
 
 @pytest.mark.parametrize(
