@@ -9,9 +9,12 @@ a worker thread (``aiofiles``), so a slow or hung disk holds up only the log.
 
 Bounded noise, unbounded audit: events that outsiders can cause at any rate
 (:data:`NOISE`: rejected input, unknown workers, per-request events) take at most
-``max_queued`` places in the queue; past that they are dropped and counted
-(:attr:`EventLog.dropped`). Every other event (expiries, reaps, failed reaps, stops) is
-an audit record and is always queued, whatever the noise.
+``max_queued`` places in the queue, and rejected input and unknown workers at most
+``max_noise_rate`` per second; past that they are dropped and counted
+(:attr:`EventLog.dropped`), and each second that dropped some is followed by an
+:class:`~aiotimer.events.EventsLost` record saying how many. Every other event
+(expiries, reaps, failed reaps, stops) is an audit record and is always queued,
+whatever the noise.
 
 A write error (a full disk, a read-only remount, an I/O error) never stops the server:
 the log reports it once on the ``aiotimer`` logger (ERROR), counts the events of the
@@ -29,6 +32,7 @@ from __future__ import annotations
 import collections
 import errno
 import logging
+import math
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -62,6 +66,8 @@ NOISE: Final[tuple[type[Event], ...]] = (
     TimerAcquired,
     TimerReleased,
 )
+#: Noise whose rate is bounded too (a flood of garbage must not keep the log busy).
+_FLOOD: Final[tuple[type[Event], ...]] = (RequestRejected, WorkerUnknown)
 #: The most events encoded and written in one go (bounds the loop's work per slice).
 MAX_BATCH: Final[int] = 512
 _NEWLINE: Final[int] = ord("\n")
@@ -75,6 +81,8 @@ class EventLog:
     Args:
         path: the file (opened for appending, created with mode 0644 minus umask).
         max_queued: the most noise events (see :data:`NOISE`) waiting to be written.
+        max_noise_rate: the most rejected-input and unknown-worker events logged per
+            second.
         retry_interval: seconds between attempts to write after a write error.
     """
 
@@ -83,14 +91,19 @@ class EventLog:
         path: str | os.PathLike[str],
         *,
         max_queued: int = 10_000,
+        max_noise_rate: int = 1000,
         retry_interval: float = RETRY_INTERVAL,
     ) -> None:
         self.path = os.fspath(path)
-        #: Noise events dropped because ``max_queued`` of them were already waiting.
+        #: Noise events dropped (``max_queued`` waiting, or over ``max_noise_rate``).
         self.dropped = 0
         #: Events lost to write errors (reported in the file once writing works again).
         self.lost = 0
         self._max_noise = max_queued
+        self._max_rate = max_noise_rate
+        self._second = -math.inf  # when the current one-second window of noise began
+        self._in_second = 0  # rate-bounded noise queued in that window
+        self._dropped_in_second = 0
         self._retry_interval = retry_interval
         self._queue: collections.deque[Event] = collections.deque()
         self._noise = 0  # noise events in the queue
@@ -109,15 +122,40 @@ class EventLog:
             self._lose(1)
             return
         if isinstance(event, NOISE):
+            if isinstance(event, _FLOOD):
+                now = time.monotonic()
+                if now - self._second >= 1.0:
+                    self._report_drops()
+                    self._second, self._in_second = now, 0
+                if self._in_second >= self._max_rate:
+                    self.dropped += 1
+                    self._dropped_in_second += 1
+                    return
+                self._in_second += 1
             if self._noise >= self._max_noise:
                 self.dropped += 1
+                self._dropped_in_second += 1
                 return
             self._noise += 1
         self._queue.append(event)
         self._wakeup.set()
 
+    def _report_drops(self) -> None:
+        if self._dropped_in_second:
+            reason = (
+                f"dropped: more noise (rejected input, unknown workers) than "
+                f"{self._max_rate}/s or {self._max_noise} queued"
+            )
+            self._queue.append(
+                EventsLost(time=time.time(), count=self._dropped_in_second, error=reason)
+            )
+            self._dropped_in_second = 0
+            self._wakeup.set()
+
     def close(self) -> None:
         """End the queue: :meth:`run` writes what is queued and returns."""
+        if not self._closed:
+            self._report_drops()
         self._closed = True
         self._wakeup.set()
 

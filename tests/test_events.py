@@ -149,4 +149,22 @@ async def test_event_log_drops_noise_past_its_bound_but_never_audit_records(
     kinds = [json.loads(line)["event"] for line in path.read_text().splitlines()]
     assert kinds.count("worker_reaped") == 5
     assert kinds.count("request_rejected") == 2
-    assert len(kinds) == 7
+    assert kinds[-1] == "events_lost" and len(kinds) == 8  # the drops, counted at close
+    assert json.loads(path.read_text().splitlines()[-1])["count"] == 3
+
+
+@pytest.mark.asyncio
+async def test_event_log_bounds_the_rate_of_rejections(tmp_path: Path) -> None:
+    path = tmp_path / "log.jsonl"
+    log = EventLog(path, max_noise_rate=3)
+    async with anyio.create_task_group() as tg:
+        await tg.start(log.run)
+        for i in range(10):
+            log.put(ev.RequestRejected(time=1.0, reason="bad", line=f"x{i}", source="fifo:/x"))
+        log.put(SAMPLES[6])  # audit: never rate-bounded
+        log.close()
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["event"] for r in records].count("request_rejected") == 3
+    assert records[-2]["event"] == "worker_reaped"
+    assert (records[-1]["event"], records[-1]["count"]) == ("events_lost", 7)
+    assert log.dropped == 7
