@@ -79,15 +79,21 @@ class TimerClient(Protocol):
         ...
 
 
-def release_failed(scope: str, exc: Exception, body_exc: BaseException | None) -> None:
+def release_failed(
+    scope: str,
+    exc: Exception,
+    body_exc: BaseException | None,
+    *,
+    logger: logging.Logger = log,
+) -> None:
     """Re-raise a failed release, unless the block's own exception is propagating.
 
-    Then the release failure is logged and the block's exception (a ``CancelledError``
-    included) propagates untouched.
+    Then the release failure is logged (on ``logger``) and the block's exception (a
+    ``CancelledError`` included) propagates untouched.
     """
     if body_exc is None:
         raise exc
-    log.warning(
+    logger.warning(
         "releasing scope %r failed (%s: %s) while the block raised %s; the block's "
         "exception propagates",
         scope,

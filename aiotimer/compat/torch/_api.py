@@ -10,6 +10,7 @@ import time
 from types import TracebackType
 from typing import Any
 
+from aiotimer._clients import release_failed
 from aiotimer._scope import default_scope
 from aiotimer.compat.torch._requests import TimerNotConfiguredError, TimerRequest
 from aiotimer.errors import ServerStateError
@@ -186,16 +187,7 @@ class _Expires:
         try:
             self._client.release(self.scope)
         except Exception as release_exc:
-            if exc is None:
-                raise
-            logger.warning(
-                "releasing scope %r failed (%s: %s) while the block raised %s; the block's "
-                "exception propagates",
-                self.scope,
-                type(release_exc).__name__,
-                release_exc,
-                type(exc).__name__,
-            )
+            release_failed(self.scope, release_exc, exc, logger=logger)
 
 
 def expires(after: float, scope: str | None = None, client: TimerClient | None = None) -> _Expires:
