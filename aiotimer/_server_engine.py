@@ -19,19 +19,11 @@ ingesting a burst of input does not hold up an expiry.
 
 Expired timers are handled in deadline order: the policy turns each into a plan
 (:mod:`aiotimer._policy`). An empty plan is "report only". Otherwise the worker's other
-timers are cleared and the plan is carried out through the policy's
-:class:`~aiotimer._policy.Escalator`: the engine performs the action it hands out, tells
-it the :class:`~aiotimer._policy.Result` and gets the next, in one short loop. The first
-action is taken right in the expiry handler, so a first signal leaves at the deadline,
-before anything else is done about the timer (its outcome is reported right after the
-:class:`~aiotimer.events.TimerExpired` event); the rest runs in one *reap* task per
-worker, so a slow reap (a grace wait, a retry back-off) never delays another expiry.
-Signals never block (``kill(2)``, ``pidfd_send_signal(2)``): :meth:`Reaper.signal` is
-synchronous. A failed signal is reported and retried with back-off, and finally
-reported as abandoned; it is never reported as success. A
-:class:`~aiotimer._policy.DumpStacks` step's text rides on the
-:class:`~aiotimer.events.StacksDumped` event and on every later
-:class:`~aiotimer.events.WorkerReaped` of the same reap.
+timers are cleared and the plan is carried out by :class:`~aiotimer._reaping.Reaps`,
+which takes the first action right in the expiry handler (a first signal leaves at the
+deadline, before anything else is done about the timer; its outcome is reported right
+after the :class:`~aiotimer.events.TimerExpired` event) and the rest in one task per
+worker.
 
 Statistics (:mod:`aiotimer._stats`): a timer released in time records its duration
 (release time - acquire time) for its scope's site; an expiry records the time the timer
@@ -47,43 +39,30 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 
 import anyio
 import anyio.abc
 
 from aiotimer._clock import Clock
 from aiotimer._policy import (
-    Action,
-    DumpStacks,
-    Escalator,
-    Outcome,
     ReapPolicy,
     ReapRetry,
-    Result,
-    SendSignal,
     Step,
-    Wait,
     format_plan,
 )
 from aiotimer._protocol import Decoded, Request
+from aiotimer._reaping import DUMP_SLACK, Reap, Reaps, Worker
 from aiotimer._stats import DurationStats, Overdue, SiteSummary
 from aiotimer._table import ReapOptions, Timer, TimerTable
-from aiotimer.errors import ProcessGoneError, RefusedTargetError
 from aiotimer.events import (
     Counters,
     Event,
-    ReapAbandoned,
-    ReapFailed,
     RequestRejected,
-    StacksDumped,
     TimerAcquired,
     TimerExpired,
     TimerReleased,
     WorkerExited,
-    WorkerReaped,
-    WorkerSurvived,
     WorkerUnknown,
 )
 from aiotimer.reapers import Reaper
@@ -92,33 +71,6 @@ from aiotimer.sources._base import Source
 __all__ = ["DUMP_SLACK", "Counters", "Engine", "ReapRetry", "serve_source"]
 
 logger = logging.getLogger("aiotimer")
-
-#: Seconds a reaper's ``dump_stacks`` may overrun its timeout before the engine cuts it off.
-DUMP_SLACK = 1.0
-
-
-@dataclass(slots=True, eq=False)
-class _Worker:
-    """A watched worker. Its anyio primitives are made in its watcher task (``submit``
-    may run outside any task, where anyio cannot make them)."""
-
-    pid: int
-    exited: anyio.Event | None = None  # set when it is gone; made by the first waiter
-    watch: anyio.CancelScope | None = None  # the watcher's, once it runs
-    reaping: bool = False
-    gone: bool = False
-
-
-@dataclass(slots=True, eq=False)
-class _Reap:
-    """One reap of a worker: its escalator, and what its events report."""
-
-    worker: _Worker
-    escalator: Escalator
-    steps: int  # the plan's signal and dump steps
-    scopes: tuple[str, ...] = ()  # the worker's timers this reap clears
-    stacks: str | None = None  # the dump's text, once a DumpStacks step ran
-    error: str = ""  # the last failed signal's error, until it is reported
 
 
 class _StartedProxy:
@@ -160,11 +112,20 @@ class Engine:
         self._reaper = reaper
         self._policy = policy
         self._emit = emit
-        self._retry = retry
         self._request_events = request_events
-        self._self_kill = self_kill_after_reap
         self._own_pid = os.getpid()
-        self._workers: dict[int, _Worker] = {}
+        self._workers: dict[int, Worker] = {}
+        self._reaps = Reaps(
+            task_group=task_group,
+            clock=clock,
+            reaper=reaper,
+            emit=emit,
+            counts=self.counts,
+            retry=retry,
+            confirm=policy.unkillable_after,
+            self_kill=self_kill_after_reap,
+            on_gone=self._worker_gone,
+        )
         self._armed = -math.inf  # the deadline the expiry task sleeps until
         self._sleep_scope: anyio.CancelScope | None = None
 
@@ -238,11 +199,11 @@ class Engine:
             logger.exception("reaper.attach(%d) raised; treating the worker as unknown", pid)
             return False
         if attached:
-            worker = self._workers[pid] = _Worker(pid)
+            worker = self._workers[pid] = Worker(pid)
             self._tg.start_soon(self._watch, worker, name=f"aiotimer-watch-{pid}")
         return attached
 
-    async def _watch(self, worker: _Worker) -> None:
+    async def _watch(self, worker: Worker) -> None:
         if worker.gone:
             return
         with anyio.CancelScope() as worker.watch:
@@ -253,7 +214,7 @@ class Engine:
                 return
             self._worker_gone(worker, "exited")
 
-    def _worker_gone(self, worker: _Worker, reason: str) -> None:
+    def _worker_gone(self, worker: Worker, reason: str) -> None:
         if worker.gone:
             return
         worker.gone = True
@@ -331,17 +292,10 @@ class Engine:
         worker = self._workers.get(timer.pid)
         policy = self._policy
         plan: Sequence[Step] = () if worker is None else policy.plan(timer)
-        reap: _Reap | None = None
-        first: Action | None = None
-        error: Exception | None = None
+        reap: Reap | None = None
         if plan and worker is not None and not worker.reaping:
             # Start the reap first: its first signal leaves right here, at the deadline.
-            worker.reaping = True
-            escalator = Escalator(plan, confirm=policy.unkillable_after, retry=self._retry)
-            reap = _Reap(worker, escalator, sum(not isinstance(s, Wait) for s in plan))
-            first = escalator.next(now)
-            if isinstance(first, SendSignal):
-                error = self._signal(worker.pid, first)
+            reap = self._reaps.begin(worker, plan, now)
         self.stats.record_expired(timer.scope_id, max(0.0, now - timer.acquired_at))
         if not plan:  # the block runs on: its release will tell how long it took
             self.overdue.add(timer.key, timer.acquired_at)
@@ -367,163 +321,7 @@ class Engine:
         if reap is None:
             return  # report only, or the reap in progress covers this timer too
         others = self.table.clear_worker(timer.pid)
-        reap.scopes = (timer.scope_id, *(t.scope_id for t in others))
-        if isinstance(first, SendSignal):
-            first = self._next(reap, self._sent(reap, first, error))
-        if first is None:
-            reap.worker.reaping = False
-        else:
-            self._tg.start_soon(self._reap, reap, first, name=f"aiotimer-reap-{timer.pid}")
-
-    # -- reaping ----------------------------------------------------------------------
-
-    async def _reap(self, reap: _Reap, action: Action | None) -> None:
-        """Carry out the rest of ``reap``'s plan, from ``action`` on."""
-        worker = reap.worker
-        try:
-            while action is not None:
-                if isinstance(action, SendSignal):
-                    result = self._sent(reap, action, self._signal(worker.pid, action))
-                elif isinstance(action, DumpStacks):
-                    number = len(reap.escalator.taken)
-                    reap.stacks = await self._dump(worker, action, number, reap.steps)
-                    result = Result.EXITED if worker.gone else Result.DONE
-                else:
-                    exited = await self._wait_exit(worker, action.deadline)
-                    result = Result.EXITED if exited else Result.DONE
-                action = self._next(reap, result)
-        finally:
-            worker.reaping = False
-
-    def _signal(self, pid: int, step: SendSignal) -> Exception | None:
-        """Send ``step`` through the reaper; the error it raised, if any."""
-        try:
-            self._reaper.signal(pid, step.signum, group=step.group)
-        except Exception as exc:
-            return exc
-        return None
-
-    def _sent(self, reap: _Reap, step: SendSignal, error: Exception | None) -> Result:
-        """Report a delivered signal (``error`` is what sending it raised, if anything);
-        what to tell the escalator (a failure is reported by :meth:`_next`)."""
-        worker = reap.worker
-        if isinstance(error, ProcessGoneError):
-            self._worker_gone(worker, "gone before signal")
-            return Result.EXITED
-        if error is not None:
-            self.counts.reap_failed += 1
-            reap.error = f"{type(error).__name__}: {error}"
-            return Result.REFUSED if isinstance(error, RefusedTargetError) else Result.FAILED
-        self.counts.reaped += 1
-        self._emit(
-            WorkerReaped(
-                time=self._clock.time(),
-                pid=worker.pid,
-                signal=step.signum,
-                group=step.group,
-                scopes=reap.scopes,
-                step=len(reap.escalator.taken),
-                steps=reap.steps,
-                stacks=reap.stacks,
-            )
-        )
-        if self._self_kill:
-            logger.critical("self_kill_after_reap: sending signal %d to the server", step.signum)
-            os.kill(self._own_pid, step.signum)
-        return Result.DONE
-
-    def _next(self, reap: _Reap, result: Result) -> Action | None:
-        """Tell the escalator ``result``; report what it decided; its next action."""
-        escalator, clock, pid = reap.escalator, self._clock, reap.worker.pid
-        now = clock.monotonic()
-        action = escalator.next(now, result)
-        last = escalator.taken[-1] if escalator.taken else None
-        signum = last.signum if isinstance(last, SendSignal) else 0
-        if result in (Result.FAILED, Result.REFUSED):
-            attempt = escalator.attempt
-            if action is None:
-                self._emit(
-                    ReapAbandoned(
-                        time=clock.time(),
-                        pid=pid,
-                        signal=signum,
-                        error=reap.error,
-                        attempts=attempt,
-                    )
-                )
-            else:
-                self._emit(
-                    ReapFailed(
-                        time=clock.time(),
-                        pid=pid,
-                        signal=signum,
-                        error=reap.error,
-                        attempt=attempt,
-                        retry_in=escalator.backoff,
-                    )
-                )
-        elif action is None and escalator.outcome in (Outcome.UNKILLABLE, Outcome.SURVIVED):
-            self._emit(
-                WorkerSurvived(
-                    time=clock.time(),
-                    pid=pid,
-                    signal=signum,
-                    unkillable=escalator.outcome is Outcome.UNKILLABLE,
-                    waited=self._policy.unkillable_after,
-                )
-            )
-        return action
-
-    async def _wait_exit(self, worker: _Worker, deadline: float) -> bool:
-        """Wait until monotonic ``deadline`` (on the injected clock) or the worker's exit;
-        ``True`` if it exited."""
-        if worker.gone:
-            return True
-        if worker.exited is None:
-            worker.exited = anyio.Event()
-        await self._until(deadline, worker.exited.wait)
-        return worker.gone
-
-    async def _until(self, deadline: float, work: Callable[[], Awaitable[object]]) -> bool:
-        """Run ``work()`` until it returns or the injected clock reaches ``deadline``;
-        ``True`` if it returned."""
-        finished = False
-        async with anyio.create_task_group() as tg:
-
-            async def time_out() -> None:
-                await self._clock.sleep_until(deadline)
-                tg.cancel_scope.cancel()
-
-            tg.start_soon(time_out)
-            await work()
-            finished = True
-            tg.cancel_scope.cancel()
-        return finished
-
-    async def _dump(self, worker: _Worker, step: DumpStacks, number: int, steps: int) -> str | None:
-        """Ask for a dump, report it and return its text.
-
-        The reaper bounds the dump by ``step.timeout``; a reaper that overruns that by
-        :data:`DUMP_SLACK` is cut off, so a dump can never hold up the kill.
-        """
-        text: str | None = None
-
-        async def dump() -> None:
-            nonlocal text
-            try:
-                text = await self._reaper.dump_stacks(worker.pid, step.timeout)
-            except Exception:
-                logger.exception("reaper.dump_stacks(%d) raised", worker.pid)
-
-        deadline = self._clock.monotonic() + step.timeout + DUMP_SLACK
-        if not await self._until(deadline, dump):
-            logger.error("reaper.dump_stacks(%d) overran its timeout; cut off", worker.pid)
-        self._emit(
-            StacksDumped(
-                time=self._clock.time(), pid=worker.pid, text=text, step=number, steps=steps
-            )
-        )
-        return text
+        self._reaps.proceed(reap, (timer.scope_id, *(t.scope_id for t in others)))
 
 
 async def serve_source(

@@ -412,7 +412,9 @@ def test_shadow_mode_signals_nothing_and_reports_the_would_be_kill_and_statistic
     assert expired["action"] == "nothing (shadow mode); would do: SIGTERM -> wait 1s -> SIGKILL"
     [site] = records[-1]["scopes"]
     assert (site["site"], site["count"], site["expirations"]) == ("job.py:7", 3, 1)
-    assert site["max"] >= 0.6  # the overrunning block, measured at its late release
+    # The overrunning 0.6 s block, measured at its late release: less the difference of
+    # the two lines' transit to the server (a few ms under load).
+    assert site["max"] >= 0.58
     assert site["longest_expired"] >= 0.19  # the timeout less the line's transit to the server
     assert site["suggested_timeout"] >= 1.5 * site["p99"]
     header, row = out.splitlines()

@@ -1,0 +1,286 @@
+"""Carrying out reaps: one per worker, through the policy's Escalator.
+
+:meth:`Reaps.begin` starts a reap in the expiry handler: it makes the reap's
+:class:`~aiotimer._policy.Escalator` and takes its first action at once, so a first
+signal leaves at the deadline (signals never block: :meth:`Reaper.signal` is
+synchronous). :meth:`Reaps.proceed`, once the expiry is reported, reports that signal's
+outcome and runs the rest of the plan in a task of its own, so a slow reap (a grace
+wait, a retry back-off, a stack dump) never delays another expiry. Every action is
+performed the same way, in one short loop: perform it, tell the escalator the
+:class:`~aiotimer._policy.Result`, report what it decided, take the next.
+
+A failed signal is reported (:class:`~aiotimer.events.ReapFailed`) and retried with
+back-off, and finally reported as abandoned (:class:`~aiotimer.events.ReapAbandoned`);
+it is never reported as success. A :class:`~aiotimer._policy.DumpStacks` step's text
+rides on the :class:`~aiotimer.events.StacksDumped` event and on every later
+:class:`~aiotimer.events.WorkerReaped` of the same reap.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+import anyio
+import anyio.abc
+
+from aiotimer._clock import Clock
+from aiotimer._policy import (
+    Action,
+    DumpStacks,
+    Escalator,
+    Outcome,
+    ReapRetry,
+    Result,
+    SendSignal,
+    Step,
+    Wait,
+)
+from aiotimer.errors import ProcessGoneError, RefusedTargetError
+from aiotimer.events import (
+    Counters,
+    Event,
+    ReapAbandoned,
+    ReapFailed,
+    StacksDumped,
+    WorkerReaped,
+    WorkerSurvived,
+)
+from aiotimer.reapers import Reaper
+
+__all__ = ["DUMP_SLACK", "Reap", "Reaps", "Worker"]
+
+logger = logging.getLogger("aiotimer")
+
+#: Seconds a reaper's ``dump_stacks`` may overrun its timeout before the engine cuts it off.
+DUMP_SLACK = 1.0
+
+
+@dataclass(slots=True, eq=False)
+class Worker:
+    """A watched worker. Its anyio primitives are made in tasks (the engine's ``submit``
+    may run outside any task, where anyio cannot make them)."""
+
+    pid: int
+    exited: anyio.Event | None = None  # set when it is gone; made by the first waiter
+    watch: anyio.CancelScope | None = None  # the watcher's, once it runs
+    reaping: bool = False
+    gone: bool = False
+
+
+@dataclass(slots=True, eq=False)
+class Reap:
+    """One reap of a worker: its escalator, and what its events report."""
+
+    worker: Worker
+    escalator: Escalator
+    steps: int  # the plan's signal and dump steps
+    first: Action | None = None  # the first action, taken in the expiry handler
+    error: str = ""  # the last failed signal's error, until it is reported
+    first_error: Exception | None = None  # what sending the first signal raised
+    scopes: tuple[str, ...] = ()  # the worker's timers this reap clears
+    stacks: str | None = None  # the dump's text, once a DumpStacks step ran
+
+
+class Reaps:
+    """The reaps of one server run (see the module docs)."""
+
+    def __init__(
+        self,
+        *,
+        task_group: anyio.abc.TaskGroup,
+        clock: Clock,
+        reaper: Reaper,
+        emit: Callable[[Event], None],
+        counts: Counters,
+        retry: ReapRetry,
+        confirm: float,
+        self_kill: bool,
+        on_gone: Callable[[Worker, str], None],
+    ) -> None:
+        self._tg = task_group
+        self._clock = clock
+        self._reaper = reaper
+        self._emit = emit
+        self._counts = counts
+        self._retry = retry
+        self._confirm = confirm
+        self._self_kill = self_kill
+        self._on_gone = on_gone
+        self._own_pid = os.getpid()
+
+    def begin(self, worker: Worker, plan: Sequence[Step], now: float) -> Reap:
+        """Start reaping ``worker`` with ``plan`` at ``now``: take the first action (a
+        signal is sent at once; its outcome is reported by :meth:`proceed`)."""
+        worker.reaping = True
+        escalator = Escalator(plan, confirm=self._confirm, retry=self._retry)
+        reap = Reap(worker, escalator, sum(not isinstance(s, Wait) for s in plan))
+        reap.first = escalator.next(now)
+        if isinstance(reap.first, SendSignal):
+            reap.first_error = self._signal(worker.pid, reap.first)
+        return reap
+
+    def proceed(self, reap: Reap, scopes: tuple[str, ...]) -> None:
+        """Report the first action's outcome, then carry out the rest in a task.
+
+        ``scopes`` are the worker's timers this reap clears (for the events)."""
+        reap.scopes = scopes
+        action = reap.first
+        if isinstance(action, SendSignal):
+            action = self._next(reap, self._sent(reap, action, reap.first_error))
+            reap.first_error = None
+        if action is None:
+            reap.worker.reaping = False
+        else:
+            pid = reap.worker.pid
+            self._tg.start_soon(self._reap, reap, action, name=f"aiotimer-reap-{pid}")
+
+    async def _reap(self, reap: Reap, action: Action | None) -> None:
+        """Carry out the rest of ``reap``'s plan, from ``action`` on."""
+        worker = reap.worker
+        try:
+            while action is not None:
+                if isinstance(action, SendSignal):
+                    result = self._sent(reap, action, self._signal(worker.pid, action))
+                elif isinstance(action, DumpStacks):
+                    number = len(reap.escalator.taken)
+                    reap.stacks = await self._dump(worker, action, number, reap.steps)
+                    result = Result.EXITED if worker.gone else Result.DONE
+                else:
+                    exited = await self._wait_exit(worker, action.deadline)
+                    result = Result.EXITED if exited else Result.DONE
+                action = self._next(reap, result)
+        finally:
+            worker.reaping = False
+
+    def _signal(self, pid: int, step: SendSignal) -> Exception | None:
+        """Send ``step`` through the reaper; the error it raised, if any."""
+        try:
+            self._reaper.signal(pid, step.signum, group=step.group)
+        except Exception as exc:
+            return exc
+        return None
+
+    def _sent(self, reap: Reap, step: SendSignal, error: Exception | None) -> Result:
+        """Report a delivered signal (``error`` is what sending it raised, if anything);
+        what to tell the escalator (a failure is reported by :meth:`_next`)."""
+        worker = reap.worker
+        if isinstance(error, ProcessGoneError):
+            self._on_gone(worker, "gone before signal")
+            return Result.EXITED
+        if error is not None:
+            self._counts.reap_failed += 1
+            reap.error = f"{type(error).__name__}: {error}"
+            return Result.REFUSED if isinstance(error, RefusedTargetError) else Result.FAILED
+        self._counts.reaped += 1
+        self._emit(
+            WorkerReaped(
+                time=self._clock.time(),
+                pid=worker.pid,
+                signal=step.signum,
+                group=step.group,
+                scopes=reap.scopes,
+                step=len(reap.escalator.taken),
+                steps=reap.steps,
+                stacks=reap.stacks,
+            )
+        )
+        if self._self_kill:
+            logger.critical("self_kill_after_reap: sending signal %d to the server", step.signum)
+            os.kill(self._own_pid, step.signum)
+        return Result.DONE
+
+    def _next(self, reap: Reap, result: Result) -> Action | None:
+        """Tell the escalator ``result``; report what it decided; its next action."""
+        escalator, clock, pid = reap.escalator, self._clock, reap.worker.pid
+        now = clock.monotonic()
+        action = escalator.next(now, result)
+        last = escalator.taken[-1] if escalator.taken else None
+        signum = last.signum if isinstance(last, SendSignal) else 0
+        if result in (Result.FAILED, Result.REFUSED):
+            attempt = escalator.attempt
+            if action is None:
+                self._emit(
+                    ReapAbandoned(
+                        time=clock.time(),
+                        pid=pid,
+                        signal=signum,
+                        error=reap.error,
+                        attempts=attempt,
+                    )
+                )
+            else:
+                self._emit(
+                    ReapFailed(
+                        time=clock.time(),
+                        pid=pid,
+                        signal=signum,
+                        error=reap.error,
+                        attempt=attempt,
+                        retry_in=escalator.backoff,
+                    )
+                )
+        elif action is None and escalator.outcome in (Outcome.UNKILLABLE, Outcome.SURVIVED):
+            self._emit(
+                WorkerSurvived(
+                    time=clock.time(),
+                    pid=pid,
+                    signal=signum,
+                    unkillable=escalator.outcome is Outcome.UNKILLABLE,
+                    waited=self._confirm,
+                )
+            )
+        return action
+
+    async def _wait_exit(self, worker: Worker, deadline: float) -> bool:
+        """Wait until monotonic ``deadline`` (on the injected clock) or the worker's exit;
+        ``True`` if it exited."""
+        if worker.gone:
+            return True
+        if worker.exited is None:
+            worker.exited = anyio.Event()
+        await self._until(deadline, worker.exited.wait)
+        return worker.gone
+
+    async def _until(self, deadline: float, work: Callable[[], Awaitable[object]]) -> bool:
+        """Run ``work()`` until it returns or the injected clock reaches ``deadline``;
+        ``True`` if it returned."""
+        finished = False
+        async with anyio.create_task_group() as tg:
+
+            async def time_out() -> None:
+                await self._clock.sleep_until(deadline)
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(time_out)
+            await work()
+            finished = True
+            tg.cancel_scope.cancel()
+        return finished
+
+    async def _dump(self, worker: Worker, step: DumpStacks, number: int, steps: int) -> str | None:
+        """Ask for a dump, report it and return its text.
+
+        The reaper bounds the dump by ``step.timeout``; a reaper that overruns that by
+        :data:`DUMP_SLACK` is cut off, so a dump can never hold up the kill.
+        """
+        text: str | None = None
+
+        async def dump() -> None:
+            nonlocal text
+            try:
+                text = await self._reaper.dump_stacks(worker.pid, step.timeout)
+            except Exception:
+                logger.exception("reaper.dump_stacks(%d) raised", worker.pid)
+
+        deadline = self._clock.monotonic() + step.timeout + DUMP_SLACK
+        if not await self._until(deadline, dump):
+            logger.error("reaper.dump_stacks(%d) overran its timeout; cut off", worker.pid)
+        self._emit(
+            StacksDumped(
+                time=self._clock.time(), pid=worker.pid, text=text, step=number, steps=steps
+            )
+        )
+        return text
