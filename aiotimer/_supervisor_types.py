@@ -39,7 +39,9 @@ class RunOutcome(enum.IntEnum):
     SUCCEEDED = 0  #: every worker exited 0
     FAILED = 1  #: a worker failed for good (a no-restart exit code)
     GAVE_UP = 3  #: the restart budget was exhausted
-    STOPPED = 4  #: stopped before every worker finished (aclose, operator stop)
+    #: stopped before every worker finished (aclose, an operator's stop, or the timer
+    #: server could no longer watch the workers)
+    STOPPED = 4
 
 
 @dataclass(frozen=True, slots=True)

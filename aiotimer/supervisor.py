@@ -77,6 +77,8 @@ from aiotimer.errors import LaunchError, ServerStateError
 from aiotimer.events import (
     Event,
     RestartScheduled,
+    ServerStopped,
+    SourceFailed,
     SupervisorGaveUp,
     SupervisorStopped,
     TimerExpired,
@@ -586,6 +588,10 @@ class Supervisor:
                 elif isinstance(event, WorkerReaped) and (event.pid == att.pid or event.group):
                     att.reaped = event.scopes
         self._deliver(event)
+        if isinstance(event, SourceFailed | ServerStopped) and not self._stop.is_set():
+            # Without its FIFO the server can no longer time the workers: say so, stop.
+            what = "its FIFO failed" if isinstance(event, SourceFailed) else "it stopped"
+            self.give_up(f"the timer server can no longer watch the workers: {what}")
 
     # -- events -----------------------------------------------------------------------
 
@@ -647,8 +653,13 @@ class Supervisor:
             self._gave_up(self._planner.give_up(reason))
 
     def _check_rank(self, rank: int) -> None:
-        if self._state is not Lifecycle.RUNNING:
-            raise ServerStateError(f"the supervisor is {self._state.value}, not running")
+        if self._state is not Lifecycle.RUNNING or self._stop.is_set():
+            raise ServerStateError(
+                f"the supervisor is {self._state.value} and not taking actions "
+                "(it is stopping or has given up)"
+                if self._state is Lifecycle.RUNNING
+                else f"the supervisor is {self._state.value}, not running"
+            )
         if not 0 <= rank < self._nproc:
             raise IndexError(f"no worker {rank}: ranks are 0..{self._nproc - 1}")
 

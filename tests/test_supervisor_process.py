@@ -53,8 +53,11 @@ elif mode == "crash":
     sys.exit(3)
 elif mode == "no-restart":
     sys.exit(93)
-elif mode == "tree":  # a child in its group, and a daemon that escapes with setsid
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+elif mode == "tree":  # a child that ignores SIGTERM, and a daemon that escapes with setsid
+    child = subprocess.Popen([sys.executable, "-c", "import signal, time; "
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN); print(flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE)
+    child.stdout.readline()  # it ignores SIGTERM from now on
     daemon = subprocess.Popen([sys.executable, "-c", '''
 import os, subprocess, sys, time
 os.setsid()
@@ -229,7 +232,7 @@ def test_sigterm_to_run_leaves_no_process(worker: list[str], tmp_path: Path) -> 
         "PYTHONPATH": os.pathsep.join(sys.path),
     }
     run = subprocess.Popen(
-        [sys.executable, "-m", "aiotimer", "run", "--nproc", "2", "--stop-timeout", "2",
+        [sys.executable, "-m", "aiotimer", "run", "--nproc", "2", "--stop-timeout", "0.5",
          "--", *worker],
         env=env, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
@@ -243,9 +246,13 @@ def test_sigterm_to_run_leaves_no_process(worker: list[str], tmp_path: Path) -> 
         assert len(pids) == 6
         assert all(alive(pid) for pid in pids)
         run.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
         _, err = run.communicate(timeout=20)
+        stopped_in = time.monotonic() - signalled
     finally:
         run.kill()
     assert run.returncode == 128 + signal.SIGTERM, err
     assert [pid for pid in pids if alive(pid)] == []
     assert "stopped" in err  # the summary table
+    # the children ignoring SIGTERM needed the SIGKILL 0.5 s later; bounded well below 10 s
+    assert 0.5 <= stopped_in < 10
