@@ -395,6 +395,54 @@ def test_escalator_never_signals_a_dead_worker(plan: list[Step], fatal: int, del
         assert esc.outcome is Outcome.EXITED
 
 
+@given(
+    steps,
+    st.lists(st.booleans(), max_size=40),
+    st.integers(min_value=1, max_value=4),
+    st.one_of(st.none(), st.integers(min_value=1, max_value=64)),
+)
+def test_escalator_with_failing_signals_retries_each_at_most_the_attempts_then_abandons(
+    plan: list[Step], failures: list[bool], attempts: int, fatal: int | None
+) -> None:
+    """Against a model: a signal that fails is handed out again after the back-off, up to
+    ``attempts`` times; one more failure abandons the plan; a dead worker is never signalled
+    again; otherwise every step is handed out in order."""
+    clock = FakeClock()
+    worker = Worker(clock, dies_on=set() if fatal is None else {fatal})
+    retry = ReapRetry(attempts=attempts, initial=0.5, factor=2.0, maximum=2.0)
+    esc = Escalator(plan, confirm=1.0, retry=retry)
+    fails = iter(failures)
+    tries: list[int] = []  # the attempt number of every signal handed out
+    result = Result.DONE
+    for _ in range(500):
+        action = esc.next(clock.monotonic(), result)
+        if action is None:
+            break
+        if isinstance(action, WaitUntil):
+            assert action.deadline > clock.monotonic()
+            clock.advance(action.deadline - clock.monotonic())
+            result = Result.DONE if worker.alive else Result.EXITED
+        elif isinstance(action, SendSignal):
+            assert worker.alive
+            tries.append(esc.attempt)
+            if next(fails, False):
+                result = Result.FAILED
+            else:
+                worker.signal(action.signum)
+                result = Result.DONE if worker.alive else Result.EXITED
+        else:
+            result = Result.DONE
+    else:
+        raise AssertionError("escalator did not finish")
+    assert all(1 <= n <= attempts for n in tries)
+    handed = [s for s in plan if not isinstance(s, Wait)]
+    assert list(esc.taken) == handed[: len(esc.taken)]
+    if esc.outcome is Outcome.ABANDONED:
+        assert tries and tries[-1] == attempts
+    elif esc.outcome is not Outcome.EXITED:
+        assert list(esc.taken) == handed  # not cut short: every step was handed out
+
+
 # -- the `aiotimer serve` options that build a policy -----------------------------------------
 
 
