@@ -1,9 +1,9 @@
 """``aiotimer run [options] -- CMD [ARGS...]``: supervise ``--nproc`` workers.
 
 Exit status: 0 every worker succeeded; 1 a worker failed for good (a no-restart exit
-code); 2 usage error; 3 the restart budget was exhausted; 4 stopped before the end;
-5 the run cannot start (the command cannot be run, ...); 128+N interrupted by signal N
-(130 for SIGINT, 143 for SIGTERM).
+code); 2 usage error; 3 the supervisor gave up (the restart budget was exhausted, ...);
+4 stopped before the end; 5 the run cannot start (the command cannot be run, ...);
+128+N interrupted by signal N (130 for SIGINT, 143 for SIGTERM).
 """
 
 from __future__ import annotations

@@ -38,10 +38,10 @@ class RunOutcome(enum.IntEnum):
 
     SUCCEEDED = 0  #: every worker exited 0
     FAILED = 1  #: a worker failed for good (a no-restart exit code)
-    GAVE_UP = 3  #: the restart budget was exhausted
-    #: stopped before every worker finished (aclose, an operator's stop, or the timer
-    #: server could no longer watch the workers)
-    STOPPED = 4
+    #: the supervisor gave up (restart budget exhausted, the timer server could no
+    #: longer watch the workers, or a coordinator's give-up)
+    GAVE_UP = 3
+    STOPPED = 4  #: stopped before every worker finished (aclose, an operator's stop)
 
 
 @dataclass(frozen=True, slots=True)

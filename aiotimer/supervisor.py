@@ -551,6 +551,8 @@ class Supervisor:
             self._outcome = RunOutcome.GAVE_UP
         elif WorkerState.FAILED in states:
             self._outcome = RunOutcome.FAILED
+        elif self._planner.gave_up is not None:  # a coordinator's give-up (e.g. job-wide)
+            self._outcome = RunOutcome.GAVE_UP
         elif states == {WorkerState.SUCCEEDED}:
             self._outcome = RunOutcome.SUCCEEDED
         else:
