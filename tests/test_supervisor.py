@@ -15,7 +15,13 @@ import pytest
 from aiotimer import Launcher, RestartPolicy, RunOutcome, Supervisor, WorkerState, launched
 from aiotimer._restart import Restart
 from aiotimer._workers import WORKER_ENV, worker_env
-from aiotimer.events import Event, RestartScheduled, WorkerEnded, WorkerStarted
+from aiotimer.events import (
+    Event,
+    RestartScheduled,
+    SupervisorGaveUp,
+    WorkerEnded,
+    WorkerStarted,
+)
 from aiotimer.supervisor import Decision, WorkerFailure
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
@@ -126,3 +132,19 @@ async def test_a_coordinator_defers_and_restarts_with_its_own_count() -> None:
             await sup.wait()
     started = [e.restarts for e in events if isinstance(e, WorkerStarted)]
     assert started == [0, 7]
+
+
+@pytest.mark.process
+@pytest.mark.timeout(30)
+@pytest.mark.asyncio
+async def test_gives_up_when_its_timer_server_stops() -> None:
+    events: list[Event] = []
+    sup = Supervisor(SLEEPER, nproc=2, stop_timeout=1, on_event=events.append)
+    with anyio.fail_after(20):
+        async with sup:
+            assert sup.server is not None
+            await sup.server.aclose()  # the workers are unwatched from now on
+            assert await sup.wait() is RunOutcome.GAVE_UP
+    (gave_up,) = [e for e in events if isinstance(e, SupervisorGaveUp)]
+    assert "timer server can no longer watch" in gave_up.reason
+    assert {w.state for w in sup.get_state().workers} == {WorkerState.STOPPED}
