@@ -67,7 +67,7 @@ class Launch:
 def _int(env: Mapping[str, str], name: str) -> int | None:
     try:
         return int(env[name])
-    except (KeyError, ValueError):
+    except (KeyError, ValueError, TypeError):
         return None
 
 

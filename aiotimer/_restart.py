@@ -424,7 +424,7 @@ class RestartPlanner:
             window = "" if math.isinf(self.policy.window) else f" in {self.policy.window:g}s"
             self._finish(rank, WorkerState.FATAL)
             return self.give_up(
-                f"restart budget exhausted ({self.policy.max_restarts} restarts{window}); "
+                f"restart budget exhausted ({self.policy.max_restarts} restart(s){window}); "
                 f"worker {rank} {reason.describe()}"
             )
         return self.restart(ranks, now)
