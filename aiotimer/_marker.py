@@ -60,6 +60,17 @@ class Marker(msgspec.Struct, frozen=True, kw_only=True):
     protocol: int = PROTOCOL_VERSION
     #: The path of the server's Unix socket for the same requests, if it offers one.
     socket: str | None = None
+    #: The device and inode of the FIFO the server reads: a client refuses a path that
+    #: now names another file (e.g. replaced by a symlink to someone else's FIFO).
+    fifo_dev: int | None = None
+    fifo_ino: int | None = None
+
+    def reads(self, st: os.stat_result) -> bool:
+        """Whether the file ``st`` describes is the FIFO this server reads (``True`` when
+        the marker does not say, as older servers' markers do not)."""
+        if self.fifo_ino is None or self.fifo_dev is None:
+            return True
+        return (st.st_dev, st.st_ino) == (self.fifo_dev, self.fifo_ino)
 
 
 @dataclass(frozen=True, slots=True)

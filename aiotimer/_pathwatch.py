@@ -16,6 +16,7 @@ import ctypes.util
 import errno
 import os
 import struct
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Final
 
@@ -61,15 +62,25 @@ def _libc() -> ctypes.CDLL | None:
 
 
 class PathWatch:
-    """Tells when the directory entry ``path`` may have changed.
+    """Tells when the directory entry ``path`` (or one of ``also``, entries of the same
+    directory) may have changed.
 
     Use as a context manager (it holds an inotify descriptor while open).
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, poll_interval: float = 1.0) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        also: Iterable[str | os.PathLike[str]] = (),
+        poll_interval: float = 1.0,
+    ) -> None:
         self.path = Path(path)
         self.poll_interval = poll_interval
-        self._name = os.fsencode(self.path.name)
+        others = [Path(p) for p in also]
+        if any(p.parent != self.path.parent for p in others):
+            raise ValueError("every watched entry must be in the same directory")
+        self._names = {os.fsencode(p.name) for p in (self.path, *others)}
         self._fd = -1
 
     @property
@@ -126,7 +137,7 @@ class PathWatch:
                 _wd, mask, _cookie, length = _HEADER.unpack_from(data, offset)
                 name = data[offset + _HEADER.size : offset + _HEADER.size + length]
                 offset += _HEADER.size + length
-                if mask & _ANY or name.rstrip(b"\0") == self._name:
+                if mask & _ANY or name.rstrip(b"\0") in self._names:
                     hit = True
             if mask & _IN_IGNORED:  # the directory itself went away
                 os.close(self._fd)

@@ -326,12 +326,20 @@ class FifoClient:
         """Open the FIFO; keep the descriptor (and queue a replay) for an aiotimer server."""
         fd = os.open(self._path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         try:
-            if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            st = os.fstat(fd)
+            if not stat.S_ISFIFO(st.st_mode):
                 raise ServerUnavailableError(
                     f"{self._path!r} is not a FIFO; point the client at the path the timer "
                     "server was started with (aiotimer serve --fifo PATH)"
                 )
             server = read_live_marker(self._path)
+            if server is not None and not server.marker.reads(st):
+                raise ServerUnavailableError(
+                    f"{self._path!r} is not the FIFO the timer server (pid "
+                    f"{server.marker.pid}) reads: the path was replaced (a symlink or "
+                    "another FIFO); refusing to send there. Check who changed the path; "
+                    "the server recreates its FIFO once the path is free"
+                )
             if server is not None:
                 self._fd, self._server = fd, server
                 self._recheck_at = time.monotonic() + self.marker_check_interval

@@ -18,7 +18,13 @@ How it works:
   The decoder bounds a partial line and recovers lines glued to it, so a writer that
   stops mid-line delays nobody.
 * **The marker.** Once clients can send, ``path + MARKER_SUFFIX`` is written atomically
-  (JSON naming the server), so clients know they may keep a descriptor open.
+  (JSON naming the server and the FIFO's inode), so clients know they may keep a
+  descriptor open, and refuse the path if it names another file.
+* **Watching the path** (:class:`~aiotimer._pathwatch.PathWatch`: inotify, no polling).
+  A FIFO removed from under the server is made anew and published (the old one is
+  still read, for clients holding it open); a path replaced by anything else (a symlink,
+  a file, another FIFO) is reported and left alone until it is free again; a marker
+  removed or overwritten is published again.
 * **Leaving.** Both descriptors are closed and the marker removed; the FIFO is removed
   only if this source created it and it is still the same inode.
 """
@@ -28,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import logging
 import os
 import pathlib
 import stat
@@ -38,7 +45,15 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 
-from aiotimer._marker import AIOTIMER, Marker, read_marker, remove_marker, write_marker
+from aiotimer._marker import (
+    AIOTIMER,
+    Marker,
+    marker_path,
+    read_marker,
+    remove_marker,
+    write_marker,
+)
+from aiotimer._pathwatch import PathWatch
 from aiotimer._protocol import MAX_LINE_BYTES, LineDecoder
 from aiotimer.errors import SourceError
 from aiotimer.sources._base import RequestSink
@@ -54,7 +69,12 @@ MAX_READS_PER_WAKE: Final[int] = 16
 #: buffer absorbs bursts from many writers, so fewer of them meet a full pipe (torch's
 #: clients fail outright when they do), and one wake-up reads more lines.
 PIPE_SIZE: Final[int] = 1 << 20
+#: The most FIFOs one run reads: the current one and those it replaced (still held open
+#: by clients) after the path was removed.
+_MAX_FIFOS: Final[int] = 4
 _Inode = tuple[int, int]
+
+logger = logging.getLogger("aiotimer")
 
 
 def _inode(st: os.stat_result) -> _Inode:
@@ -86,10 +106,11 @@ def _version() -> str:
 class _OpenFifo:
     """The FIFO of one :meth:`FifoSource.serve` run: the inode we made, our descriptors."""
 
-    __slots__ = ("inode", "path", "read_fd", "write_fd")
+    __slots__ = ("inode", "path", "read_fd", "reading", "write_fd")
 
     def __init__(self, path: pathlib.Path, mode: int) -> None:
         self.path = path
+        self.reading = anyio.CancelScope()  # the task reading it
         _create(path, mode)
         self.read_fd = self.write_fd = -1
         self.inode: _Inode | None = None
@@ -146,16 +167,18 @@ def _create(path: pathlib.Path, mode: int) -> None:
         raise SourceError(f"cannot create FIFO {path}: {exc}") from exc
 
 
+def _kind(st: os.stat_result) -> str:
+    if stat.S_ISLNK(st.st_mode):
+        return "a symlink"
+    if stat.S_ISDIR(st.st_mode):
+        return "a directory"
+    return "another FIFO" if stat.S_ISFIFO(st.st_mode) else "not a FIFO"
+
+
 def _check_replaceable(path: pathlib.Path, st: os.stat_result) -> None:
     """Raise :class:`SourceError` unless ``path`` is a stale FIFO of ours."""
     if not stat.S_ISFIFO(st.st_mode):
-        kind = (
-            "a symlink"
-            if stat.S_ISLNK(st.st_mode)
-            else "a directory"
-            if stat.S_ISDIR(st.st_mode)
-            else "not a FIFO"
-        )
+        kind = _kind(st)
         raise SourceError(
             f"{path} exists and is {kind}; refusing to replace it. "
             "Choose another path or remove it yourself."
@@ -236,19 +259,92 @@ class FifoSource:
             SourceError: the path cannot be claimed or opened (see the class docstring).
         """
         fifo = _OpenFifo(self._path, self._mode)
+        fifos = [fifo]
         try:
-            write_marker(
-                self._path,
-                Marker(server=AIOTIMER, pid=os.getpid(), version=_version()),
-                self._marker,
-            )
+            self._publish(fifo)
             try:
-                task_status.started()
-                await self._read_forever(fifo.read_fd, sink)
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self._read, fifo, sink)
+                    task_status.started()
+                    await self._watch_path(fifos, tg, sink)
             finally:
                 remove_marker(self._path)
         finally:
-            fifo.close()
+            for each in fifos:
+                each.close()
+
+    def _publish(self, fifo: _OpenFifo) -> None:
+        assert fifo.inode is not None
+        dev, ino = fifo.inode
+        marker = Marker(
+            server=AIOTIMER, pid=os.getpid(), version=_version(), fifo_dev=dev, fifo_ino=ino
+        )
+        write_marker(self._path, marker, self._marker)
+
+    async def _watch_path(
+        self, fifos: list[_OpenFifo], tg: anyio.abc.TaskGroup, sink: RequestSink
+    ) -> None:
+        """Keep the path naming our FIFO, and the marker ours; forever.
+
+        Removed: a new FIFO is made and published (the old one is still read, for the
+        clients that hold it open). Replaced by anything else: reported, left alone
+        (clients refuse it: its inode is not the marker's) until the path is free again.
+        """
+        reported: str | None = None
+        with PathWatch(self._path, also=(marker_path(self._path),)) as watch:
+            while True:
+                await watch.changed()
+                current = fifos[-1]
+                try:
+                    st: os.stat_result | None = os.lstat(self._path)
+                except FileNotFoundError:
+                    st = None
+                except OSError as exc:
+                    logger.error("cannot check the FIFO path %s: %s", self._path, exc)
+                    continue
+                if st is not None and _inode(st) == current.inode:
+                    reported = None
+                    found = read_marker(self._path)
+                    if found is None or found.marker.pid != os.getpid():
+                        logger.warning(
+                            "the marker of %s was removed or replaced; publishing it again",
+                            self._path,
+                        )
+                        self._publish(current)
+                    continue
+                if st is not None:
+                    kind = _kind(st)
+                    if reported != kind:
+                        reported = kind
+                        logger.error(
+                            "the FIFO path %s was replaced by %s; clients refuse it. The "
+                            "server goes on reading its FIFO through the descriptors it "
+                            "holds, and makes a new one once the path is free",
+                            self._path,
+                            kind,
+                        )
+                    continue
+                try:
+                    fresh = _OpenFifo(self._path, self._mode)
+                except SourceError as exc:
+                    logger.error("cannot recreate the FIFO %s: %s", self._path, exc)
+                    continue
+                fifos.append(fresh)
+                if len(fifos) > _MAX_FIFOS:
+                    # The oldest: its clients have long reconnected. Its reader closes it.
+                    fifos.pop(0).reading.cancel()
+                self._publish(fresh)
+                reported = None
+                tg.start_soon(self._read, fresh, sink)
+                logger.warning("the FIFO %s was removed; made a new one", self._path)
+
+    async def _read(self, fifo: _OpenFifo, sink: RequestSink) -> None:
+        with fifo.reading:
+            try:
+                await self._read_forever(fifo.read_fd, sink)
+            finally:
+                if fifo.reading.cancel_called:  # evicted (or the run ends): close it
+                    fifo.close()
 
     async def _read_forever(self, fd: int, sink: RequestSink) -> None:
         decoder = LineDecoder(self._max_line)
