@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Final
 if TYPE_CHECKING:
     from aiotimer import events
     from aiotimer._clock import Clock, MonotonicClock
+    from aiotimer._kill_policy import KillPolicy
     from aiotimer._launch import Launch, Launcher, launched
     from aiotimer._policy import Escalation, ReapPolicy
     from aiotimer._protocol import (
@@ -145,6 +146,7 @@ _LAZY: Final[dict[str, str]] = {
     "Event": "aiotimer.events",
     "Reaper": "aiotimer.reapers",
     "SignalReaper": "aiotimer.reapers",
+    "KillPolicy": "aiotimer._kill_policy",
     "Counters": "aiotimer.server",
     "Lifecycle": "aiotimer.server",
     "ReapRetry": "aiotimer.server",
@@ -194,6 +196,7 @@ __all__ = [
     "FifoClient",
     "FifoSource",
     "InProcessClient",
+    "KillPolicy",
     "Launch",
     "LaunchError",
     "Launcher",

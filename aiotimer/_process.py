@@ -346,8 +346,9 @@ class WorkerProcess:
             RefusedTargetError: the target is pid <= 1, this process, or (``group``) this
                 process's own group or a group id <= 1.
             ProcessGoneError: the process has exited or its pid now names another process.
-            ReapError: the signal could not be sent (e.g. permission denied), or the
-                handle is closed.
+            RefusedTargetError: also when the kernel refuses for good (``EPERM``,
+                ``EINVAL``): retrying cannot help.
+            ReapError: the signal could not be sent this time, or the handle is closed.
         """
         pid = self._pid
         if pid <= 1:
@@ -375,8 +376,14 @@ class WorkerProcess:
             raise ProcessGoneError(f"process {pid} has exited") from None
         except PermissionError as exc:
             target = "the process group of" if group else "process"
-            raise ReapError(f"not permitted to signal {target} {pid}: {exc}") from exc
+            raise RefusedTargetError(
+                f"not permitted to signal {target} {pid} (permanent, not retried): {exc}"
+            ) from exc
         except OSError as exc:
+            if exc.errno == errno.EINVAL:  # no such signal: retrying cannot help
+                raise RefusedTargetError(
+                    f"cannot send signal {signum} to process {pid} (permanent, not retried): {exc}"
+                ) from exc
             raise ReapError(f"failed to signal process {pid}: {exc}") from exc
 
     async def wait_exit(self, *, poll_interval: float = 0.5) -> None:

@@ -44,6 +44,8 @@ from aiotimer.events import (
     Event,
     ReapAbandoned,
     ReapFailed,
+    SignalRefused,
+    SignalSent,
     StacksDumped,
     WorkerReaped,
     WorkerSurvived,
@@ -77,6 +79,7 @@ class Reap:
     worker: Worker
     escalator: Escalator
     steps: int  # the plan's signal and dump steps
+    lethal: int  # the plan's last signal: the one that reaps (earlier ones do not)
     first: Action | None = None  # the first action, taken in the expiry handler
     error: str = ""  # the last failed signal's error, until it is reported
     first_error: Exception | None = None  # what sending the first signal raised
@@ -116,7 +119,9 @@ class Reaps:
         signal is sent at once; its outcome is reported by :meth:`proceed`)."""
         worker.reaping = True
         escalator = Escalator(plan, confirm=self._confirm, retry=self._retry)
-        reap = Reap(worker, escalator, sum(not isinstance(s, Wait) for s in plan))
+        signals = [s.signum for s in plan if isinstance(s, SendSignal)]
+        steps = sum(not isinstance(s, Wait) for s in plan)
+        reap = Reap(worker, escalator, steps, signals[-1] if signals else 0)
         reap.first = escalator.next(now)
         if isinstance(reap.first, SendSignal):
             reap.first_error = self._signal(worker.pid, reap.first)
@@ -165,8 +170,19 @@ class Reaps:
 
     def _sent(self, reap: Reap, step: SendSignal, error: Exception | None) -> Result:
         """Report a delivered signal (``error`` is what sending it raised, if anything);
-        what to tell the escalator (a failure is reported by :meth:`_next`)."""
+        what to tell the escalator (a failure is reported by :meth:`_next`).
+
+        Every refusal is a :class:`SignalRefused`; a refused group signal falls back to
+        the worker alone. Only the plan's lethal step (its last signal) is reported as
+        reaped; earlier signals are :class:`SignalSent`."""
         worker = reap.worker
+        if isinstance(error, RefusedTargetError):
+            self._refused(worker.pid, step, error, fallback=step.group)
+            if step.group:
+                step = SendSignal(step.signum)
+                error = self._signal(worker.pid, step)
+                if isinstance(error, RefusedTargetError):
+                    self._refused(worker.pid, step, error, fallback=False)
         if isinstance(error, ProcessGoneError):
             self._on_gone(worker, "gone before signal")
             return Result.EXITED
@@ -174,6 +190,19 @@ class Reaps:
             self._counts.reap_failed += 1
             reap.error = f"{type(error).__name__}: {error}"
             return Result.REFUSED if isinstance(error, RefusedTargetError) else Result.FAILED
+        number = len(reap.escalator.taken)
+        if step.signum != reap.lethal:
+            self._emit(
+                SignalSent(
+                    time=self._clock.time(),
+                    pid=worker.pid,
+                    signal=step.signum,
+                    group=step.group,
+                    step=number,
+                    steps=reap.steps,
+                )
+            )
+            return Result.DONE
         self._counts.reaped += 1
         self._emit(
             WorkerReaped(
@@ -182,7 +211,7 @@ class Reaps:
                 signal=step.signum,
                 group=step.group,
                 scopes=reap.scopes,
-                step=len(reap.escalator.taken),
+                step=number,
                 steps=reap.steps,
                 stacks=reap.stacks,
             )
@@ -191,6 +220,18 @@ class Reaps:
             logger.critical("self_kill_after_reap: sending signal %d to the server", step.signum)
             os.kill(self._own_pid, step.signum)
         return Result.DONE
+
+    def _refused(self, pid: int, step: SendSignal, error: Exception, *, fallback: bool) -> None:
+        self._emit(
+            SignalRefused(
+                time=self._clock.time(),
+                pid=pid,
+                signal=step.signum,
+                group=step.group,
+                reason=str(error),
+                fallback="pid" if fallback else "",
+            )
+        )
 
     def _next(self, reap: Reap, result: Result) -> Action | None:
         """Tell the escalator ``result``; report what it decided; its next action."""

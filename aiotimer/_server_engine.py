@@ -165,7 +165,11 @@ class Engine:
         pid = req.pid
         if self.overdue:
             self.overdue.pop((pid, req.scope_id))  # re-acquired: that block's end is unknown
-        if pid not in self._workers and pid != self._own_pid and not self._attach(pid):
+        if (
+            pid not in self._workers
+            and pid != self._own_pid
+            and not self._attach(pid, req.start_time)
+        ):
             self._emit(WorkerUnknown(time=wall, pid=pid, scope_id=req.scope_id, source=source))
             return
         deadline = req.deadline(mono, wall)
@@ -192,9 +196,13 @@ class Engine:
 
     # -- workers ----------------------------------------------------------------------
 
-    def _attach(self, pid: int) -> bool:
+    def _attach(self, pid: int, start_time: int | None) -> bool:
         try:
-            attached = self._reaper.attach(pid)
+            # start_time only when the request has one: older reapers lack the keyword.
+            if start_time is None:
+                attached = self._reaper.attach(pid)
+            else:
+                attached = self._reaper.attach(pid, start_time=start_time)
         except Exception:
             logger.exception("reaper.attach(%d) raised; treating the worker as unknown", pid)
             return False

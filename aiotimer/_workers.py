@@ -125,9 +125,12 @@ class ObservedReaper:
         self.inner = inner
         self._on_attach = on_attach
 
-    def attach(self, pid: int) -> bool:
+    def attach(self, pid: int, *, start_time: int | None = None) -> bool:
         """Attach through the inner reaper; tell ``on_attach`` if the pid is live."""
-        ok = self.inner.attach(pid)
+        if start_time is None:
+            ok = self.inner.attach(pid)
+        else:
+            ok = self.inner.attach(pid, start_time=start_time)
         if ok:
             self._on_attach(pid)
         return ok

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from aiotimer import _cli_run, demo
+from aiotimer._kill_policy import KillPolicy
 from aiotimer._limits import raise_open_file_limit
 from aiotimer._logging import queued_logging
 from aiotimer._policy import Escalation, ReapPolicy
@@ -94,6 +95,24 @@ def _configure_serve(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="print per-scope duration statistics on stop (implied by --shadow)",
     )
+    policy = parser.add_argument_group(
+        "kill policy",
+        "Who may be signalled. By default: processes of the server's own uid (any uid "
+        "when it runs as root), never the server's ancestors, no SIGSTOP/SIGCONT and "
+        "other job-control signals. Every refusal is a signal_refused event.",
+    )
+    policy.add_argument(
+        "--kill-uid",
+        type=_uid,
+        action="append",
+        metavar="UID",
+        help="signal only processes of this uid (repeat for several); replaces the default",
+    )
+    policy.add_argument(
+        "--descendants-only",
+        action="store_true",
+        help="signal only descendants of the server (what a supervisor wants)",
+    )
 
 
 def add_reap_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
@@ -142,6 +161,22 @@ def add_reap_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGro
         help="report a worker still alive this long after its last signal (default: 5)",
     )
     return reaping
+
+
+def _uid(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"need a numeric uid >= 0, got {text!r}")
+    return value
+
+
+def kill_policy_from_args(args: argparse.Namespace) -> KillPolicy:
+    """The kill policy ``aiotimer serve`` options ask for."""
+    uids = None if args.kill_uid is None else frozenset(args.kill_uid)
+    return KillPolicy(uids=uids, descendants_only=args.descendants_only)
 
 
 def _argument_error(parser: argparse.ArgumentParser, message: str) -> NoReturn:
@@ -249,7 +284,7 @@ async def _serve(args: argparse.Namespace) -> str | None:
         socket=socket_path(args),
         event_log=args.event_log,
         policy=policy_from_args(args),
-        reaper=SignalReaper(dump_dir=args.dump_dir),
+        reaper=SignalReaper(dump_dir=args.dump_dir, kill_policy=kill_policy_from_args(args)),
         on_event=watch,
     )
     try:

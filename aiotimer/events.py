@@ -36,6 +36,8 @@ __all__ = [
     "RestartScheduled",
     "ServerStarted",
     "ServerStopped",
+    "SignalRefused",
+    "SignalSent",
     "SourceFailed",
     "StacksDumped",
     "SupervisorGaveUp",
@@ -579,3 +581,44 @@ class SupervisorStopped(Event):
     def describe(self) -> str:
         """One human-readable line."""
         return f"supervisor stopped: {self.outcome} (exit code {self.exit_code})"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SignalSent(Event):
+    """A non-lethal step of a reap was delivered (step ``step`` of ``steps``), e.g. the
+    soft signal before a grace period: the worker is not reaped yet, a
+    :class:`WorkerReaped` follows for the lethal step (unless it exits first)."""
+
+    kind: ClassVar[str] = "signal_sent"
+    pid: int
+    signal: int
+    group: bool
+    step: int
+    steps: int
+
+    def describe(self) -> str:
+        """One human-readable line."""
+        target = f"process group of worker {self.pid}" if self.group else f"worker {self.pid}"
+        return f"sent {signal_name(self.signal)} to {target} (step {self.step}/{self.steps})"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SignalRefused(Event):
+    """The server refused to send a signal: the kill policy, the worker's identity or the
+    kernel (``EPERM``, ``EINVAL``: permanent, never retried) said no; ``reason`` says
+    which. ``fallback`` says what was done instead: ``"pid"`` when a refused group
+    signal went to the worker alone, ``""`` when nothing was sent."""
+
+    kind: ClassVar[str] = "signal_refused"
+    level: ClassVar[int] = logging.ERROR
+    pid: int
+    signal: int
+    group: bool
+    reason: str
+    fallback: str = ""
+
+    def describe(self) -> str:
+        """One human-readable line."""
+        target = f"process group of worker {self.pid}" if self.group else f"worker {self.pid}"
+        instead = "; sent to the worker alone instead" if self.fallback == "pid" else ""
+        return f"refused to send {signal_name(self.signal)} to {target}: {self.reason}{instead}"

@@ -22,7 +22,8 @@ from typing import Protocol, runtime_checkable
 import anyio
 
 from aiotimer._dump_collect import collect_dump, py_spy_dump
-from aiotimer._process import WorkerProcess
+from aiotimer._kill_policy import KillPolicy
+from aiotimer._process import WorkerProcess, server_identity
 from aiotimer.errors import ProcessGoneError, RefusedTargetError
 
 __all__ = ["Reaper", "SignalReaper"]
@@ -32,11 +33,16 @@ __all__ = ["Reaper", "SignalReaper"]
 class Reaper(Protocol):
     """What the server needs to act on workers. Every method is called in the loop thread."""
 
-    def attach(self, pid: int) -> bool:
+    def attach(self, pid: int, *, start_time: int | None = None) -> bool:
         """Pin the identity of worker ``pid`` when it first registers a timer.
 
-        Returns ``False`` if there is no such process (the server then drops the worker's
-        timers and emits :class:`~aiotimer.events.WorkerUnknown`). Called once per worker.
+        ``start_time``, when the request carried one (the worker's start time when it
+        sent the request, ``/proc/<pid>/stat`` field 22), must match the pinned process;
+        the server passes it only when the request has one.
+
+        Returns ``False`` if there is no such process, or it is not the process that sent
+        the request (the server then drops the worker's timers and emits
+        :class:`~aiotimer.events.WorkerUnknown`). Called once per worker.
         """
         ...
 
@@ -52,8 +58,9 @@ class Reaper(Protocol):
         Raises:
             ProcessGoneError: the worker had already exited (not a failure).
             RefusedTargetError: the target must never be signalled (pid <= 1, the
-                server itself, the server's own process group).
-            ReapError: the signal could not be sent (e.g. permission denied).
+                server itself, the server's own process group, the kill policy), or
+                the kernel refused for good (``EPERM``, ``EINVAL``): never retried.
+            ReapError: the signal could not be sent this time; it is retried.
         """
         ...
 
@@ -75,9 +82,15 @@ class SignalReaper:
 
     :meth:`attach` pins the worker (a pidfd on Linux), so a recycled pid is never
     signalled; "no such process" means already gone. It refuses pid <= 1, the server's
-    own process and (for group signals) the server's own process group.
+    own process, thread ids, and (for group signals) the server's own process group.
+    Before every signal, stack-dump signals included, it asks the kill policy
+    (:class:`~aiotimer.KillPolicy`) and raises
+    :class:`~aiotimer.errors.RefusedTargetError` with its reason.
 
     Args:
+        kill_policy: who may be signalled and with what (default: ``KillPolicy()``:
+            the server's own uid, any uid for root; never its ancestors; no job-control
+            signals).
         dump_dir: where the workers' dump hooks write (see
             :func:`aiotimer.diagnostics.dump_path_for`; default ``$AIOTIMER_DUMP_DIR`` or
             the system temp dir).
@@ -85,23 +98,34 @@ class SignalReaper:
             is installed.
     """
 
-    __slots__ = ("_dump_dir", "_procs", "_py_spy", "_waiting")
+    __slots__ = ("_dump_dir", "_kill_policy", "_procs", "_py_spy", "_waiting")
 
     def __init__(
-        self, *, dump_dir: str | os.PathLike[str] | None = None, py_spy: bool = True
+        self,
+        *,
+        dump_dir: str | os.PathLike[str] | None = None,
+        py_spy: bool = True,
+        kill_policy: KillPolicy | None = None,
     ) -> None:
+        self._kill_policy = kill_policy if kill_policy is not None else KillPolicy()
         self._dump_dir = dump_dir
         self._py_spy = py_spy
         self._procs: dict[int, WorkerProcess] = {}
         # Handles a wait_exit is waiting on: detach() leaves closing them to that wait.
         self._waiting: set[WorkerProcess] = set()
 
-    def attach(self, pid: int) -> bool:
-        """Pin worker ``pid``; ``False`` if no such process exists."""
+    @property
+    def kill_policy(self) -> KillPolicy:
+        """The kill policy every signal is checked against."""
+        return self._kill_policy
+
+    def attach(self, pid: int, *, start_time: int | None = None) -> bool:
+        """Pin worker ``pid``; ``False`` if no such process exists (or, with
+        ``start_time``, if the process with that pid started at another time)."""
         if pid in self._procs:
             return True
         try:
-            self._procs[pid] = WorkerProcess.pin(pid)
+            self._procs[pid] = WorkerProcess.pin(pid, start_time=start_time)
         except ProcessGoneError:
             return False
         except RefusedTargetError:
@@ -132,6 +156,12 @@ class SignalReaper:
                 f"refusing to signal pid {pid}: it was never attached, so its identity "
                 "cannot be proven"
             )
+        if not proc.is_alive():  # identity first: the facts below must be this process's
+            raise ProcessGoneError(f"process {pid} has exited (or its pid was recycled)")
+        server = server_identity()
+        refusal = self._kill_policy.refusal(server, proc.target(server.pid), signum, group=group)
+        if refusal is not None:
+            raise RefusedTargetError(f"kill policy: {refusal}")
         proc.send_signal(signum, group=group)
 
     async def dump_stacks(self, pid: int, timeout: float) -> str | None:
@@ -150,10 +180,15 @@ class SignalReaper:
         started = anyio.current_time()
         try:
             text = await collect_dump(
-                pid, send_signal=proc.send_signal, dump_dir=self._dump_dir, timeout=timeout
+                pid,
+                send_signal=lambda signum: self.signal(pid, signum),
+                dump_dir=self._dump_dir,
+                timeout=timeout,
             )
         except ProcessGoneError:
             return None  # it exited (or its pid was recycled) meanwhile
+        except RefusedTargetError:
+            return None  # the kill policy refuses even the dump signal
         if text is None and self._py_spy and proc.is_alive():
             left = timeout - (anyio.current_time() - started)
             if left > 0:

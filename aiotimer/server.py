@@ -35,6 +35,7 @@ import anyio
 from aiotimer._clock import Clock, MonotonicClock
 from aiotimer._eventlog import EventLog
 from aiotimer._handoff import Handoff
+from aiotimer._kill_policy import fifo_mode_warning
 from aiotimer._logging import EventLogger
 from aiotimer._policy import ReapPolicy
 from aiotimer._protocol import Decoded, Rejection, Request, validate
@@ -174,6 +175,8 @@ class TimerServer:
         if socket is not None:
             own.append(SocketSource(socket, mode=fifo_mode))
         if fifo is not None:
+            if (warning := fifo_mode_warning(fifo_mode)) is not None:
+                logger.warning("%s: %s", fifo, warning)
             marker = {} if socket is None else {"socket": os.fspath(socket)}
             own.append(FifoSource(fifo, mode=fifo_mode, marker=marker))
         if queue is not None:

@@ -159,7 +159,7 @@ class RecordingReaper:
 
     # -- the Reaper protocol ------------------------------------------------------------
 
-    def attach(self, pid: int) -> bool:
+    def attach(self, pid: int, *, start_time: int | None = None) -> bool:
         """Record; ``False`` for pids in ``nonexistent``."""
         self.calls.append(ReaperCall("attach", pid))
         return pid not in self.nonexistent

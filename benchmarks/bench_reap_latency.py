@@ -62,7 +62,7 @@ class TimestampReaper:
         self.signalled: dict[int, float] = {}
         self._exited: dict[int, anyio.Event] = {}
 
-    def attach(self, pid: int) -> bool:
+    def attach(self, pid: int, *, start_time: int | None = None) -> bool:
         self._exited[pid] = anyio.Event()
         return True
 

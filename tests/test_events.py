@@ -80,6 +80,9 @@ SAMPLES: list[ev.Event] = [
             ),
         ),
     ),
+    ev.SignalSent(time=1.0, pid=1, signal=15, group=True, step=1, steps=2),
+    ev.SignalRefused(time=1.0, pid=1, signal=9, group=True, reason="own group", fallback="pid"),
+    ev.SignalRefused(time=1.0, pid=1, signal=19, group=False, reason="SIGSTOP not allowed"),
 ]
 
 

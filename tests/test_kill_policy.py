@@ -19,6 +19,7 @@ from aiotimer._kill_policy import (
     fifo_mode_warning,
 )
 from aiotimer._protocol import MAX_SIGNAL
+from aiotimer.cli import build_parser, kill_policy_from_args
 
 SERVER = ServerIdentity(pid=100, uid=1000, pgid=90, ancestors=frozenset({90, 50, 1}))
 ROOT = ServerIdentity(pid=100, uid=0, pgid=90, ancestors=frozenset({90, 50, 1}))
@@ -181,3 +182,12 @@ def test_default_uid_rule(server: ServerIdentity, target: Target, signum: int) -
     )
     uid_ok = server.uid in {0, target.uid}
     assert (default is None) == (any_uid is None and uid_ok)
+
+
+def test_serve_kill_policy_options() -> None:
+    parse = build_parser().parse_args
+    assert kill_policy_from_args(parse(["serve", "--fifo", "/tmp/f"])) == KillPolicy()
+    narrow = parse(["serve", "--fifo", "/tmp/f", "--kill-uid", "7", "--kill-uid", "0"])
+    assert kill_policy_from_args(narrow) == KillPolicy(uids=frozenset({0, 7}))
+    supervised = parse(["serve", "--fifo", "/tmp/f", "--descendants-only"])
+    assert kill_policy_from_args(supervised) == KillPolicy(descendants_only=True)

@@ -56,6 +56,7 @@ EXPECTED_TOP_LEVEL = {
     "FifoClient",
     "FifoSource",
     "InProcessClient",
+    "KillPolicy",
     "Lifecycle",
     "LineDecoder",
     "MonotonicClock",

@@ -35,6 +35,8 @@ from aiotimer.errors import ProcessGoneError
 from aiotimer.events import (
     Event,
     ReapAbandoned,
+    SignalRefused,
+    SignalSent,
     StacksDumped,
     TimerExpired,
     WorkerExited,
@@ -156,7 +158,8 @@ async def test_a_worker_ignoring_sigterm_is_killed_with_sigkill_after_the_grace(
             assert read_line(worker) == "got SIGTERM, carrying on"
         finally:
             stop(worker)
-        term, kill = await wait_for(events, WorkerReaped, 2)
+        [kill] = await wait_for(events, WorkerReaped)
+        [term] = of(events, SignalSent)  # the soft step is sent, not reported as a reap
     assert [(e.pid, e.signal, e.step, e.steps) for e in (term, kill)] == [
         (worker.pid, TERM, 1, 2),
         (worker.pid, KILL, 2, 2),
@@ -205,19 +208,26 @@ time.sleep(60)
 
 
 @pytest.mark.asyncio
-async def test_a_group_kill_never_hits_the_servers_own_group(tmp_path: Path) -> None:
-    async with serving(tmp_path, ReapPolicy()) as (server, fifo, events):
+async def test_a_group_kill_in_the_servers_own_group_kills_the_worker_by_pid(
+    tmp_path: Path,
+) -> None:
+    """`aiotimer serve ... &` then `python worker.py`: the worker shares the server's
+    group. The group signal is refused (it would take the server), and the worker alone
+    is killed instead, reported as such; the server (this process) lives on."""
+    async with serving(tmp_path, ReapPolicy()) as (_, fifo, events):
         worker = start(tmp_path, fifo, IN_OUR_GROUP)  # shares the server's process group
         try:
+            assert os.getpgid(worker.pid) == os.getpgrp()
             assert read_line(worker) == "ready"
-            [abandoned] = await wait_for(events, ReapAbandoned)
-            assert abandoned.pid == worker.pid
-            assert "server's own group" in abandoned.error
-            assert worker.poll() is None
-            assert server.get_state().workers == (worker.pid,)  # still watched
+            assert await wait_exit(worker) == -KILL
         finally:
             stop(worker)
-        assert of(events, WorkerReaped) == []
+        [reaped] = await wait_for(events, WorkerReaped)
+    assert (reaped.pid, reaped.signal, reaped.group) == (worker.pid, KILL, False)
+    [refused] = of(events, SignalRefused)
+    assert (refused.pid, refused.group, refused.fallback) == (worker.pid, True, "pid")
+    assert "server's own group" in refused.reason
+    assert of(events, ReapAbandoned) == []
 
 
 # -- stack dumps ----------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from aiotimer.events import (
     RequestRejected,
     ServerStarted,
     ServerStopped,
+    SignalSent,
     SourceFailed,
     StacksDumped,
     TimerAcquired,
@@ -352,10 +353,9 @@ async def test_grace_escalates_to_sigkill_unless_worker_exits() -> None:
         r.reaper.exit(2)
         await r.advance(2.0)
         assert sorted(r.reaper.signals()) == [(1, KILL), (1, TERM), (2, TERM)]
-        assert [(e.pid, e.step, e.steps) for e in r.of(WorkerReaped) if e.pid == 1] == [
-            (1, 1, 2),
-            (1, 2, 2),
-        ]
+        # Only the lethal step reaps; the soft signal before the grace is just sent.
+        assert [(e.pid, e.step, e.steps) for e in r.of(SignalSent)] == [(1, 1, 2), (2, 1, 2)]
+        assert [(e.pid, e.step, e.steps) for e in r.of(WorkerReaped)] == [(1, 2, 2)]
 
 
 @pytest.mark.asyncio
@@ -463,7 +463,7 @@ async def test_escalation_resumes_after_the_inline_first_step() -> None:
         r.acquire(1, "a", at=1.0, sig=TERM, grace=2.0)
         r.acquire(1, "b", at=5.0)
         await r.advance(1.0)
-        assert witness.seen[-1] == ("worker_reaped", [(1, TERM)], EXPIRY)
+        assert witness.seen[-1] == ("signal_sent", [(1, TERM)], EXPIRY)
         await r.advance(1.999)
         assert r.reaper.signals() == [(1, TERM)]
         await r.advance(0.001)
@@ -471,9 +471,10 @@ async def test_escalation_resumes_after_the_inline_first_step() -> None:
             ("worker_reaped", [(1, TERM), (1, KILL)], REAP1),
             ("worker_exited", [(1, TERM), (1, KILL)], WATCH1),
         ]
+        [sent] = r.of(SignalSent)
+        assert (sent.signal, sent.step, sent.steps) == (TERM, 1, 2)
         reaped = r.of(WorkerReaped)
         assert [(e.signal, e.step, e.steps, e.scopes) for e in reaped] == [
-            (TERM, 1, 2, ("a", "b")),
             (KILL, 2, 2, ("a", "b")),
         ]
 
@@ -831,15 +832,13 @@ async def test_the_dump_rides_on_stacks_dumped_and_each_reaped_event(tmp_path: P
         [dumped] = r.of(StacksDumped)
         assert (dumped.text, dumped.step, dumped.steps) == ("Thread 0x1 in stuck_here", 1, 3)
         reaped = r.of(WorkerReaped)
-        assert [(e.signal, e.stacks) for e in reaped] == [
-            (TERM, "Thread 0x1 in stuck_here"),
-            (KILL, "Thread 0x1 in stuck_here"),
-        ]
+        assert [(e.signal, e.stacks) for e in reaped] == [(KILL, "Thread 0x1 in stuck_here")]
+        assert [e.signal for e in r.of(SignalSent)] == [TERM]
         assert r.reaper.methods(1)[2:5] == ["dump_stacks", "signal", "signal"]
     records = [json.loads(line) for line in log.read_text().splitlines()]
     assert [rec["stacks"] for rec in records if rec["event"] == "worker_reaped"] == [
         "Thread 0x1 in stuck_here"
-    ] * 2
+    ]
 
 
 class HangingDumpReaper(RecordingReaper):
