@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -14,6 +13,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import _lines
 import anyio
 import pytest
 
@@ -323,10 +323,7 @@ NO_HOOK_WORKER = "import time; print('ready', flush=True); time.sleep(60)"
 
 
 def read_line(proc: subprocess.Popen[str], timeout: float = 20.0) -> str:
-    assert proc.stdout is not None
-    ready, _, _ = select.select([proc.stdout], [], [], timeout)
-    assert ready, f"worker printed nothing within {timeout}s"
-    return proc.stdout.readline().strip()
+    return _lines.read_line(proc, timeout)
 
 
 def start(tmp_path: Path, code: str, *args: str) -> subprocess.Popen[str]:

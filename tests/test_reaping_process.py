@@ -14,7 +14,6 @@ import array
 import fcntl
 import json
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from contextlib import asynccontextmanager, contextmanager, suppress
 from pathlib import Path
 from typing import Any, TypeVar
 
+import _lines
 import anyio
 import pytest
 
@@ -80,10 +80,7 @@ def start(tmp_path: Path, fifo: Path, body: str, *args: str) -> subprocess.Popen
 
 
 def read_line(proc: subprocess.Popen[str], timeout: float = BOUND) -> str:
-    assert proc.stdout is not None
-    ready, _, _ = select.select([proc.stdout], [], [], timeout)
-    assert ready, f"the worker printed nothing within {timeout}s"
-    return proc.stdout.readline().strip()
+    return _lines.read_line(proc, timeout)
 
 
 def stop(proc: subprocess.Popen[str]) -> None:
