@@ -1,0 +1,46 @@
+"""Many real worker processes against aiotimer's server and torch's, side by side.
+
+Run from the repository root (needs the ``bench`` extra: ``pip install -e ".[bench]"``)::
+
+    python -m benchmarks.many_workers                      # 8, 64, 256 workers
+    python -m benchmarks.many_workers --quick --out DIR    # under 2 minutes on 2 cores
+    python -m benchmarks.many_workers --workers 8,512 --servers aiotimer,torch-file-0.1
+
+**Workload** (:mod:`.plan`): every worker slot runs timed blocks at ``--rate`` per
+second, each with ``--timeout`` seconds to its deadline and a short random amount of
+work; ``--hangs`` of them, spread over slots and time, hang instead. The plan is fixed
+by ``--seed`` and identical for every server. Workers are forked from the harness,
+which has already imported everything they use, so hundreds start within seconds.
+
+**Open loop** (:mod:`.worker`): each acquire carries its *planned* deadline and is sent
+at its planned start (a block the worker reaches more than half a timeout late is
+skipped and counted), so a server that falls behind cannot slow the workload down and
+hide its own latency (no coordinated omission); latency runs from the planned deadline.
+
+**Observing the reap**: workers ask to be reaped with ``SIGTERM``; their handler writes
+``time.monotonic()`` (``CLOCK_MONOTONIC``, one clock for all processes) into a shared
+memory slot and exits, and the parent sees the exit on a pidfd. So each reap has two
+times: the first signal and the process gone. torch's ``LocalTimerServer`` can only
+``SIGKILL``: its runs are measured at the exit (``latency_basis`` ``"exit"``), which
+favours it slightly less than the others' first-signal times favour them (a few tenths
+of a millisecond on an idle host). Every 4th hang is an *ingest probe*: an acquire
+already expired when written, whose latency is the server's write -> applied -> signal
+lag (``ingest_lag_ms``).
+
+**Verdicts** (:mod:`.measure`): a kill of a worker that had released every block before
+its deadline is a *false kill*; a hang not reaped within the server's polling interval
+plus 5 s is *missed* (the harness then kills it). A reaped slot gets a fresh
+worker for its remaining blocks, as an agent would restart it.
+
+**Servers** (:mod:`.servers`): ``aiotimer serve`` with default settings;
+torch 2.13's ``FileTimerServer`` at its default ``max_interval`` (10 s) and at 0.1 s
+(torch's elastic agent's value), with torch's ``FileTimerClient``; ``LocalTimerServer``
+at 0.1 s with ``LocalTimerClient``. torch's file server signals its own process after
+each reap; the harness suppresses that one call so the server survives the first hang.
+Without torch the harness says so and runs aiotimer alone. Server CPU comes from
+``/proc/PID/stat`` over the run, RSS is the peak of ``VmRSS`` sampled every 0.1 s.
+
+**Output** (:mod:`.report`) in ``--out``: ``results.json`` (schema
+:data:`~benchmarks.many_workers.report.SCHEMA`), ``results.csv``, three PNG plots and a
+self-contained ``report.html``.
+"""

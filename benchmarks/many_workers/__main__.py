@@ -1,0 +1,177 @@
+"""``python -m benchmarks.many_workers``: see the package docstring."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks._util import format_table
+from benchmarks.many_workers.measure import RunResult, run_one
+from benchmarks.many_workers.plan import Workload
+from benchmarks.many_workers.report import SCHEMA, environment, write_all
+from benchmarks.many_workers.servers import SPECS, ServerSpec, torch_version
+
+MISSING_EXTRA = (
+    "python -m benchmarks.many_workers needs the bench extra (matplotlib, tqdm): "
+    'run  python -m pip install -e ".[bench]"  from the repository root ({error})'
+)
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    doc = __import__("benchmarks.many_workers").many_workers.__doc__ or ""
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.many_workers",
+        description=doc.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--workers", help="comma-separated worker counts (8,64,256; quick 8,64)")
+    parser.add_argument(
+        "--servers",
+        default=",".join(s.name for s in SPECS),
+        help="comma-separated servers (default: all, torch ones when torch imports)",
+    )
+    parser.add_argument("--quick", action="store_true", help="short runs: under 2 minutes")
+    parser.add_argument("--out", default="many-workers-results", help="output directory")
+    parser.add_argument("--duration", type=float, help="seconds of blocks per run (20; quick 3)")
+    parser.add_argument("--rate", type=float, default=10.0, help="blocks/s per worker (10)")
+    parser.add_argument("--timeout", type=float, default=0.5, help="seconds per block (0.5)")
+    parser.add_argument("--hangs", type=int, help="hanging blocks per run (200; quick 60)")
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args(argv)
+    args.workers = args.workers or ("8,64" if args.quick else "8,64,256")
+    args.duration = args.duration or (3.0 if args.quick else 20.0)
+    args.hangs = args.hangs if args.hangs is not None else (60 if args.quick else 200)
+    return args
+
+
+def _specs(names: str, torch: str | None) -> list[ServerSpec]:
+    by_name = {s.name: s for s in SPECS}
+    chosen: list[ServerSpec] = []
+    for name in names.split(","):
+        if name not in by_name:
+            raise SystemExit(f"unknown server {name!r}; choose from {', '.join(by_name)}")
+        spec = by_name[name]
+        if spec.needs_torch and torch is None:
+            print(f"torch is not importable: skipping {name}", file=sys.stderr)
+            continue
+        chosen.append(spec)
+    return chosen
+
+
+def _summary(runs: list[RunResult]) -> str:
+    rows = []
+    for r in runs:
+        j = r.to_json()
+        lat, lag = j["reap_latency_ms"], j["ingest_lag_ms"]
+        rows.append(
+            [
+                r.server,
+                str(r.workers),
+                str(lat["n"]),
+                *(f"{lat[k]:.2f}" if lat[k] is not None else "-" for k in ("p50", "p99", "max")),
+                f"{lag['p50']:.2f}" if lag["p50"] is not None else "-",
+                str(r.false_kills),
+                str(r.missed),
+                f"{j['requests_per_s']:,.0f}",
+                str(r.failed_writes),
+                f"{r.cpu_percent:.1f}",
+                f"{r.rss_mb:.0f}",
+            ]
+        )
+    headers = ["server", "workers", "reaps", "p50 ms", "p99 ms", "max ms", "lag p50"]
+    headers += ["false", "missed", "req/s", "failed", "CPU %", "RSS MB"]
+    return format_table(headers, rows)
+
+
+def verdicts(runs: list[dict[str, Any]]) -> list[tuple[str, bool]]:
+    """The harness's claims, each with whether this run bears it out."""
+    ours = [r for r in runs if r["server"] == "aiotimer"]
+    out = [
+        (
+            "aiotimer: 0 false kills and 0 missed reaps in every run",
+            bool(ours) and all(r["false_kills"] == 0 and r["missed"] == 0 for r in ours),
+        )
+    ]
+    for r in ours:
+        torch_p50 = [
+            t["reap_latency_ms"]["p50"]
+            for t in runs
+            if t["server"] != "aiotimer" and t["workers"] == r["workers"]
+        ]
+        torch_p50 = [p for p in torch_p50 if p is not None]
+        if torch_p50 and r["reap_latency_ms"]["p99"] is not None:
+            p99 = r["reap_latency_ms"]["p99"]
+            out.append(
+                (
+                    f"{r['workers']} workers: aiotimer p99 {p99:.2f} ms < best torch p50 "
+                    f"{min(torch_p50):.2f} ms",
+                    p99 < min(torch_p50),
+                )
+            )
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the comparison and write the report; 0 when every verdict holds."""
+    args = _parse(argv)
+    try:
+        import matplotlib  # noqa: F401, PLC0415
+        import tqdm  # noqa: PLC0415
+    except ImportError as error:
+        raise SystemExit(MISSING_EXTRA.format(error=error)) from None
+    torch = torch_version()
+    specs = _specs(args.servers, torch)
+    sizes = [int(n) for n in args.workers.split(",")]
+    try:
+        import uvloop  # noqa: F401, PLC0415
+
+        loop = "uvloop"
+    except ImportError:
+        loop = "asyncio"
+    env = environment(torch, loop)
+    runs: list[RunResult] = []
+    started = time.monotonic()
+    with tqdm.tqdm(total=len(sizes) * len(specs), unit="run", disable=None) as bar:
+        for size in sizes:
+            load = Workload(size, args.duration, args.rate, args.timeout, args.hangs, args.seed)
+            for spec in specs:
+                bar.set_description(f"{spec.name} x {size} workers")
+                runs.append(run_one(spec, load, Path(args.out), bar.refresh))
+                bar.update()
+    config = {
+        "workers": sizes,
+        "servers": [s.name for s in specs],
+        "duration_s": args.duration,
+        "rate_per_worker": args.rate,
+        "timeout_s": args.timeout,
+        "hangs_per_run": args.hangs,
+        "seed": args.seed,
+        "quick": args.quick,
+        "wall_s": round(time.monotonic() - started, 1),
+    }
+    command = "python -m benchmarks.many_workers " + shlex.join(argv or sys.argv[1:])
+    env["load_average_end"] = list(os.getloadavg())
+    results = {
+        "schema": SCHEMA,
+        "command": command.strip(),
+        "environment": env,
+        "config": config,
+        "runs": [r.to_json() for r in runs],
+    }
+    paths = write_all(results, Path(args.out))
+    print(_summary(runs))
+    ok = True
+    for claim, holds in verdicts(results["runs"]):
+        print(f"{'OK    ' if holds else 'MISSED'} {claim}")
+        ok = ok and holds
+    print(f"wrote {', '.join(str(p) for p in paths)} in {config['wall_s']} s")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,106 @@
+"""The many-workers harness: its pure plan and statistics, and a reduced quick run
+that must write every output file with the documented schema."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # the benchmarks live beside the package, not in it
+
+from benchmarks.many_workers.measure import percentiles  # noqa: E402
+from benchmarks.many_workers.plan import PROBE_EVERY, Workload, plan_slots  # noqa: E402
+
+
+def test_plan_is_deterministic_and_places_every_hang() -> None:
+    load = Workload(workers=16, duration=5.0, rate=10.0, timeout=0.5, hangs=40, seed=7)
+    slots = plan_slots(load)
+    assert slots == plan_slots(load)
+    assert len(slots) == 16
+    blocks = [b for s in slots for b in s]
+    assert all(0.0 <= b.start < 5.0 for b in blocks)
+    assert all(0.05 * 0.5 <= b.work <= 0.3 * 0.5 for b in blocks)
+    hangs = [b for b in blocks if b.hang]
+    # Two draws may pick the same block; nearly all land.
+    assert 35 <= len(hangs) <= 40
+    assert 0 < sum(b.probe for b in hangs) <= 40 // PROBE_EVERY
+    for s in slots:
+        assert [b.start for b in s] == sorted(b.start for b in s)
+
+
+def test_percentiles_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 1001)]
+    assert percentiles(values) == {
+        "p50": 500.0,
+        "p90": 900.0,
+        "p99": 990.0,
+        "p99_9": 999.0,
+        "max": 1000.0,
+    }
+    assert percentiles([]) == dict.fromkeys(("p50", "p90", "p99", "p99_9", "max"))
+
+
+@pytest.mark.process
+@pytest.mark.timeout(90)
+def test_reduced_quick_run_writes_the_report(tmp_path: Path) -> None:
+    servers = ["aiotimer"]
+    if importlib.util.find_spec("torch") is not None:
+        servers.append("torch-file-0.1")
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.many_workers",
+            "--quick",
+            "--workers",
+            "4",
+            "--duration",
+            "1.5",
+            "--hangs",
+            "8",
+            "--servers",
+            ",".join(servers),
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=80,
+        check=False,
+    )
+    assert done.returncode in (0, 1), done.stderr  # 1: a latency verdict missed
+    results = json.loads((out / "results.json").read_text())
+    assert results["schema"] == "aiotimer.bench.many_workers/1"
+    for key in ("python", "loop", "kernel", "cores", "load_average", "commit", "torch"):
+        assert key in results["environment"]
+    assert [r["server"] for r in results["runs"]] == servers
+    for run in results["runs"]:
+        assert run["workers"] == 4
+        assert set(run["reap_latency_ms"]) >= {"p50", "p90", "p99", "max"}
+        for key in ("false_kills", "missed", "cpu_percent", "rss_mb"):
+            assert isinstance(run[key], int | float)
+        assert run["requests"] > 0
+        assert run["reap_latency_ms"]["n"] > 0
+    ours = results["runs"][0]
+    assert ours["false_kills"] == 0
+    assert ours["missed"] == 0
+    assert ours["errors"] == 0
+    with (out / "results.csv").open() as f:
+        rows = list(csv.reader(f))
+    assert rows[0][:6] == ["server", "workers", "latency_basis", "n", "reap_p50_ms", "reap_p90_ms"]
+    assert rows[0][6:8] == ["reap_p99_ms", "reap_p99_9_ms"]
+    assert len(rows) == 1 + len(servers)
+    for png in ("latency_cdf.png", "p99_vs_workers.png", "cpu_rss_vs_workers.png"):
+        assert (out / png).read_bytes().startswith(b"\x89PNG")
+    page = (out / "report.html").read_text()
+    assert page.count("data:image/png;base64,") == 3
+    assert "aiotimer: 0 false kills and 0 missed reaps in every run" in done.stdout
