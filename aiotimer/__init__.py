@@ -9,7 +9,7 @@ interoperate; :mod:`aiotimer.compat.torch` offers torch's names as a drop-in.
 Public submodules: :mod:`aiotimer.client`, :mod:`aiotimer.server`, :mod:`aiotimer.events`,
 :mod:`aiotimer.errors`, :mod:`aiotimer.reapers`, :mod:`aiotimer.sources`,
 :mod:`aiotimer.watchdog`, :mod:`aiotimer.diagnostics`, :mod:`aiotimer.testing`,
-:mod:`aiotimer.supervisor`,
+:mod:`aiotimer.supervisor`, :mod:`aiotimer.cluster`,
 :mod:`aiotimer.compat.torch`. Modules whose names start with ``_`` are private.
 
 Importing the package is cheap: every public name is loaded on first use (a module
@@ -63,7 +63,11 @@ if TYPE_CHECKING:
     from aiotimer.errors import (
         AiotimerError,
         ClientBackpressureError,
+        ClusterError,
         LaunchError,
+        LeaseLostError,
+        MissingExtraError,
+        NodeNameTakenError,
         NotConfiguredError,
         ProcessGoneError,
         ReapError,
@@ -71,6 +75,7 @@ if TYPE_CHECKING:
         ServerStateError,
         ServerUnavailableError,
         SourceError,
+        StoreUnavailableError,
     )
     from aiotimer.events import Event
     from aiotimer.reapers import Reaper, SignalReaper
@@ -143,6 +148,11 @@ _LAZY: Final[dict[str, str]] = {
     "ServerStateError": "aiotimer.errors",
     "ServerUnavailableError": "aiotimer.errors",
     "SourceError": "aiotimer.errors",
+    "ClusterError": "aiotimer.errors",
+    "LeaseLostError": "aiotimer.errors",
+    "MissingExtraError": "aiotimer.errors",
+    "NodeNameTakenError": "aiotimer.errors",
+    "StoreUnavailableError": "aiotimer.errors",
     "Event": "aiotimer.events",
     "Reaper": "aiotimer.reapers",
     "SignalReaper": "aiotimer.reapers",
@@ -185,6 +195,7 @@ __all__ = [
     "Backoff",
     "ClientBackpressureError",
     "Clock",
+    "ClusterError",
     "Counters",
     "Decoded",
     "DurationStats",
@@ -200,9 +211,12 @@ __all__ = [
     "Launch",
     "LaunchError",
     "Launcher",
+    "LeaseLostError",
     "Lifecycle",
     "LineDecoder",
+    "MissingExtraError",
     "MonotonicClock",
+    "NodeNameTakenError",
     "NotConfiguredError",
     "ProcessGoneError",
     "QueueClient",
@@ -227,6 +241,7 @@ __all__ = [
     "SocketSource",
     "Source",
     "SourceError",
+    "StoreUnavailableError",
     "Supervisor",
     "SupervisorState",
     "Timer",

@@ -18,6 +18,8 @@ from types import ModuleType
 
 from aiotimer._logging import queued_logging
 from aiotimer._restart import DEFAULT_NO_RESTART_EXIT_CODES, Backoff, RestartPolicy, RestartScope
+from aiotimer.cluster._cli import add_node_arguments, node_config
+from aiotimer.cluster._node import ClusterSession, cluster_session
 from aiotimer.errors import AiotimerError
 from aiotimer.reapers import SignalReaper
 from aiotimer.server import loop_factory
@@ -67,10 +69,11 @@ def configure_run(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nproc", type=_count, default=1, help="worker processes (default 1)")
     parser.add_argument(
         "--restart-scope",
-        choices=[s.value for s in RestartScope],
+        choices=[*(s.value for s in RestartScope), "job"],
         default="worker",
-        help="on a failure restart the worker alone (one_for_one) or every worker "
-        "(one_for_all) (default: worker)",
+        help="on a failure restart the worker alone (one_for_one), every worker of this "
+        "node (one_for_all), or every worker of every node of the job (needs --etcd; the "
+        "budget is then job-wide) (default: worker)",
     )
     parser.add_argument(
         "--max-restarts",
@@ -129,13 +132,15 @@ def configure_run(parser: argparse.ArgumentParser) -> None:
         help="lowest level of events printed to stderr (default: INFO)",
     )
     _cli().add_reap_arguments(parser)
+    add_node_arguments(parser)
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
 
 
 def _policy(args: argparse.Namespace) -> RestartPolicy:
     codes = args.no_restart_exit_code
     return RestartPolicy(
-        scope=RestartScope(args.restart_scope),
+        # Job scope: this node's workers restart together, when the job says so.
+        scope=RestartScope("group" if args.restart_scope == "job" else args.restart_scope),
         max_restarts=args.max_restarts,
         window=args.restart_window,
         backoff=args.backoff,
@@ -145,16 +150,28 @@ def _policy(args: argparse.Namespace) -> RestartPolicy:
 
 
 async def _run(args: argparse.Namespace, command: list[str]) -> int:
+    policy = _policy(args)
+    job_policy = policy if args.restart_scope == "job" else None
+    async with cluster_session(node_config(args), job_policy) as cluster:
+        return await _supervise(args, command, policy, cluster)
+
+
+async def _supervise(
+    args: argparse.Namespace, command: list[str], policy: RestartPolicy, cluster: ClusterSession
+) -> int:
     supervisor = Supervisor(
         command,
         nproc=args.nproc,
-        policy=_policy(args),
+        policy=policy,
         stop_timeout=args.stop_timeout,
-        run_id=args.run_id,
+        run_id=args.run_id or (args.job if cluster.config is not None else None),
         reap_policy=_cli().policy_from_args(args),
         reaper=SignalReaper(dump_dir=args.dump_dir),
         event_log=args.event_log,
         subreaper=True,
+        coordinator=cluster.coordinator,
+        restart_count=cluster.restart_count,
+        on_event=cluster.on_event,
     )
     loop = asyncio.get_running_loop()
     interrupted: list[int] = []
@@ -167,7 +184,7 @@ async def _run(args: argparse.Namespace, command: list[str]) -> int:
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, on_signal, signum)
     try:
-        async with supervisor:
+        async with cluster.publishing(supervisor), supervisor, cluster.coordinating(supervisor):
             ended = asyncio.ensure_future(supervisor.wait())
             stopped = asyncio.ensure_future(stop.wait())
             await asyncio.wait({ended, stopped}, return_when=asyncio.FIRST_COMPLETED)

@@ -127,6 +127,8 @@ class Supervisor:
         runtime_dir: where the private runtime directory is made (default:
             ``$XDG_RUNTIME_DIR``, else the system temp dir).
         coordinator: carries out restart decisions (default :class:`LocalCoordinator`).
+        restart_count: the restart count every worker starts with (a job-wide restart
+            generation that a node joining late catches up with).
         subreaper: make this process a child subreaper, so descendants that escape a
             worker's session are still found and stopped (process-wide: ``aiotimer run``
             turns it on; an embedding agent decides).
@@ -153,6 +155,7 @@ class Supervisor:
         event_log: str | os.PathLike[str] | None = None,
         runtime_dir: str | os.PathLike[str] | None = None,
         coordinator: RestartCoordinator | None = None,
+        restart_count: int = 0,
         subreaper: bool = False,
         clock: Clock | None = None,
         rng: Callable[[], float] | None = None,
@@ -177,6 +180,8 @@ class Supervisor:
         self._event_log_path = event_log
         self._runtime_parent = runtime_dir
         self._coordinator = coordinator if coordinator is not None else LocalCoordinator()
+        if restart_count:
+            self._planner.restart(tuple(range(nproc)), 0.0, budget=False, count=restart_count)
         self._subreaper = subreaper
         self._clock: Clock = clock if clock is not None else MonotonicClock()
         self._state = Lifecycle.CREATED

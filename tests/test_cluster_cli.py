@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 import anyio
@@ -16,8 +17,11 @@ from aiotimer.cluster._cli import (
     add_node_arguments,
     node_config,
     run_job_status,
+    server_status,
 )
-from aiotimer.errors import MissingExtraError
+from aiotimer.errors import ClusterError, MissingExtraError
+from aiotimer.server import TimerServer
+from aiotimer.testing import RecordingReaper, wait_until
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -55,9 +59,9 @@ def test_node_options_default_to_the_environment(monkeypatch: pytest.MonkeyPatch
 def test_node_options_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("AIOTIMER_RUN_ID", "TORCHELASTIC_RUN_ID"):
         monkeypatch.delenv(name, raising=False)
-    with pytest.raises(ValueError, match="--etcd needs a job id"):
+    with pytest.raises(ClusterError, match="--etcd needs a job id"):
         node_config(node_parser().parse_args(["--etcd", "h:1"]))
-    with pytest.raises(ValueError, match="--etcd-ttl must be at least 1"):
+    with pytest.raises(ClusterError, match="--etcd-ttl must be at least 1"):
         node_config(node_parser().parse_args(["--etcd", "h:1", "--job", "j", "--etcd-ttl", "0"]))
 
 
@@ -118,3 +122,16 @@ def test_status_lists_a_published_node_and_exits_3_once_it_left(
     out = capsys.readouterr().out
     assert "job j: 1 nodes (0 running, 0 stale, 0 lost, 1 left)" in out
     assert "outcome stopped" in out
+
+
+@pytest.mark.asyncio
+async def test_server_status_reports_live_timers_per_worker() -> None:
+    async with TimerServer(reaper=RecordingReaper()) as server:
+        server.acquire("a", 60)
+        server.acquire("b", 60)
+        await wait_until(lambda: len(server.get_state().timers) == 2)
+        status = server_status(server)
+    assert status.role == "server"
+    assert status.live_timers == 2
+    assert [(w.rank, w.pid, w.live_timers) for w in status.workers] == [(None, os.getpid(), 2)]
+    assert status.counters["acquired"] == 2

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from aiotimer.cluster import connect, format_view, read_view
 from aiotimer.cluster._publisher import NodePublisher, NodeStatus
 from aiotimer.cluster._record import WorkerRecord
-from aiotimer.errors import AiotimerError, StoreUnavailableError
+from aiotimer.errors import AiotimerError, ClusterError, StoreUnavailableError
 from aiotimer.server import TimerServer
 
 __all__ = [
@@ -93,14 +93,14 @@ def node_config(args: argparse.Namespace) -> NodeConfig | None:
     """The node's cluster settings, or None without ``--etcd``.
 
     Raises:
-        ValueError: ``--etcd`` without a job id, or a TTL below 1 second.
+        ClusterError: ``--etcd`` without a job id, or a TTL below 1 second.
     """
     if not args.etcd:
         return None
     if not args.job:
-        raise ValueError("--etcd needs a job id: pass --job ID or set AIOTIMER_RUN_ID")
+        raise ClusterError("--etcd needs a job id: pass --job ID or set AIOTIMER_RUN_ID")
     if args.etcd_ttl < 1:
-        raise ValueError(f"--etcd-ttl must be at least 1 second, got {args.etcd_ttl}")
+        raise ClusterError(f"--etcd-ttl must be at least 1 second, got {args.etcd_ttl}")
     return NodeConfig(args.etcd, args.job, args.node, args.etcd_ttl)
 
 
@@ -140,7 +140,7 @@ def server_status(server: TimerServer) -> NodeStatus:
         role="server",
         workers=tuple(
             WorkerRecord(pid=pid, state="running", live_timers=per_pid[pid])
-            for pid in state.workers
+            for pid in sorted({*state.workers, *per_pid})
         ),
         live_timers=len(state.timers),
         counters=dataclasses.asdict(state.counters),

@@ -1,0 +1,243 @@
+"""A supervised node in the cluster: its published record and, in job scope, job restarts.
+
+:func:`cluster_session` gives ``aiotimer run`` (or an embedding agent) a
+:class:`ClusterSession`: without etcd it does nothing; with etcd it publishes the
+supervisor's record and, with ``--restart-scope job``, is the supervisor's
+:class:`~aiotimer.supervisor.RestartCoordinator`:
+
+- a worker failure is not restarted locally: :meth:`JobCoordinator.decide` bumps the
+  job-wide generation (or finds that another node already did) and defers;
+- a follower task restarts every worker of the node with ``AIOTIMER_RESTART_COUNT`` set
+  to each new generation, on every node alike, and gives the run up when the job does;
+- the node's first workers start with the current generation (late or restarted nodes
+  catch up), and a node that gives up on its own ends the job everywhere.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import anyio
+import anyio.abc
+
+from aiotimer._restart import RestartPolicy
+from aiotimer.cluster import connect
+from aiotimer.cluster._cli import NodeConfig
+from aiotimer.cluster._job import JobRestarts
+from aiotimer.cluster._publisher import NodePublisher, NodeStatus
+from aiotimer.cluster._record import WorkerRecord
+from aiotimer.cluster._store import Store
+from aiotimer.errors import ClusterError, ServerStateError
+from aiotimer.events import Event, SupervisorGaveUp, WorkerStarted
+from aiotimer.server import Lifecycle
+from aiotimer.supervisor import Decision, Supervisor, WorkerFailure
+
+__all__ = ["ClusterSession", "JobCoordinator", "cluster_session", "supervisor_status"]
+
+logger = logging.getLogger("aiotimer.cluster")
+
+#: How long a node that gave up on its own may spend telling the job.
+GIVE_UP_TIMEOUT = 5.0
+
+
+def supervisor_status(supervisor: Supervisor, generation: int | None = None) -> NodeStatus:
+    """A supervisor's :class:`~aiotimer.cluster.NodeStatus` (its workers and their timers)."""
+    state = supervisor.get_state()
+    timers = () if state.server is None else state.server.timers
+    per_pid = collections.Counter(t.pid for t in timers)
+    counters = {} if state.server is None else dataclasses.asdict(state.server.counters)
+    return NodeStatus(
+        role="supervisor",
+        workers=tuple(
+            WorkerRecord(
+                rank=w.rank,
+                pid=w.pid,
+                state=w.state.value,
+                restarts=w.restarts,
+                live_timers=0 if w.pid is None else per_pid[w.pid],
+            )
+            for w in state.workers
+        ),
+        restarts=sum(max(0, w.attempts - 1) for w in state.workers),
+        live_timers=len(timers),
+        counters=counters,
+        generation=generation,
+    )
+
+
+@dataclass(eq=False)
+class JobCoordinator:
+    """The :class:`~aiotimer.supervisor.RestartCoordinator` of ``--restart-scope job``."""
+
+    job: JobRestarts
+    generation: int = 0
+    _rank_generation: dict[int, int] = field(default_factory=dict)
+    _gave_up: str | None = None
+
+    async def decide(
+        self, supervisor: Supervisor, failure: WorkerFailure, proposal: Decision
+    ) -> Decision | None:
+        """Bump the job's generation for ``failure`` (unless done already) and defer."""
+        seen = self._rank_generation.get(failure.rank, self.generation)
+        record = await self.job.request(
+            seen=seen, rank=failure.rank, reason=failure.reason.describe()
+        )
+        logger.info(
+            "job %s: worker %d failed in generation %d; job generation now %d%s",
+            self.job.job,
+            failure.rank,
+            seen,
+            record.generation,
+            "" if record.gave_up is None else " (the job gives up)",
+        )
+        return None  # the follower restarts this node with every other one
+
+    def on_event(self, event: Event) -> None:
+        """Track each worker's generation; note a give-up of this node's own."""
+        if isinstance(event, WorkerStarted):
+            self._rank_generation[event.rank] = event.restarts
+        elif isinstance(event, SupervisorGaveUp) and self._gave_up is None:
+            self._gave_up = event.reason
+
+    async def follow(self, supervisor: Supervisor) -> None:
+        """Restart the node's workers at each new generation; give up when the job does."""
+        async for record in self.job.follow():
+            if record.gave_up is not None:
+                self._gave_up = self._gave_up or record.gave_up
+                with contextlib.suppress(ServerStateError):
+                    supervisor.give_up(record.gave_up)
+                return
+            if record.generation <= self.generation:
+                continue
+            self.generation = record.generation
+            cause = "" if record.node is None else f", after node {record.node}"
+            cause += "" if record.rank is None else f" rank {record.rank}"
+            cause += f": {record.reason}" if record.reason else ""
+            logger.warning(
+                "job %s restarts (generation %d%s); restarting this node's workers in %.1fs",
+                self.job.job,
+                record.generation,
+                cause,
+                record.delay,
+            )
+            if record.delay > 0:
+                await anyio.sleep(record.delay)
+            if supervisor.state is not Lifecycle.RUNNING:
+                return
+            with contextlib.suppress(ServerStateError):
+                await supervisor.restart_workers(count=record.generation)
+
+    async def tell_job_if_gave_up(self) -> None:
+        """If this node gave up on its own, end the job everywhere (bounded)."""
+        if self._gave_up is None:
+            return
+        with anyio.move_on_after(GIVE_UP_TIMEOUT) as scope:
+            await self.job.give_up(f"node {self.job.node} gave up: {self._gave_up}")
+        if scope.cancelled_caught:
+            logger.error("could not tell job %s that node %s gave up", self.job.job, self.job.node)
+
+
+@dataclass(eq=False)
+class ClusterSession:
+    """What ``aiotimer run`` needs from the cluster (all no-ops without etcd)."""
+
+    store: Store | None = None
+    config: NodeConfig | None = None
+    coordinator: JobCoordinator | None = None
+    publisher: NodePublisher | None = None
+
+    @property
+    def restart_count(self) -> int:
+        """The restart count the node's first workers start with (the job generation)."""
+        return 0 if self.coordinator is None else self.coordinator.generation
+
+    def on_event(self, event: Event) -> None:
+        """Feed the supervisor's events (pass as its ``on_event``)."""
+        if self.coordinator is not None:
+            self.coordinator.on_event(event)
+        if self.publisher is not None:
+            self.publisher.on_event(event)
+
+    @asynccontextmanager
+    async def publishing(self, supervisor: Supervisor) -> AsyncIterator[None]:
+        """Publish ``supervisor``'s node record for the duration (enter it first).
+
+        Raises:
+            NodeNameTakenError: a live node of the job already has this name.
+            StoreUnavailableError: etcd cannot be reached.
+        """
+        if self.store is None or self.config is None:
+            yield
+            return
+        coordinator = self.coordinator
+        self.publisher = NodePublisher(
+            self.store,
+            job=self.config.job,
+            node=self.config.node,
+            describe=lambda: supervisor_status(
+                supervisor, None if coordinator is None else coordinator.generation
+            ),
+            ttl=self.config.ttl,
+        )
+        async with self.publisher:
+            try:
+                yield
+            finally:
+                outcome = supervisor.outcome
+                self.publisher.outcome = "stopped" if outcome is None else outcome.name.lower()
+
+    @asynccontextmanager
+    async def coordinating(self, supervisor: Supervisor) -> AsyncIterator[None]:
+        """Follow the job's generation while the (started) supervisor runs."""
+        if self.coordinator is None:
+            yield
+            return
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self.coordinator.follow, supervisor)
+            try:
+                yield
+            finally:
+                await self.coordinator.tell_job_if_gave_up()
+                tg.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def cluster_session(
+    config: NodeConfig | None, job_policy: RestartPolicy | None
+) -> AsyncIterator[ClusterSession]:
+    """Connect to etcd (if ``config``) and read the job's generation (if ``job_policy``).
+
+    ``job_policy`` is the job-wide restart policy of ``--restart-scope job`` (None:
+    node-local restarts).
+
+    Raises:
+        MissingExtraError: ``aiotimer[etcd]`` is not installed.
+        StoreUnavailableError: etcd cannot be reached.
+        ClusterError: the job has already given up, or job scope without a config.
+    """
+    if config is None:
+        if job_policy is not None:
+            raise ClusterError("--restart-scope job needs --etcd HOST:PORT and --job ID")
+        yield ClusterSession()
+        return
+    store = connect(config.endpoints)
+    try:
+        coordinator = None
+        if job_policy is not None:
+            job = JobRestarts(store, job=config.job, node=config.node, policy=job_policy)
+            current = await job.current()
+            if current.gave_up is not None:
+                raise ClusterError(
+                    f"job {config.job} has given up ({current.gave_up}); start a new job id, "
+                    f"or delete {job.key} to reset it"
+                )
+            coordinator = JobCoordinator(job, generation=current.generation)
+        yield ClusterSession(store, config, coordinator)
+    finally:
+        await store.aclose()

@@ -1,0 +1,280 @@
+"""Cluster tests on a real etcd with real ``aiotimer run`` nodes (two per job, one machine).
+
+Each node is an ``aiotimer run`` process; each worker is a tiny script that writes a
+file named ``<node>-<rank>-<restart count>`` when it starts. Tolerances: the lease TTL
+is 2 s here; "lost within the TTL" is checked against TTL + 1.5 s (etcd's lessor checks
+expiry every 0.5 s and the status poll adds up to 0.2 s); every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from _etcd import EtcdServer
+
+from aiotimer.cluster import GenerationRecord, connect
+from aiotimer.cluster._record import encode, generation_key
+
+pytestmark = [pytest.mark.etcd, pytest.mark.process, pytest.mark.timeout(90)]
+
+WORKER = """
+import os, sys, time
+from aiotimer import expires
+
+count = int(os.environ["AIOTIMER_RESTART_COUNT"])
+node, rank, out = os.environ["TEST_NODE"], os.environ["RANK"], os.environ["TEST_OUT"]
+open(os.path.join(out, f"{node}-{rank}-{count}"), "w").close()
+if count == 0:
+    if node == os.environ.get("TEST_HANG_NODE") and rank == "0":
+        while not os.path.exists(os.path.join(out, "go")):
+            time.sleep(0.05)
+        with expires(after=0.3, scope="step"):
+            time.sleep(60)
+    time.sleep(float(os.environ.get("TEST_SLEEP", "60")))
+"""
+
+TTL = 2
+
+
+class Job:
+    """Nodes of one job, started as ``aiotimer run`` processes."""
+
+    def __init__(self, etcd: EtcdServer, tmp_path: Path) -> None:
+        self.etcd = etcd
+        self.name = f"job-{tmp_path.name}"
+        self.out = tmp_path / "out"
+        self.out.mkdir()
+        self.script = tmp_path / "worker.py"
+        self.script.write_text(WORKER)
+        self.tmp = tmp_path
+        self.nodes: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, node: str, *extra: str, **env: str) -> subprocess.Popen[bytes]:
+        with (self.tmp / f"{node}.log").open("ab") as log:
+            child = self._popen(node, log, extra, env)
+        self.nodes[node] = child
+        return child
+
+    def _popen(
+        self, node: str, log: Any, extra: tuple[str, ...], env: dict[str, str]
+    ) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "aiotimer",
+                "run",
+                "--nproc",
+                "2",
+                "--etcd",
+                self.etcd.endpoint,
+                "--job",
+                self.name,
+                "--node",
+                node,
+                "--etcd-ttl",
+                str(TTL),
+                "--min-uptime",
+                "0.1",
+                "--backoff",
+                "0.1",
+                "--stop-timeout",
+                "2",
+                *extra,
+                "--",
+                sys.executable,
+                str(self.script),
+            ],
+            env={**os.environ, "TEST_NODE": node, "TEST_OUT": str(self.out), **env},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def log(self, node: str) -> str:
+        return (self.tmp / f"{node}.log").read_text(errors="replace")
+
+    def status(self) -> tuple[int, dict[str, Any]]:
+        """``aiotimer status --etcd ... --json``: its exit code and its JSON view."""
+        args = (
+            f"argparse.Namespace(etcd={self.etcd.endpoint!r}, job={self.name!r}, json=True, "
+            "watch=None, timeout=5.0)"
+        )
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import argparse, sys; from aiotimer.cluster._cli import run_job_status; "
+                f"sys.exit(run_job_status({args}))",
+            ],
+            capture_output=True,
+            timeout=30,
+            check=False,
+        )
+        view = json.loads(done.stdout) if done.stdout.strip() else {}
+        return done.returncode, view
+
+    def wait_status(self, test: Callable[[dict[str, Any]], bool], timeout: float) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            _, view = self.status()
+            if view and test(view):
+                return view
+            if time.monotonic() > deadline:
+                raise AssertionError(f"status never matched in {timeout}s; last: {view}")
+            time.sleep(0.1)
+
+    def started(self) -> set[str]:
+        return {p.name for p in self.out.iterdir() if p.name != "go"}
+
+    def stop_all(self) -> None:
+        for child in self.nodes.values():
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
+        for child in self.nodes.values():
+            try:
+                child.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+
+
+@pytest.fixture
+def job(etcd: EtcdServer, tmp_path: Path) -> Iterator[Job]:
+    job = Job(etcd, tmp_path)
+    try:
+        yield job
+    finally:
+        job.stop_all()
+
+
+def nodes(view: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {n["node"]: n for n in view.get("nodes", [])}
+
+
+def running_workers(view: dict[str, Any], node: str) -> list[int]:
+    rec = nodes(view).get(node)
+    if rec is None or rec["status"] != "running":
+        return []
+    return [w["pid"] for w in rec.get("workers", []) if w["state"] == "healthy" and w["pid"]]
+
+
+def test_a_hang_on_one_node_restarts_every_node_with_one_job_wide_count(job: Job) -> None:
+    for node in ("a", "b"):
+        job.start(node, "--restart-scope", "job", TEST_HANG_NODE="b", TEST_SLEEP="60")
+    view = job.wait_status(lambda v: all(len(running_workers(v, n)) == 2 for n in "ab"), timeout=30)
+    assert sorted(nodes(view)) == ["a", "b"]
+    assert [nodes(view)[n]["generation"] for n in "ab"] == [0, 0]
+    (job.out / "go").touch()  # node b's rank 0 now hangs: its timer expires in 0.3 s
+    for node in ("a", "b"):
+        assert job.nodes[node].wait(timeout=40) == 0, job.log(node)
+    # Every rank of both nodes ran twice: restart count 0, then 1 (the job's generation).
+    assert job.started() == {f"{n}-{r}-{c}" for n in "ab" for r in "01" for c in "01"}
+    code, view = job.status()
+    assert code == 3, "no node runs any more"
+    assert view["generation"]["generation"] == 1
+    assert (view["generation"]["node"], view["generation"]["rank"]) == ("b", 0)
+    assert {n["node"]: (n["status"], n["outcome"]) for n in view["nodes"]} == {
+        "a": ("left", "succeeded"),
+        "b": ("left", "succeeded"),
+    }
+    assert "reaped by timer 'step'" in job.log("b")
+
+
+def test_a_killed_node_shows_lost_within_the_lease_ttl(job: Job) -> None:
+    for node in ("a", "b"):
+        job.start(node, "--restart-scope", "group")
+    view = job.wait_status(lambda v: all(len(running_workers(v, n)) == 2 for n in "ab"), timeout=30)
+    orphans = running_workers(view, "b")
+    job.nodes["b"].send_signal(signal.SIGKILL)
+    killed_at = time.monotonic()
+    try:
+        job.nodes["b"].wait(timeout=10)
+        view = job.wait_status(lambda v: nodes(v)["b"]["status"] == "lost", timeout=TTL + 1.5)
+        lost_after = time.monotonic() - killed_at
+        assert nodes(view)["a"]["status"] == "running"
+        assert lost_after <= TTL + 1.5
+        code, _ = job.status()
+        assert code == 0, "a still runs"
+    finally:
+        for pid in orphans:  # the killed supervisor could not stop its workers
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+
+
+def test_a_second_node_with_a_taken_name_is_refused(job: Job) -> None:
+    job.start("a")
+    job.wait_status(lambda v: len(running_workers(v, "a")) == 2, timeout=30)
+    clash = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "aiotimer",
+            "run",
+            "--etcd",
+            job.etcd.endpoint,
+            "--job",
+            job.name,
+            "--node",
+            "a",
+            "--",
+            sys.executable,
+            "-c",
+            "pass",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert clash.returncode == 5  # the run cannot start
+    assert "node name 'a'" in clash.stderr
+    assert "already published by a live node" in clash.stderr
+
+
+def test_publishers_recover_from_an_etcd_restart_without_restarting_workers(
+    job: Job,
+) -> None:
+    job.start("a", "--restart-scope", "job")
+    view = job.wait_status(lambda v: len(running_workers(v, "a")) == 2, timeout=30)
+    pids = running_workers(view, "a")
+    job.etcd.stop(signal.SIGKILL)
+    time.sleep(TTL + 1)  # down for longer than the lease's time to live
+    job.etcd.start()
+    restarted_at = time.time()
+    view = job.wait_status(
+        lambda v: nodes(v).get("a", {}).get("updated_at", 0) > restarted_at, timeout=15
+    )
+    assert running_workers(view, "a") == pids, "the workers were not restarted"
+    assert [w["restarts"] for w in nodes(view)["a"]["workers"]] == [0, 0]
+    assert job.nodes["a"].poll() is None
+    assert job.started() == {"a-0-0", "a-1-0"}
+    assert "cluster store reachable again" in job.log("a")
+
+
+def test_a_late_node_starts_at_the_job_generation(job: Job) -> None:
+    job.start("a", "--restart-scope", "job")
+    job.wait_status(lambda v: len(running_workers(v, "a")) == 2, timeout=30)
+
+    async def bump() -> None:  # as if the job had restarted twice before b joined
+        store = connect(job.etcd.endpoint)
+        try:
+            await store.put(generation_key(job.name), encode(GenerationRecord(generation=2)))
+        finally:
+            await store.aclose()
+
+    anyio.run(bump)
+    assert job.nodes["a"].wait(timeout=30) == 0, job.log("a")
+    late = job.start("b", "--restart-scope", "job")
+    assert late.wait(timeout=30) == 0, job.log("b")
+    assert job.started() == {"a-0-0", "a-1-0", "a-0-2", "a-1-2", "b-0-2", "b-1-2"}
