@@ -31,7 +31,6 @@ import logging
 import os
 import random
 import shutil
-import subprocess
 import tempfile
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -68,9 +67,8 @@ from aiotimer._workers import (
     WORKER_ENV,
     Attempt,
     ObservedReaper,
+    WorkerPool,
     free_port,
-    pidfd,
-    wait_exit,
     worker_env,
 )
 from aiotimer.errors import LaunchError, ServerStateError
@@ -173,7 +171,6 @@ class Supervisor:
         )
         self._stop_timeout = stop_timeout
         self._env = dict(os.environ if env is None else env)
-        self._cwd = cwd
         self._reap_policy = reap_policy
         self._reaper: Reaper = reaper if reaper is not None else SignalReaper()
         self._on_event = on_event
@@ -189,8 +186,9 @@ class Supervisor:
         self._dir: Path | None = None
         self._fifo: Path | None = None
         self._master_port = 0
-        self._attempts: dict[int, Attempt] = {}  # rank -> running attempt
-        self._pid_rank: dict[int, int] = {}  # a timer-registering pid -> its worker's rank
+        self._pool = WorkerPool(
+            self.command, cwd=cwd, stop_timeout=stop_timeout, subreaper=subreaper
+        )
         self._tg: anyio.abc.TaskGroup | None = None
         self._event_log: EventLog | None = None
         self._task: asyncio.Task[None] | None = None
@@ -344,14 +342,7 @@ class Supervisor:
     async def _shutdown(self) -> None:
         """Stop every worker and everything they left, then the server."""
         self._stop.set()
-        for att in self._attempts.values():
-            att.stop_requested = True
-        survivors = await _proctree.terminate(self._find_all, timeout=self._stop_timeout)
-        if survivors:
-            logger.critical("processes still alive after SIGKILL: %s", survivors)
-        for att in list(self._attempts.values()):
-            with anyio.move_on_after(self._stop_timeout + 5):
-                await att.done.wait()
+        await self._pool.stop_all()
         self._planner.set_state(
             (s.rank for s in self._planner.slots if not s.state.terminal), WorkerState.STOPPED
         )
@@ -370,14 +361,6 @@ class Supervisor:
         )
         self._finished.set()
 
-    def _find_all(self) -> list[int]:
-        # Running workers' sessions (a leader is reaped only after its session is
-        # empty, so its pid, the session id, cannot have been reused), and orphans.
-        leaders = {att.pid for att in self._attempts.values()}
-        if self._subreaper:
-            _proctree.reap_orphans(exclude=leaders)
-        return [p.pid for p in _proctree.scan(leaders, orphans=self._subreaper)]
-
     # -- launching and watching ---------------------------------------------------------
 
     def _launch(self, rank: int) -> None:
@@ -385,38 +368,30 @@ class Supervisor:
         assert self._tg is not None
         record = self._planner.slot(rank)
         now = self._clock.monotonic()
+        env = worker_env(
+            self._env,
+            fifo=str(self._fifo),
+            rank=rank,
+            nproc=self._nproc,
+            restarts=record.restarts,
+            max_restarts=self.policy.max_restarts,
+            run_id=self.run_id,
+            master_port=self._master_port,
+        )
         try:
-            popen = subprocess.Popen(
-                self.command,
-                env=worker_env(
-                    self._env,
-                    fifo=str(self._fifo),
-                    rank=rank,
-                    nproc=self._nproc,
-                    restarts=record.restarts,
-                    max_restarts=self.policy.max_restarts,
-                    run_id=self.run_id,
-                    master_port=self._master_port,
-                ),
-                cwd=self._cwd,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
+            att = self._pool.launch(rank, len(record.attempts) + 1, env, now)
         except OSError as exc:
             logger.error("worker %d could not be launched: %s", rank, exc)
             self._planner.started(rank, now)
             code = 127 if isinstance(exc, FileNotFoundError) else 126
-            self._tg.start_soon(self._ended, rank, None, classify_exit(code))
+            self._ended(rank, None, classify_exit(code))
             return
-        att = Attempt(rank, len(record.attempts) + 1, popen, pidfd(popen.pid), now)
-        self._attempts[rank] = att
-        self._pid_rank[popen.pid] = rank
         self._planner.started(rank, now)
         self._emit(
             WorkerStarted(
                 time=self._clock.time(),
                 rank=rank,
-                pid=popen.pid,
+                pid=att.pid,
                 attempt=att.number,
                 restarts=record.restarts,
             )
@@ -424,47 +399,25 @@ class Supervisor:
         self._tg.start_soon(self._watch, att, name=f"aiotimer-worker-{rank}")
 
     async def _watch(self, att: Attempt) -> None:
-        try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self._uptime_evidence, att)
-                await wait_exit(att)
-                tg.cancel_scope.cancel()
-            # Stop what it left in its session while it is an unwaited zombie, so its
-            # pid (the session id) cannot be reused meanwhile; then collect its status.
-            await _proctree.terminate(
-                lambda: [p.pid for p in _proctree.scan({att.pid})], timeout=self._stop_timeout
-            )
-            returncode = att.popen.wait()  # it has exited: this does not block
-        finally:
-            if att.pidfd is not None:
-                os.close(att.pidfd)
-        reaped = att.reaped
-        if reaped is None and att.expired and returncode < 0:
-            reaped = att.expired  # the reap's event has not arrived (yet)
-        reason = classify_exit(returncode, reaped_scopes=reaped, stopped=att.stop_requested)
-        await self._ended(att.rank, att, reason)
+        async def uptime_evidence() -> None:
+            at = self._planner.healthy_at(att.rank)
+            if at is not None:
+                await self._clock.sleep_until(at)
+                self._running(att, f"up for {self.policy.min_uptime:g}s")
 
-    async def _uptime_evidence(self, att: Attempt) -> None:
-        at = self._planner.healthy_at(att.rank)
-        if at is None:
-            return
-        await self._clock.sleep_until(at)
-        self._running(att, f"up for {self.policy.min_uptime:g}s")
+        reason = await self._pool.wait(att, while_running=uptime_evidence)
+        self._ended(att.rank, att, reason)
 
     def _running(self, att: Attempt, evidence: str) -> None:
-        if self._attempts.get(att.rank) is att and self._planner.running(att.rank):
+        if self._pool.attempts.get(att.rank) is att and self._planner.running(att.rank):
             self._emit(
                 WorkerRunning(
                     time=self._clock.time(), rank=att.rank, pid=att.pid, evidence=evidence
                 )
             )
 
-    async def _ended(self, rank: int, att: Attempt | None, reason: ExitReason) -> None:
+    def _ended(self, rank: int, att: Attempt | None, reason: ExitReason) -> None:
         now = self._clock.monotonic()
-        if att is not None:
-            self._attempts.pop(rank, None)
-            for pid in (*att.timer_pids, att.pid):
-                self._pid_rank.pop(pid, None)
         decision = self._planner.exited(rank, reason, now)
         record = self._planner.slot(rank)
         last = record.attempts[-1]
@@ -490,7 +443,7 @@ class Supervisor:
             if isinstance(decision, Restart):
                 # stop the others now, so their exits are not taken for failures
                 for r in decision.ranks:
-                    other = self._attempts.get(r)
+                    other = self._pool.attempts.get(r)
                     if other is not None:
                         other.stop_requested = True
                 assert self._tg is not None
@@ -517,7 +470,7 @@ class Supervisor:
                 budget=decision.budget,
             )
         )
-        await self._stop_ranks(decision.ranks)
+        await self._pool.stop(decision.ranks)
         if decision.delay > 0:
             await self._clock.sleep_until(self._clock.monotonic() + decision.delay)
         if self._stop.is_set() or self._planner.gave_up is not None:
@@ -526,25 +479,12 @@ class Supervisor:
             if self._planner.slot(rank).state is WorkerState.BACKOFF:
                 self._launch(rank)
 
-    async def _stop_ranks(self, ranks: Sequence[int]) -> None:
-        attempts = [a for r in ranks if (a := self._attempts.get(r)) is not None]
-        if not attempts:
-            return
-        for att in attempts:
-            att.stop_requested = True
-        sessions = {a.pid for a in attempts}
-        await _proctree.terminate(
-            lambda: [p.pid for p in _proctree.scan(sessions)], timeout=self._stop_timeout
-        )
-        for att in attempts:
-            await att.done.wait()
-
     def _gave_up(self, decision: GiveUp) -> None:
         self._emit(SupervisorGaveUp(time=self._clock.time(), reason=decision.reason))
         self._stop.set()
 
     def _check_finished(self) -> None:
-        if self._planner.done() and not self._attempts:
+        if self._planner.done() and not self._pool.attempts:
             self._conclude()
             self._stop.set()
 
@@ -567,33 +507,15 @@ class Supervisor:
 
     def _timer_registered(self, pid: int) -> None:
         """``pid`` sent its first timer request (the server pinned it)."""
-        rank = self._pid_rank.get(pid)
-        if rank is None:
-            try:
-                sid = os.getsid(pid)
-            except OSError:
-                return
-            att = next((a for a in self._attempts.values() if a.pid == sid), None)
-            if att is None:
-                return
-            att.timer_pids.add(pid)
-            self._pid_rank[pid] = rank = att.rank
-        att = self._attempts.get(rank)
+        att = self._pool.owner(pid)
         if att is not None:
             self._running(att, "sent a timer request")
 
     def _server_event(self, event: Event) -> None:
         if isinstance(event, TimerExpired | WorkerReaped):
-            rank = self._pid_rank.get(event.pid)
-            att = None if rank is None else self._attempts.get(rank)
-            if att is not None:
-                if isinstance(event, TimerExpired) and not event.report_only:
-                    if event.pid == att.pid:
-                        att.expired = (*att.expired, event.scope_id)
-                        if self._planner.slot(att.rank).state.alive:
-                            self._planner.expired(att.rank)
-                elif isinstance(event, WorkerReaped) and (event.pid == att.pid or event.group):
-                    att.reaped = event.scopes
+            att = self._pool.note(event)
+            if att is not None and self._planner.slot(att.rank).state.alive:
+                self._planner.expired(att.rank)
         self._deliver(event)
         if isinstance(event, SourceFailed | ServerStopped) and not self._stop.is_set():
             # Without its FIFO the server can no longer time the workers: say so, stop.
@@ -627,8 +549,7 @@ class Supervisor:
             IndexError: no such rank.
         """
         self._check_rank(rank)
-        if rank in self._attempts:
-            await self._stop_ranks([rank])
+        await self._pool.stop([rank])
         self._planner.set_state([rank], WorkerState.STOPPED)
         self._check_finished()
 
@@ -648,7 +569,7 @@ class Supervisor:
         for rank in chosen:
             self._check_rank(rank)
         for rank in chosen:
-            att = self._attempts.get(rank)
+            att = self._pool.attempts.get(rank)
             if att is not None:
                 att.stop_requested = True
         decision = self._planner.restart(chosen, self._clock.monotonic(), budget=False, count=count)
@@ -677,7 +598,7 @@ class Supervisor:
         now = self._clock.monotonic()
         workers = []
         for s in self._planner.slots:
-            att = self._attempts.get(s.rank)
+            att = self._pool.attempts.get(s.rank)
             workers.append(
                 WorkerSnapshot(
                     rank=s.rank,

@@ -12,7 +12,15 @@ from pathlib import Path
 import anyio
 import pytest
 
-from aiotimer import Launcher, RestartPolicy, RunOutcome, Supervisor, WorkerState, launched
+from aiotimer import (
+    Backoff,
+    Launcher,
+    RestartPolicy,
+    RunOutcome,
+    Supervisor,
+    WorkerState,
+    launched,
+)
 from aiotimer._restart import Restart
 from aiotimer._workers import WORKER_ENV, worker_env
 from aiotimer.events import (
@@ -148,3 +156,16 @@ async def test_gives_up_when_its_timer_server_stops() -> None:
     (gave_up,) = [e for e in events if isinstance(e, SupervisorGaveUp)]
     assert "timer server can no longer watch" in gave_up.reason
     assert {w.state for w in sup.get_state().workers} == {WorkerState.STOPPED}
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(30)
+async def test_a_launch_that_fails_is_a_start_failure(tmp_path: Path) -> None:
+    events: list[Event] = []
+    policy = RestartPolicy(max_restarts=1, backoff=Backoff(initial=0.01, cap=0.01))
+    sup = Supervisor(SLEEPER, cwd=tmp_path / "gone", policy=policy, on_event=events.append)
+    with anyio.fail_after(20):
+        assert await sup.run() is RunOutcome.GAVE_UP
+    ended = [e for e in events if isinstance(e, WorkerEnded)]
+    assert [(e.exit_code, e.start_failure) for e in ended] == [(127, True)] * 2
+    assert not [e for e in events if isinstance(e, WorkerStarted)]
