@@ -682,7 +682,8 @@ async def test_queue_client_async_waits_for_room() -> None:
     await client.send_async(acquire("a"))
     async with anyio.create_task_group() as tg:
         tg.start_soon(client.send_async, acquire("b"))
-        await anyio.sleep(0.05)
+        await anyio.wait_all_tasks_blocked()  # the sender waits (by awaiting) for room
+        assert q.qsize() == 1
         assert q.get_nowait().scope_id == "a"
     assert q.get_nowait().scope_id == "b"
 

@@ -185,14 +185,14 @@ def test_invalid_after_is_rejected() -> None:
         expires(after=-1)
     with pytest.raises(ValueError):
         expires(after=float("nan"))
-    with pytest.raises(TypeError):  # expires() inlines Expires.__init__: still checked
+    with pytest.raises(TypeError):
         expires(after=None)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=">= 0"):
         expires(after=-0.5, scope="s")
 
 
 def test_the_constructors_check_their_arguments() -> None:
-    """expires()/expires_at() skip Expires(...)'s C-level call but not its checks."""
+    """expires()/expires_at() and Expires(...) check the same way."""
     with pytest.raises(TypeError, match="exactly one"):
         expires_at(None)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="exactly one"):
