@@ -9,8 +9,9 @@ interoperate; :mod:`aiotimer.compat.torch` offers torch's names as a drop-in.
 Public submodules: :mod:`aiotimer.client`, :mod:`aiotimer.server`, :mod:`aiotimer.events`,
 :mod:`aiotimer.errors`, :mod:`aiotimer.reapers`, :mod:`aiotimer.sources`,
 :mod:`aiotimer.watchdog`, :mod:`aiotimer.diagnostics`, :mod:`aiotimer.testing`,
-:mod:`aiotimer.supervisor`, :mod:`aiotimer.cluster`,
-:mod:`aiotimer.compat.torch`. Modules whose names start with ``_`` are private.
+:mod:`aiotimer.supervisor`, :mod:`aiotimer.cluster`, :mod:`aiotimer.compat.torch`,
+:mod:`aiotimer.control` (control socket, status, metrics). Modules whose names start with
+``_`` are private.
 
 Importing the package is cheap: every public name is loaded on first use (a module
 ``__getattr__``), so ``from aiotimer import expires`` in a worker loads the client and
@@ -20,6 +21,7 @@ the wire codec, not the server, its sources, anyio or the event log.
 from __future__ import annotations
 
 import importlib
+import logging
 from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
@@ -96,6 +98,9 @@ __version__ = "0.1.0"
 # ``aiotimer.watchdog``, and importing a submodule sets the package's attribute to it;
 # bound here, after that import, the name is the function whatever is imported later.
 from aiotimer.watchdog import Watchdog, watchdog
+
+# Library etiquette: a program that configures no logging sees no lines from aiotimer.
+logging.getLogger("aiotimer").addHandler(logging.NullHandler())
 
 #: Where each public name lives, imported when first asked for. A new public name is
 #: added here, to the ``TYPE_CHECKING`` imports above (for type checkers and IDEs) and

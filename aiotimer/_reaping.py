@@ -27,6 +27,7 @@ import anyio
 import anyio.abc
 
 from aiotimer._clock import Clock
+from aiotimer._latency import LatencyHistogram
 from aiotimer._policy import (
     Action,
     DumpStacks,
@@ -85,6 +86,8 @@ class Reap:
     first_error: Exception | None = None  # what sending the first signal raised
     scopes: tuple[str, ...] = ()  # the worker's timers this reap clears
     stacks: str | None = None  # the dump's text, once a DumpStacks step ran
+    deadline: float = 0.0  # the expired timer's, for the reap latency
+    signalled: bool = False  # whether a signal of this reap was delivered yet
 
 
 class Reaps:
@@ -113,19 +116,30 @@ class Reaps:
         self._self_kill = self_kill
         self._on_gone = on_gone
         self._own_pid = os.getpid()
+        #: Seconds from the expired timer's deadline to the first delivered signal.
+        self.latency = LatencyHistogram()
 
-    def begin(self, worker: Worker, plan: Sequence[Step], now: float) -> Reap:
-        """Start reaping ``worker`` with ``plan`` at ``now``: take the first action (a
-        signal is sent at once; its outcome is reported by :meth:`proceed`)."""
+    def begin(self, worker: Worker, plan: Sequence[Step], now: float, deadline: float) -> Reap:
+        """Start reaping ``worker`` with ``plan`` at ``now`` (its timer's ``deadline``
+        passed): take the first action (a signal is sent at once; its outcome is
+        reported by :meth:`proceed`)."""
         worker.reaping = True
         escalator = Escalator(plan, confirm=self._confirm, retry=self._retry)
         signals = [s.signum for s in plan if isinstance(s, SendSignal)]
         steps = sum(not isinstance(s, Wait) for s in plan)
-        reap = Reap(worker, escalator, steps, signals[-1] if signals else 0)
+        reap = Reap(worker, escalator, steps, signals[-1] if signals else 0, deadline=deadline)
         reap.first = escalator.next(now)
         if isinstance(reap.first, SendSignal):
             reap.first_error = self._signal(worker.pid, reap.first)
+            if reap.first_error is None:
+                self._delivered(reap)
         return reap
+
+    def _delivered(self, reap: Reap) -> None:
+        """Record the reap latency at its first delivered signal."""
+        if not reap.signalled:
+            reap.signalled = True
+            self.latency.observe(self._clock.monotonic() - reap.deadline)
 
     def proceed(self, reap: Reap, scopes: tuple[str, ...]) -> None:
         """Report the first action's outcome, then carry out the rest in a task.
@@ -190,6 +204,7 @@ class Reaps:
             self._counts.reap_failed += 1
             reap.error = f"{type(error).__name__}: {error}"
             return Result.REFUSED if isinstance(error, RefusedTargetError) else Result.FAILED
+        self._delivered(reap)
         number = len(reap.escalator.taken)
         if step.signum != reap.lethal:
             self._emit(

@@ -45,6 +45,7 @@ import anyio
 import anyio.abc
 
 from aiotimer._clock import Clock
+from aiotimer._latency import LatencyHistogram
 from aiotimer._policy import (
     ReapPolicy,
     ReapRetry,
@@ -58,6 +59,7 @@ from aiotimer._table import ReapOptions, Timer, TimerTable
 from aiotimer.events import (
     Counters,
     Event,
+    LoopLagged,
     RequestRejected,
     TimerAcquired,
     TimerExpired,
@@ -68,9 +70,13 @@ from aiotimer.events import (
 from aiotimer.reapers import Reaper
 from aiotimer.sources._base import Source
 
-__all__ = ["DUMP_SLACK", "Counters", "Engine", "ReapRetry", "serve_source"]
+__all__ = ["DUMP_SLACK", "LAG_THRESHOLD", "Counters", "Engine", "ReapRetry", "serve_source"]
 
 logger = logging.getLogger("aiotimer")
+
+#: Default :attr:`Engine.lag_threshold`: expiries handled later than this (seconds) are
+#: reported as :class:`~aiotimer.events.LoopLagged`.
+LAG_THRESHOLD = 0.1
 
 
 class _StartedProxy:
@@ -126,6 +132,12 @@ class Engine:
             self_kill=self_kill_after_reap,
             on_gone=self._worker_gone,
         )
+        #: Deadline -> first delivered signal of each reap, seconds.
+        self.reap_latency = self._reaps.latency
+        #: How late each batch of expiries was handled (the loop was busy), seconds.
+        self.loop_lag = LatencyHistogram()
+        #: A lag above this many seconds is reported as a LoopLagged event.
+        self.lag_threshold = LAG_THRESHOLD
         self._armed = -math.inf  # the deadline the expiry task sleeps until
         self._sleep_scope: anyio.CancelScope | None = None
 
@@ -257,6 +269,11 @@ class Engine:
         """The pids of the watched workers."""
         return tuple(self._workers)
 
+    def is_reaping(self, pid: int) -> bool:
+        """Whether a reap of worker ``pid`` is in progress."""
+        worker = self._workers.get(pid)
+        return worker is not None and worker.reaping
+
     def snapshot(self) -> tuple[tuple[Timer, ...], tuple[int, ...]]:
         """The live timers (in deadline order) and the watched workers' pids."""
         return self.table.snapshot(), tuple(self._workers)
@@ -292,8 +309,14 @@ class Engine:
     def _expire_due(self, now: float) -> None:
         """Handle every timer due at ``now``, in deadline order."""
         self.last_progress = now
-        for timer in self.table.pop_expired(now):
+        expired = self.table.pop_expired(now)
+        for timer in expired:
             self._expire(timer, now)
+        if expired:
+            lag = now - expired[0].deadline
+            self.loop_lag.observe(lag)
+            if lag > self.lag_threshold:
+                self._emit(LoopLagged(time=self._clock.time(), lag=lag, expired=len(expired)))
 
     def _expire(self, timer: Timer, now: float) -> None:
         self.counts.expired += 1
@@ -303,7 +326,7 @@ class Engine:
         reap: Reap | None = None
         if plan and worker is not None and not worker.reaping:
             # Start the reap first: its first signal leaves right here, at the deadline.
-            reap = self._reaps.begin(worker, plan, now)
+            reap = self._reaps.begin(worker, plan, now, timer.deadline)
         self.stats.record_expired(timer.scope_id, max(0.0, now - timer.acquired_at))
         if not plan:  # the block runs on: its release will tell how long it took
             self.overdue.add(timer.key, timer.acquired_at)

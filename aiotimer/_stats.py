@@ -32,11 +32,14 @@ ends): in report-only and shadow mode the server remembers expired timers in
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
+
+import msgspec
 
 from aiotimer._scope import scope_site
 from aiotimer._table import TimerKey
@@ -48,7 +51,10 @@ __all__ = [
     "DurationSketch",
     "DurationStats",
     "Overdue",
+    "SiteState",
     "SiteSummary",
+    "SketchState",
+    "StatsState",
     "format_seconds",
     "format_summaries",
     "nice_ceil",
@@ -128,6 +134,28 @@ class DurationSketch:
         buckets = self._buckets
         buckets[i] = buckets.get(i, 0) + 1
 
+    def to_state(self) -> SketchState:
+        """Everything this sketch knows, as plain data (see :meth:`merge_state`)."""
+        return SketchState(
+            count=self.count,
+            max=self.max,
+            min=self.min if self.count else 0.0,
+            zero=self._zero,
+            buckets=dict(self._buckets),
+        )
+
+    def merge_state(self, state: SketchState) -> None:
+        """Add the samples of another sketch with the same ``relative_error``."""
+        if state.count <= 0:
+            return
+        self.count += state.count
+        self.max = max(self.max, state.max)
+        self.min = min(self.min, state.min)
+        self._zero += state.zero
+        buckets = self._buckets
+        for i, n in state.buckets.items():
+            buckets[i] = buckets.get(i, 0) + n
+
     @property
     def buckets(self) -> int:
         """Buckets in use (the memory cost of this sketch)."""
@@ -177,6 +205,33 @@ class SiteSummary:
     expirations: int
     longest_expired: float | None
     suggested_timeout: float | None
+
+
+class SketchState(msgspec.Struct, frozen=True, kw_only=True):
+    """A :class:`DurationSketch` as plain data: exact ``count``/``max``/``min``, the
+    samples below :data:`MIN_TRACKED` (``zero``) and the count per bucket index."""
+
+    count: int
+    max: float
+    min: float
+    zero: int = 0
+    buckets: dict[int, int] = {}
+
+
+class SiteState(msgspec.Struct, frozen=True, kw_only=True):
+    """One site of :class:`StatsState`."""
+
+    sketch: SketchState
+    expirations: int = 0
+    longest_expired: float | None = None
+
+
+class StatsState(msgspec.Struct, frozen=True, kw_only=True):
+    """:class:`DurationStats` as plain data, to save and merge back
+    (:meth:`DurationStats.to_state`, :meth:`DurationStats.merge_state`)."""
+
+    relative_error: float
+    sites: dict[str, SiteState] = {}
 
 
 class _Site:
@@ -262,11 +317,61 @@ class DurationStats:
             suggested_timeout=suggested,
         )
 
-    def summaries(self) -> list[SiteSummary]:
-        """Every site's summary: most expirations first, then most samples, then by name."""
-        out = [s for s in map(self.summary, self._sites) if s is not None]
+    def summaries(self, limit: int | None = None) -> list[SiteSummary]:
+        """Every site's summary: most expirations first, then most samples, then by name.
+
+        With ``limit``, only the first ``limit`` of them: ranking costs O(sites), but only
+        those are summarised.
+        """
+        sites = self._sites
+        if limit is not None and limit < len(sites):
+            names: Iterable[str] = heapq.nsmallest(
+                limit, sites, key=lambda n: (-sites[n].expirations, -sites[n].sketch.count, n)
+            )
+        else:
+            names = sites
+        out = [s for s in map(self.summary, names) if s is not None]
         out.sort(key=lambda s: (-s.expirations, -s.count, s.site))
         return out
+
+    @property
+    def samples(self) -> int:
+        """Durations and expirations recorded in all (O(sites)); it grows with every one."""
+        return sum(site.sketch.count + site.expirations for site in self._sites.values())
+
+    def to_state(self) -> StatsState:
+        """Every site's statistics as plain data (O(sites x buckets))."""
+        return StatsState(
+            relative_error=self._relative_error,
+            sites={
+                name: SiteState(
+                    sketch=site.sketch.to_state(),
+                    expirations=site.expirations,
+                    longest_expired=site.longest_expired,
+                )
+                for name, site in self._sites.items()
+            },
+        )
+
+    def merge_state(self, state: StatsState) -> None:
+        """Add the statistics of ``state`` (e.g. a previous run's) to these.
+
+        Raises:
+            ValueError: ``state`` was recorded with another ``relative_error``.
+        """
+        if state.relative_error != self._relative_error:
+            raise ValueError(
+                f"statistics recorded with relative error {state.relative_error} cannot be "
+                f"merged into ones with {self._relative_error}"
+            )
+        for name, other in state.sites.items():
+            site = self._sites.get(name) or self._new_site(name)
+            site.sketch.merge_state(other.sketch)
+            site.expirations += other.expirations
+            if other.longest_expired is not None and (
+                site.longest_expired is None or other.longest_expired > site.longest_expired
+            ):
+                site.longest_expired = other.longest_expired
 
     def __len__(self) -> int:
         return len(self._sites)

@@ -63,6 +63,7 @@ Time is an argument (``pop_expired(now)``), never read here: the caller owns the
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections.abc import Iterator, KeysView
 
 import msgspec
@@ -300,6 +301,46 @@ class TimerTable:
         """An immutable copy of every live timer, in expiry order (deadline, then age)."""
         entries = sorted(e for scopes in self._by_pid.values() for e in scopes.values())
         return tuple(e[2] for e in entries)
+
+    def earliest(self, n: int) -> list[Timer]:
+        """Up to ``n`` live timers with the earliest deadlines, in expiry order.
+
+        A best-first walk from the heap's root, so it costs O(k log k) for the k entries
+        it visits, not O(len): made for bounded views of a big table. Stale entries are
+        skipped but visited; at most ``4 * n + 64`` entries are, so the result may hold
+        fewer than ``n`` timers when stale entries crowd the top of the heap.
+        """
+        heap, by_pid = self._heap, self._by_pid
+        size = len(heap)
+        out: list[Timer] = []
+        # (deadline, seq, index): seq is unique, so the index never decides an order.
+        frontier: list[tuple[float, int, int]] = [(*heap[0][:2], 0)] if size and n > 0 else []
+        push, pop = heapq.heappush, heapq.heappop
+        budget = 4 * n + 64
+        while frontier and len(out) < n and budget > 0:
+            budget -= 1
+            i = pop(frontier)[2]
+            entry = heap[i]
+            timer = entry[2]
+            scopes = by_pid.get(timer.pid)
+            if scopes is not None and scopes.get(timer.scope_id) is entry:
+                out.append(timer)
+            child = 2 * i + 1
+            if child < size:
+                c = heap[child]
+                push(frontier, (c[0], c[1], child))
+                if child + 1 < size:
+                    c = heap[child + 1]
+                    push(frontier, (c[0], c[1], child + 1))
+        return out
+
+    def worker_scopes(self, pid: int, limit: int) -> tuple[list[str], int]:
+        """Up to ``limit`` scope ids of worker ``pid``'s live timers (any order), and how
+        many it has in all. O(limit)."""
+        scopes = self._by_pid.get(pid)
+        if scopes is None:
+            return [], 0
+        return list(itertools.islice(scopes, limit)), len(scopes)
 
     def __len__(self) -> int:
         return self._count

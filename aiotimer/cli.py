@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import NoReturn
 
 from aiotimer import _cli_run, demo
+from aiotimer._cli_status import configure_parser as status_args
+from aiotimer._cli_status import log_summary, run_status
 from aiotimer._kill_policy import KillPolicy
 from aiotimer._limits import raise_open_file_limit
 from aiotimer._logging import queued_logging
@@ -82,6 +84,22 @@ def _configure_serve(parser: argparse.ArgumentParser) -> None:
         default="auto",
         choices=["auto", "asyncio", "uvloop"],
         help="event loop (default: auto, i.e. uvloop when installed)",
+    )
+    control = parser.add_mutually_exclusive_group()
+    control.add_argument(
+        "--control",
+        metavar="PATH",
+        help="path of the control socket (default: FIFO.control/http.sock); `aiotimer "
+        "status` and `curl --unix-socket` read the server's state there",
+    )
+    control.add_argument("--no-control", action="store_true", help="serve no control socket")
+    parser.add_argument(
+        "--stats-interval",
+        type=_seconds,
+        default=10.0,
+        metavar="SECONDS",
+        help="with --event-log, save the duration statistics beside it this often "
+        "(default: 10), so a crash does not lose them",
     )
     reaping = add_reap_arguments(parser)
     reaping.add_argument(
@@ -286,12 +304,15 @@ async def _serve(args: argparse.Namespace) -> str | None:
         policy=policy_from_args(args),
         reaper=SignalReaper(dump_dir=args.dump_dir, kill_policy=kill_policy_from_args(args)),
         on_event=watch,
+        control=False if args.no_control else (args.control or True),
+        stats_interval=max(args.stats_interval, 0.01),
     )
+    loop.add_signal_handler(signal.SIGUSR1, log_summary, server)
     try:
         async with server:
             await stop.wait()
     finally:
-        for signum in (signal.SIGINT, signal.SIGTERM):
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
             loop.remove_signal_handler(signum)
     if args.shadow or args.stats:
         print(format_summaries(server.scope_stats()), end="", flush=True)
@@ -327,6 +348,7 @@ def _fail(message: str) -> int:
 #: Every subcommand, in the order ``--help`` lists them.
 COMMANDS: list[Command] = [
     Command("serve", "run a timer server on a FIFO", _configure_serve, run_serve),
+    Command("status", "show what a running server does", status_args, run_status),
     Command(
         "run",
         "supervise workers: restart them when they hang or fail",
@@ -347,6 +369,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="aiotimer", description="asyncio-native expiration-timer service (watchdog)"
     )
+    parser.add_argument("--version", action="version", version=f"aiotimer {_version()}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in COMMANDS:
         sub = subparsers.add_parser(command.name, help=command.help, description=command.help)
@@ -360,3 +383,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     status: int = args.run(args)
     return status
+
+
+def _version() -> str:
+    from aiotimer import __version__  # noqa: PLC0415 (lazy: the package is being imported)
+
+    return __version__

@@ -10,6 +10,7 @@ __all__ = [
     "AiotimerError",
     "ClientBackpressureError",
     "ClusterError",
+    "ControlError",
     "EventLogError",
     "LaunchError",
     "LeaseLostError",
@@ -88,3 +89,8 @@ class EventLogError(AiotimerError):
 
 class LaunchError(AiotimerError):
     """A supervised worker's command cannot be run (not found, not executable)."""
+
+
+class ControlError(AiotimerError):
+    """The control socket cannot be set up (path too long, taken by a live server, not a
+    socket), or a control request failed (the message has the server's answer)."""

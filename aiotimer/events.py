@@ -27,9 +27,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAX_LOGGED_TEXT",
+    "ControlRefused",
     "Counters",
     "Event",
     "EventsLost",
+    "LoopLagged",
     "ReapAbandoned",
     "ReapFailed",
     "RequestRejected",
@@ -622,3 +624,40 @@ class SignalRefused(Event):
         target = f"process group of worker {self.pid}" if self.group else f"worker {self.pid}"
         instead = "; sent to the worker alone instead" if self.fallback == "pid" else ""
         return f"refused to send {signal_name(self.signal)} to {target}: {self.reason}{instead}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoopLagged(Event):
+    """Expiries were handled ``lag`` seconds after their deadline because the event loop
+    was busy elsewhere (the host program blocked it); ``expired`` timers were due.
+
+    Reported when ``lag`` exceeds the server's ``lag_threshold``; every lag is also in the
+    ``aiotimer_loop_lag_seconds`` histogram.
+    """
+
+    kind: ClassVar[str] = "loop_lagged"
+    level: ClassVar[int] = logging.WARNING
+    lag: float
+    expired: int
+
+    def describe(self) -> str:
+        """One human-readable line."""
+        return (
+            f"the event loop delayed {self.expired} expiry(ies) by {self.lag * 1000:.0f} ms: "
+            "something blocks the loop the timer server runs in"
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ControlRefused(Event):
+    """A process of another user (``uid``, ``pid`` as the kernel reports them) connected
+    to the control socket and was refused."""
+
+    kind: ClassVar[str] = "control_refused"
+    level: ClassVar[int] = logging.WARNING
+    pid: int
+    uid: int
+
+    def describe(self) -> str:
+        """One human-readable line."""
+        return f"refused control connection from pid {self.pid} (uid {self.uid})"

@@ -20,11 +20,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import inspect
 import logging
 import os
 import signal as _signal
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from types import TracebackType
@@ -33,18 +34,37 @@ from typing import TYPE_CHECKING, TypeVar
 import anyio
 
 from aiotimer._clock import Clock, MonotonicClock
+from aiotimer._eventbus import EventBus
 from aiotimer._eventlog import EventLog
 from aiotimer._handoff import Handoff
 from aiotimer._kill_policy import fifo_mode_warning
 from aiotimer._logging import EventLogger
 from aiotimer._policy import ReapPolicy
 from aiotimer._protocol import Decoded, Rejection, Request, validate
-from aiotimer._server_engine import Counters, Engine, ReapRetry, serve_source
+from aiotimer._server_engine import (
+    DUMP_SLACK,
+    LAG_THRESHOLD,
+    Counters,
+    Engine,
+    ReapRetry,
+    serve_source,
+)
 from aiotimer._server_thread import LoopName, TimerServerThread, loop_factory
 from aiotimer._stats import SiteSummary
+from aiotimer._statsfile import StatsFile, stats_path_for
 from aiotimer._table import Timer
+from aiotimer.control._paths import default_control_path, fits_socket
+from aiotimer.control.snapshot import (
+    DEFAULT_LIMIT,
+    EventPage,
+    ServerInfo,
+    StatusSnapshot,
+    collect,
+    describe_policy,
+    worker_states,
+)
 from aiotimer.errors import ServerStateError
-from aiotimer.events import Event, ServerStarted, ServerStopped, SourceFailed
+from aiotimer.events import ControlRefused, Event, ServerStarted, ServerStopped, SourceFailed
 from aiotimer.reapers import Reaper, SignalReaper
 from aiotimer.sources._base import Source
 from aiotimer.sources.fifo import FifoSource
@@ -53,6 +73,9 @@ from aiotimer.sources.socket import SocketSource
 
 if TYPE_CHECKING:
     import multiprocessing.queues
+
+    from aiotimer.control._http import PeerCredentials
+    from aiotimer.control.metrics import MetricsSample
 
 __all__ = [
     "Counters",
@@ -135,8 +158,14 @@ class TimerServer:
         clock: the time source (default: :class:`~aiotimer.MonotonicClock`).
         policy: the escalation policy (default: torch semantics, one signal).
         on_event: called with every :class:`~aiotimer.events.Event`, in the loop's thread;
-            exceptions it raises are logged and otherwise ignored.
+            exceptions it raises are logged and otherwise ignored. An ``async def``
+            callback is awaited by a task of its own, one event at a time in order,
+            through a bounded buffer: when it falls 1,000 events behind, further events
+            are dropped for it and counted, so it can never stall expiry.
         event_log: append every event as a JSON line to this file (written asynchronously).
+            The duration statistics are then also saved every ``stats_interval`` seconds
+            to ``<event_log>.stats.json`` and merged back on the next start, so a crash
+            does not lose them.
         fifo_mode: the FIFO's permission bits (the socket's too).
         socket: also serve the same lines on a Unix stream socket at this path
             (:class:`~aiotimer.sources.SocketSource`), where the kernel names each
@@ -147,6 +176,12 @@ class TimerServer:
         self_kill_after_reap: torch compatibility only: after a successful reap, send the
             same signal to the server's own process, as torch 2.13's ``FileTimerServer``
             does. Off by default; do not turn it on unless you rely on that behaviour.
+        control: the control socket (HTTP/1.1 + JSON, see :mod:`aiotimer.control`): a
+            path, ``True`` for the default beside the FIFO (``<fifo>.control/http.sock``;
+            none without a FIFO), or ``False`` for none. The FIFO's marker names it.
+        stats_interval: seconds between saves of the statistics (see ``event_log``).
+        lag_threshold: report expiries handled more than this many seconds late (the
+            event loop was blocked) as :class:`~aiotimer.events.LoopLagged` events.
 
     Every event also goes to the ``aiotimer`` logger, except that rejected input and
     requests naming unknown workers are logged at most once per kind per few seconds,
@@ -162,22 +197,42 @@ class TimerServer:
         reaper: Reaper | None = None,
         clock: Clock | None = None,
         policy: ReapPolicy | None = None,
-        on_event: Callable[[Event], None] | None = None,
+        on_event: Callable[[Event], None] | Callable[[Event], Awaitable[object]] | None = None,
         event_log: str | os.PathLike[str] | None = None,
         fifo_mode: int = 0o600,
         request_events: bool = False,
         reap_retry: ReapRetry | None = None,
         self_kill_after_reap: bool = False,
         socket: str | os.PathLike[str] | None = None,
+        control: str | os.PathLike[str] | bool = True,
+        stats_interval: float = 10.0,
+        lag_threshold: float = LAG_THRESHOLD,
     ) -> None:
         own: list[Source] = []
         self._fifo_path = None if fifo is None else Path(fifo)
+        self._control_path: Path | None = None
+        if isinstance(control, bool):
+            if control and fifo is not None:
+                self._control_path = default_control_path(fifo)
+                if not fits_socket(self._control_path):
+                    logger.warning(
+                        "no control socket: the default path %s is too long for a Unix "
+                        "socket; pass control= a shorter path",
+                        self._control_path,
+                    )
+                    self._control_path = None
+        else:
+            self._control_path = Path(control)
         if socket is not None:
             own.append(SocketSource(socket, mode=fifo_mode))
         if fifo is not None:
             if (warning := fifo_mode_warning(fifo_mode)) is not None:
                 logger.warning("%s: %s", fifo, warning)
-            marker = {} if socket is None else {"socket": os.fspath(socket)}
+            marker: dict[str, object] = {}
+            if socket is not None:
+                marker["socket"] = os.fspath(socket)
+            if self._control_path is not None:
+                marker["control"] = str(self._control_path)
             own.append(FifoSource(fifo, mode=fifo_mode, marker=marker))
         if queue is not None:
             own.append(QueueSource(queue))
@@ -186,7 +241,13 @@ class TimerServer:
         self._clock: Clock = clock if clock is not None else MonotonicClock()
         self._policy = policy if policy is not None else ReapPolicy()
         self._on_event = on_event
+        self._async_on_event = inspect.iscoroutinefunction(on_event)
         self._event_log_path = event_log
+        self._stats_file = None if event_log is None else StatsFile(stats_path_for(event_log))
+        self._stats_interval = stats_interval
+        self._lag_threshold = lag_threshold
+        self._bus = EventBus()
+        self._started_at: float | None = None
         self._request_events = request_events
         self._retry = reap_retry if reap_retry is not None else ReapRetry()
         self._self_kill = self_kill_after_reap
@@ -205,6 +266,11 @@ class TimerServer:
     def fifo_path(self) -> Path | None:
         """The FIFO's path, if the server was given one."""
         return self._fifo_path
+
+    @property
+    def control_path(self) -> Path | None:
+        """The control socket's path, if the server has one."""
+        return self._control_path
 
     async def start(self) -> None:
         """Start serving; return once every source accepts requests.
@@ -267,6 +333,8 @@ class TimerServer:
                 if self._event_log_path is not None:
                     run.event_log = EventLog(self._event_log_path)
                     await outer.start(run.event_log.run)
+                if self._async_on_event:
+                    await outer.start(self._bus.run_callback, self._on_event)
                 try:
                     async with anyio.create_task_group() as tg:
                         engine = run.engine = Engine(
@@ -279,7 +347,13 @@ class TimerServer:
                             request_events=self._request_events,
                             self_kill_after_reap=self._self_kill,
                         )
+                        engine.lag_threshold = self._lag_threshold
                         await tg.start(run.handoff.run)
+                        if self._stats_file is not None:
+                            self._stats_file.load_into(engine.stats)
+                            tg.start_soon(self._stats_file.run, engine.stats, self._stats_interval)
+                        if self._control_path is not None:
+                            await tg.start(self._serve_control, self._control_path)
                         for source in self._sources:
                             await tg.start(
                                 serve_source, source, engine, self._source_failed(source)
@@ -288,6 +362,7 @@ class TimerServer:
                         if self._state is Lifecycle.STARTING:
                             self._state = Lifecycle.RUNNING
                         started = True
+                        self._started_at = self._clock.time()
                         self._emit(
                             ServerStarted(
                                 time=self._clock.time(),
@@ -312,8 +387,12 @@ class TimerServer:
                             )
                         )
                     self._event_logger.close()
+
+                    if self._stats_file is not None and run.engine is not None:
+                        self._stats_file.save(run.engine.stats)
                     if run.event_log is not None:
                         run.event_log.close()
+                    self._bus.close()
         except BaseException as exc:
             if not ready.done():
                 ready.set_exception(exc)
@@ -340,11 +419,45 @@ class TimerServer:
         run = self._run
         if run is not None and run.event_log is not None:
             run.event_log.put(event)
-        if self._on_event is not None:
+        self._bus.publish(event)
+        if self._on_event is not None and not self._async_on_event:
             try:
                 self._on_event(event)
             except Exception:
                 logger.exception("the on_event callback raised on %s; ignored", event.kind)
+
+    async def events(self) -> AsyncIterator[Event]:
+        """Every event from now until the server stops, for ``async for``.
+
+        Iterate in the server's loop. A reader that falls 1,000 events behind misses the
+        events that come meanwhile (counted by the ``aiotimer_events_undelivered_total``
+        metric); it never holds the server up.
+        """
+        async for event in self._bus.subscribe():
+            yield event
+
+    def recent_events(self, *, since: int = 0, limit: int = 1000) -> EventPage:
+        """The last events (up to 1,000 are kept), numbered from 1, above number
+        ``since``; in the loop's thread (see :class:`~aiotimer.control.EventPage`)."""
+        numbered, missed = self._bus.since(since, limit)
+        return EventPage(
+            events=tuple({**e.to_dict(), "seq": n} for n, e in numbered),
+            last=self._bus.last,
+            missed=missed,
+        )
+
+    async def _serve_control(
+        self, path: Path, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        # Imported here: only a server with a control socket needs the HTTP layer.
+        from aiotimer.control._app import server_routes  # noqa: PLC0415
+        from aiotimer.control.server import ControlServer  # noqa: PLC0415
+
+        def refused(peer: PeerCredentials) -> None:
+            self._emit(ControlRefused(time=self._clock.time(), pid=peer.pid, uid=peer.uid))
+
+        control = ControlServer(path, server_routes(self), on_refused=refused)
+        await control.serve(task_status=task_status)
 
     # -- requests (thread-safe) ---------------------------------------------------------
 
@@ -458,6 +571,87 @@ class TimerServer:
         run = self._run
         return () if run is None or run.engine is None else run.engine.scope_stats()
 
+    def status(self, *, limit: int = DEFAULT_LIMIT) -> StatusSnapshot:
+        """The whole state as served by the control socket's ``GET /v1/state``.
+
+        Lists are cut at ``limit`` entries (the earliest timers), with exact totals; the
+        cost is bounded accordingly (see :mod:`aiotimer.control.snapshot`). From another
+        thread it is taken in the server's loop (waiting up to 5 s).
+        """
+        run = self._run
+        in_other_thread = run is not None and threading.get_ident() != run.thread_id
+        if in_other_thread and self._state is Lifecycle.RUNNING:
+            return self._call_in_loop(lambda: self.status(limit=limit), 5.0)
+        engine = None if run is None else run.engine
+        running = self._state in (Lifecycle.RUNNING, Lifecycle.STOPPING)
+        now = self._clock.time()
+        deadline = engine.table.next_deadline() if engine is not None and running else None
+        info = ServerInfo(
+            pid=os.getpid(),
+            version=_version(),
+            state=self._state.value,
+            started_at=self._started_at if running else None,
+            uptime=now - self._started_at if running and self._started_at else None,
+            sources=tuple(s.name for s in self._sources),
+            policy=describe_policy(self._policy),
+            fifo=None if self._fifo_path is None else str(self._fifo_path),
+            control=None if self._control_path is None else str(self._control_path),
+            next_expiry_in=None if deadline is None else deadline - self._clock.monotonic(),
+            idle_for=None
+            if engine is None or engine.last_progress is None
+            else self._clock.monotonic() - engine.last_progress,
+            max_loop_lag=0.0 if engine is None else engine.loop_lag.max,
+        )
+        return collect(
+            engine if running else None,
+            server=info,
+            counters=_counters(run),
+            clock=self._clock,
+            limit=limit,
+        )
+
+    def metrics_text(self) -> bytes:
+        """The Prometheus text exposition of the server's metrics (``GET /metrics``), in
+        the loop's thread (see :mod:`aiotimer.control.metrics`)."""
+        from aiotimer.control.metrics import render  # noqa: PLC0415 (prometheus_client: lazy)
+
+        return render(self._metrics_sample)
+
+    def _metrics_sample(self) -> MetricsSample:
+        from aiotimer.control.metrics import MetricsSample  # noqa: PLC0415
+
+        run = self._run
+        engine = None if run is None else run.engine
+        counters = asdict(_counters(run))
+        if engine is None:
+            return MetricsSample(
+                live_timers=0, workers={}, counters=counters, undelivered=self._bus.dropped
+            )
+        return MetricsSample(
+            live_timers=len(engine.table),
+            workers=worker_states(engine),
+            counters=counters,
+            reap_latency=engine.reap_latency,
+            loop_lag=engine.loop_lag,
+            undelivered=self._bus.dropped,
+        )
+
+    async def dump_stacks(self, pid: int, *, timeout: float = 2.0) -> str | None:
+        """Ask worker ``pid`` for a stack dump now, through the reaper (an operator's
+        request; the worker is not signalled otherwise). ``None`` if none came within
+        ``timeout`` seconds. Await it in the server's loop.
+
+        Raises:
+            ValueError: ``pid`` is not a worker this server watches.
+        """
+        run = self._run
+        engine = None if run is None else run.engine
+        if engine is None or pid not in engine.workers():
+            raise ValueError(f"pid {pid} is not a worker of this server")
+        with anyio.move_on_after(timeout + DUMP_SLACK):
+            return await self._reaper.dump_stacks(pid, timeout)
+        return None
+
     def get_state(self) -> ServerState:
         """A consistent snapshot of the server; costs O(timers + sites).
 
@@ -522,3 +716,9 @@ def _unwrap(exc: BaseException) -> BaseException:
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
     return exc
+
+
+def _version() -> str:
+    from aiotimer import __version__  # noqa: PLC0415 (lazy: the package imports this module)
+
+    return __version__

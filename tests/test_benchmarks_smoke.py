@@ -58,3 +58,11 @@ def test_benchmarks_run_as_modules_from_the_repo_root() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "cost per op at 1,000 live timers" in done.stdout
+
+
+def test_bench_status_quick(capsys: pytest.CaptureFixture[str]) -> None:
+    bench_status = importlib.import_module("benchmarks.bench_status")
+    assert bench_status.main(["--quick"]) == 0
+    out = capsys.readouterr().out
+    assert "GET /v1/state" in out and "GET /metrics" in out
+    assert "a status call (GET /v1/state) costs the loop" in out

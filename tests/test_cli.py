@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 
+import aiotimer
 from aiotimer.cli import COMMANDS, build_parser, main
 
 
 def test_subcommands_are_registered_in_one_place() -> None:
-    assert [c.name for c in COMMANDS] == ["serve", "run", "demo"]
+    assert [c.name for c in COMMANDS] == ["serve", "status", "run", "demo"]
     help_text = build_parser().format_help()
     assert "serve" in help_text
 
@@ -78,3 +79,10 @@ def test_serve_refuses_a_path_that_is_not_a_fifo(tmp_path: Path) -> None:
     assert proc.returncode == 1
     assert "aiotimer serve:" in proc.stderr
     assert path.read_text() == "do not clobber me"
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out == f"aiotimer {aiotimer.__version__}\n"

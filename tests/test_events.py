@@ -83,6 +83,8 @@ SAMPLES: list[ev.Event] = [
     ev.SignalSent(time=1.0, pid=1, signal=15, group=True, step=1, steps=2),
     ev.SignalRefused(time=1.0, pid=1, signal=9, group=True, reason="own group", fallback="pid"),
     ev.SignalRefused(time=1.0, pid=1, signal=19, group=False, reason="SIGSTOP not allowed"),
+    ev.LoopLagged(time=1.0, lag=2.74, expired=3),
+    ev.ControlRefused(time=1.0, pid=77, uid=1000),
 ]
 
 

@@ -26,6 +26,11 @@ PUBLIC_MODULES = [
     "aiotimer.cluster",
     "aiotimer.supervisor",
     "aiotimer.compat.torch",
+    "aiotimer.control",
+    "aiotimer.control.client",
+    "aiotimer.control.metrics",
+    "aiotimer.control.server",
+    "aiotimer.control.snapshot",
 ]
 
 EXPECTED_TOP_LEVEL = {

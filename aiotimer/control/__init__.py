@@ -1,0 +1,44 @@
+"""The control plane: a server's live state over HTTP/1.1 + JSON on a Unix socket.
+
+A :class:`~aiotimer.TimerServer` serves its control socket (by default
+``<fifo>.control/http.sock``, named in the marker beside the FIFO) with:
+
+* ``GET /v1/state[?limit=N]``: a :class:`StatusSnapshot` (server, workers, timers,
+  counters, per-scope statistics; lists cut at ``limit`` with exact totals);
+* ``GET /v1/events[?since=N&limit=N]``: an :class:`EventPage` of recent events;
+* ``GET /metrics``: Prometheus text format (see :mod:`aiotimer.control.metrics`);
+* ``POST /v1/workers/<pid>/dump[?timeout=S]``: a stack dump of a worker.
+
+Only the server's own user and root may connect (``SO_PEERCRED``); ``curl
+--unix-socket PATH http://localhost/v1/state`` works. :class:`ControlClient` is the
+blocking client ``aiotimer status`` uses; :class:`ControlServer` and :class:`Route` let
+a layer on top serve its own routes.
+"""
+
+from __future__ import annotations
+
+from aiotimer.control._paths import default_control_path
+from aiotimer.control.client import ControlClient, control_path_for_fifo
+from aiotimer.control.server import ControlServer, Route
+from aiotimer.control.snapshot import (
+    API_VERSION,
+    EventPage,
+    ServerInfo,
+    StatusSnapshot,
+    TimerInfo,
+    WorkerInfo,
+)
+
+__all__ = [
+    "API_VERSION",
+    "ControlClient",
+    "ControlServer",
+    "EventPage",
+    "Route",
+    "ServerInfo",
+    "StatusSnapshot",
+    "TimerInfo",
+    "WorkerInfo",
+    "control_path_for_fifo",
+    "default_control_path",
+]

@@ -1,0 +1,94 @@
+"""The control API of a :class:`~aiotimer.server.TimerServer`: its routes.
+
+``GET /v1/state[?limit=N]``, ``GET /v1/events[?since=N&limit=N]``, ``GET /metrics``,
+``POST /v1/workers/<pid>/dump[?timeout=S]`` and ``GET /`` (the list of endpoints). Every
+handler runs in the server's loop and does bounded work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Final
+
+from aiotimer.control._http import HttpRequest, HttpResponse, error_response, json_response
+from aiotimer.control.metrics import CONTENT_TYPE
+from aiotimer.control.server import Route
+from aiotimer.control.snapshot import DEFAULT_LIMIT, MAX_LIMIT
+from aiotimer.errors import ControlError
+
+if TYPE_CHECKING:
+    from aiotimer.server import TimerServer
+
+__all__ = ["MAX_DUMP_TIMEOUT", "server_routes"]
+
+#: The longest stack dump wait an operator may ask for, in seconds.
+MAX_DUMP_TIMEOUT: Final[float] = 30.0
+
+ENDPOINTS: Final[dict[str, str]] = {
+    "GET /v1/state?limit=N": "the server, its workers and timers, counters, scope statistics",
+    "GET /v1/events?since=N&limit=N": "recent events numbered above N",
+    "GET /metrics": "Prometheus text format",
+    "POST /v1/workers/<pid>/dump?timeout=S": "a stack dump of a worker",
+}
+
+
+def server_routes(server: TimerServer) -> list[Route]:
+    """The routes that serve ``server``'s state and operator actions."""
+
+    async def index(request: HttpRequest) -> HttpResponse:
+        return json_response({"api": 1, "endpoints": ENDPOINTS})
+
+    async def state(request: HttpRequest) -> HttpResponse:
+        limit = _int(request.query, "limit", DEFAULT_LIMIT, 0, MAX_LIMIT)
+        return json_response(server.status(limit=limit))
+
+    async def events(request: HttpRequest) -> HttpResponse:
+        since = _int(request.query, "since", 0, 0, 2**62)
+        limit = _int(request.query, "limit", 1000, 0, MAX_LIMIT)
+        return json_response(server.recent_events(since=since, limit=limit))
+
+    async def metrics(request: HttpRequest) -> HttpResponse:
+        return HttpResponse(200, server.metrics_text(), CONTENT_TYPE)
+
+    async def dump(request: HttpRequest, pid: str) -> HttpResponse:
+        timeout = _float(request.query, "timeout", 2.0, 0.0, MAX_DUMP_TIMEOUT)
+        worker = int(pid)
+        try:
+            text = await server.dump_stacks(worker, timeout=timeout)
+        except ValueError as exc:  # not one of its workers
+            return error_response(404, str(exc))
+        return json_response({"pid": worker, "stacks": text})
+
+    return [
+        Route("GET", r"/", index),
+        Route("GET", r"/v1/state", state),
+        Route("GET", r"/v1/events", events),
+        Route("GET", r"/metrics", metrics),
+        Route("POST", r"/v1/workers/(?P<pid>[0-9]{1,10})/dump", dump),
+    ]
+
+
+def _int(query: Mapping[str, str], key: str, default: int, low: int, high: int) -> int:
+    text = query.get(key)
+    if text is None:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise ControlError(f"{key} must be an integer, got {text!r}") from None
+    if not low <= value <= high:
+        raise ControlError(f"{key} must be between {low} and {high}, got {value}")
+    return value
+
+
+def _float(query: Mapping[str, str], key: str, default: float, low: float, high: float) -> float:
+    text = query.get(key)
+    if text is None:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise ControlError(f"{key} must be a number, got {text!r}") from None
+    if not low <= value <= high:
+        raise ControlError(f"{key} must be between {low:g} and {high:g}, got {value!r}")
+    return value

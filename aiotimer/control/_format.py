@@ -1,0 +1,74 @@
+"""The human view of a :class:`~aiotimer.control.snapshot.StatusSnapshot`.
+
+A server line, a counters line, then one row per worker with its open timers (soonest
+first), like ``supervisorctl status``. Used by ``aiotimer status`` and by the state
+summary ``aiotimer serve`` logs on SIGUSR1.
+"""
+
+from __future__ import annotations
+
+from aiotimer._stats import format_seconds
+from aiotimer.control.snapshot import StatusSnapshot
+
+__all__ = ["format_status"]
+
+_SHOWN_COUNTERS = ("requests", "expired", "reaped", "reap_failed", "rejected", "workers_exited")
+
+
+def _ago(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = max(0.0, seconds)
+    if seconds < 60:
+        return f"{seconds:.0f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    days, hours = divmod(hours, 24)
+    if days:
+        return f"{days}d{hours:02d}h"
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
+
+
+def _left(seconds: float) -> str:
+    return "overdue" if seconds < 0 else format_seconds(seconds)
+
+
+def format_status(snap: StatusSnapshot) -> str:
+    """The human view of ``snap`` (several lines, ending with a newline)."""
+    srv = snap.server
+    where = srv.fifo or ", ".join(srv.sources) or "in-process only"
+    nxt = "no timers" if srv.next_expiry_in is None else f"next in {_left(srv.next_expiry_in)}"
+    lines = [
+        f"aiotimer {srv.version}  pid {srv.pid}  {srv.state.upper()}  up {_ago(srv.uptime)}"
+        f"  {where}",
+        f"  {snap.timers_total:,} timers, {snap.workers_total:,} workers, {nxt}; "
+        f"reaping: {srv.policy}",
+        "  "
+        + "  ".join(f"{k} {snap.counters.get(k, 0):,}" for k in _SHOWN_COUNTERS)
+        + f"  max loop lag {format_seconds(srv.max_loop_lag)}",
+    ]
+    left = {(t.pid, t.scope_id): t.seconds_left for t in snap.timers}
+    rows = [("PID", "STATE", "TIMERS", "OPEN SCOPES (time left)")]
+    for w in snap.workers:
+        restarts = "" if w.restarts is None else f" (restarts {w.restarts})"
+        scopes = sorted(w.scopes, key=lambda s: left.get((w.pid, s), float("inf")))
+        shown = ", ".join(
+            f"{s} ({_left(left[(w.pid, s)])})" if (w.pid, s) in left else s for s in scopes
+        )
+        if w.timers > len(w.scopes):
+            shown += f", ... {w.timers - len(w.scopes)} more"
+        rows.append((str(w.pid), w.state + restarts, str(w.timers), shown or "-"))
+    if len(rows) > 1:
+        widths = [max(len(r[i]) for r in rows) for i in range(3)]
+        for r in rows:
+            lines.append(
+                "  ".join(c.ljust(w) for c, w in zip(r[:3], widths, strict=True)) + "  " + r[3]
+            )
+    else:
+        lines.append("no workers")
+    if snap.truncated:
+        lines.append(
+            f"(lists cut: {len(snap.workers)} of {snap.workers_total:,} workers, "
+            f"{len(snap.timers)} of {snap.timers_total:,} timers; see --limit)"
+        )
+    return "\n".join(line.rstrip() for line in lines) + "\n"

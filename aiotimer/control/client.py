@@ -1,0 +1,189 @@
+"""A small blocking client of the control socket (what ``aiotimer status`` uses).
+
+One request per connection, HTTP/1.1 through h11 on a plain Unix socket with a timeout.
+Find the socket from a FIFO path with :meth:`ControlClient.for_fifo`: an aiotimer server
+names its control socket in the marker file beside its FIFO.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import socket
+import urllib.parse
+from pathlib import Path
+from typing import TypeVar
+
+import h11
+import msgspec
+
+from aiotimer._protocol import MARKER_SUFFIX
+from aiotimer.control.snapshot import EventPage, StatusSnapshot
+from aiotimer.errors import ControlError, ServerUnavailableError
+
+__all__ = ["ControlClient", "control_path_for_fifo"]
+
+_T = TypeVar("_T")
+_MAX_RESPONSE = 64 * 1024 * 1024
+
+
+def control_path_for_fifo(fifo: str | os.PathLike[str]) -> Path:
+    """The control socket named in the marker beside ``fifo``.
+
+    Raises:
+        ServerUnavailableError: no live aiotimer server serves ``fifo`` (no FIFO, no
+            marker, or the marker's server is gone).
+        ControlError: the server runs without a control socket.
+    """
+    fifo = Path(fifo)
+    marker = fifo.with_name(fifo.name + MARKER_SUFFIX)
+    try:
+        data = json.loads(marker.read_bytes())
+    except FileNotFoundError:
+        what = "no FIFO" if not fifo.exists() else "a FIFO but no aiotimer marker"
+        raise ServerUnavailableError(
+            f"no aiotimer server serves {str(fifo)!r} ({what} there); is it running?"
+        ) from None
+    except (OSError, ValueError) as exc:
+        raise ServerUnavailableError(f"cannot read the marker {str(marker)!r}: {exc}") from exc
+    if not isinstance(data, dict) or data.get("server") != "aiotimer":
+        raise ServerUnavailableError(f"{str(marker)!r} is not an aiotimer marker")
+    pid = data.get("pid")
+    if isinstance(pid, int) and pid > 0 and not _alive(pid):
+        raise ServerUnavailableError(
+            f"the aiotimer server of {str(fifo)!r} (pid {pid}) is gone; its marker is stale"
+        )
+    control = data.get("control")
+    if not isinstance(control, str):
+        raise ControlError(
+            f"the aiotimer server of {str(fifo)!r} (pid {pid}) runs without a control "
+            "socket; restart it without --no-control"
+        )
+    return Path(control)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class ControlClient:
+    """Talks to the control socket at ``path``; each call waits at most ``timeout`` s.
+
+    Raises (from every request method):
+        ServerUnavailableError: nothing serves the socket (missing, or stale).
+        ControlError: the server answered with an error (its message is included), or
+            the connection broke mid-answer.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, timeout: float = 5.0) -> None:
+        self.path = Path(path)
+        self.timeout = timeout
+
+    @classmethod
+    def for_fifo(cls, fifo: str | os.PathLike[str], *, timeout: float = 5.0) -> ControlClient:
+        """The client of the server on FIFO ``fifo`` (see :func:`control_path_for_fifo`)."""
+        return cls(control_path_for_fifo(fifo), timeout=timeout)
+
+    # -- endpoints --------------------------------------------------------------------
+
+    def state(self, *, limit: int | None = None) -> StatusSnapshot:
+        """``GET /v1/state``: the server's state, lists cut at ``limit`` (server default)."""
+        query = {} if limit is None else {"limit": str(limit)}
+        return self._decode(self.get("/v1/state", query), StatusSnapshot)
+
+    def events(self, *, since: int = 0, limit: int | None = None) -> EventPage:
+        """``GET /v1/events``: the recorded events numbered above ``since``."""
+        query = {"since": str(since)}
+        if limit is not None:
+            query["limit"] = str(limit)
+        return self._decode(self.get("/v1/events", query), EventPage)
+
+    def metrics(self) -> str:
+        """``GET /metrics``: the Prometheus text exposition."""
+        return self.get("/metrics").decode("utf-8")
+
+    def dump(self, pid: int, *, timeout: float = 2.0) -> str | None:
+        """``POST /v1/workers/<pid>/dump``: a stack dump of worker ``pid``, ``None`` if
+        none came within ``timeout`` seconds."""
+        body = self.request("POST", f"/v1/workers/{pid}/dump", {"timeout": f"{timeout:g}"})
+        text = json.loads(body).get("stacks")
+        return text if isinstance(text, str) else None
+
+    # -- plumbing ---------------------------------------------------------------------
+
+    def get(self, path: str, query: dict[str, str] | None = None) -> bytes:
+        """The body of a successful ``GET path?query``."""
+        return self.request("GET", path, query)
+
+    def request(self, method: str, path: str, query: dict[str, str] | None = None) -> bytes:
+        """Send one request; the body of a 2xx answer (else :class:`ControlError`)."""
+        target = path + ("?" + urllib.parse.urlencode(query) if query else "")
+        with self._connect() as sock:
+            conn = h11.Connection(h11.CLIENT)
+            request = h11.Request(
+                method=method,
+                target=target,
+                headers=[("Host", "localhost"), ("Connection", "close"), ("Content-Length", "0")],
+            )
+            sock.sendall((conn.send(request) or b"") + (conn.send(h11.EndOfMessage()) or b""))
+            status, body = self._receive(conn, sock)
+        if not 200 <= status < 300:
+            try:
+                message = json.loads(body).get("error", "")
+            except (ValueError, AttributeError):
+                message = body[:200].decode("utf-8", "replace")
+            raise ControlError(f"{method} {path} failed with HTTP {status}: {message}")
+        return body
+
+    def _connect(self) -> socket.socket:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(os.fspath(self.path))
+        except OSError as exc:
+            sock.close()
+            if exc.errno in (errno.ENOENT, errno.ECONNREFUSED, errno.ENOTDIR):
+                raise ServerUnavailableError(
+                    f"nothing serves the control socket {str(self.path)!r} "
+                    f"({'missing' if exc.errno != errno.ECONNREFUSED else 'stale'}); "
+                    "is the server running?"
+                ) from None
+            raise ControlError(f"cannot connect to {str(self.path)!r}: {exc}") from exc
+        return sock
+
+    def _receive(self, conn: h11.Connection, sock: socket.socket) -> tuple[int, bytes]:
+        status = 0
+        body = bytearray()
+        try:
+            while True:
+                event = conn.next_event()
+                if event is h11.NEED_DATA:
+                    conn.receive_data(sock.recv(65536))
+                elif isinstance(event, h11.Response):
+                    status = event.status_code
+                elif isinstance(event, h11.Data):
+                    body += event.data
+                    if len(body) > _MAX_RESPONSE:
+                        raise ControlError("the control server's answer is too large")
+                elif isinstance(event, h11.EndOfMessage | h11.ConnectionClosed):
+                    break
+        except (OSError, h11.RemoteProtocolError) as exc:
+            raise ControlError(f"the control server's answer broke off: {exc}") from exc
+        return status, bytes(body)
+
+    @staticmethod
+    def _decode(body: bytes, kind: type[_T]) -> _T:
+        try:
+            return msgspec.json.decode(body, type=kind)
+        except msgspec.ValidationError as exc:
+            raise ControlError(f"unexpected answer from the control server: {exc}") from exc
+
+    def __repr__(self) -> str:
+        return f"<ControlClient {str(self.path)!r}>"

@@ -1,0 +1,110 @@
+"""Prometheus metrics over a server's own state (no second bookkeeping).
+
+:class:`ServerCollector` is a ``prometheus_client`` custom collector: at each scrape it
+asks for a :class:`MetricsSample` (read from the server in its loop) and turns it into
+metric families. :func:`render` produces the text exposition format for ``GET /metrics``
+on the control socket.
+
+Metrics: ``aiotimer_live_timers``, ``aiotimer_workers{state}``,
+``aiotimer_requests_total``, ``aiotimer_rejected_total``, ``aiotimer_expired_total``,
+``aiotimer_reaps_total``, ``aiotimer_reap_failures_total``,
+``aiotimer_workers_exited_total``, ``aiotimer_restarts_total``,
+``aiotimer_events_dropped_total``, ``aiotimer_events_undelivered_total``, and the
+histograms
+``aiotimer_reap_latency_seconds`` (deadline -> first signal of a reap) and
+``aiotimer_loop_lag_seconds`` (how late expiries were handled because the event loop
+was busy elsewhere).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from aiotimer._latency import LatencyHistogram
+
+__all__ = ["CONTENT_TYPE", "MetricsSample", "ServerCollector", "render"]
+
+#: The content type of the Prometheus text format served by :func:`render`.
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# counter name -> (Counters field, help)
+_COUNTERS: dict[str, tuple[str, str]] = {
+    "aiotimer_requests": ("requests", "Valid requests received."),
+    "aiotimer_rejected": ("rejected", "Bad inputs rejected."),
+    "aiotimer_expired": ("expired", "Timers whose deadline passed."),
+    "aiotimer_reaps": ("reaped", "Signals delivered to expired workers."),
+    "aiotimer_reap_failures": ("reap_failed", "Failed signal attempts."),
+    "aiotimer_workers_exited": ("workers_exited", "Workers seen exiting."),
+    "aiotimer_events_dropped": ("events_dropped", "Events the event log had no room for."),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsSample:
+    """What one scrape reports: read in the server's loop, turned into metrics by
+    :class:`ServerCollector`. ``workers`` counts workers by state; ``counters`` are the
+    run's counters by name."""
+
+    live_timers: int
+    workers: Mapping[str, int]
+    counters: Mapping[str, int]
+    reap_latency: LatencyHistogram = field(default_factory=LatencyHistogram)
+    loop_lag: LatencyHistogram = field(default_factory=LatencyHistogram)
+    restarts: int = 0
+    undelivered: int = 0
+
+
+class ServerCollector(Collector):
+    """A custom collector: each :meth:`collect` reports ``sample()``."""
+
+    def __init__(self, sample: Callable[[], MetricsSample]) -> None:
+        self._sample = sample
+
+    def collect(self) -> Iterator[Metric]:
+        """The metric families of one fresh sample."""
+        s = self._sample()
+        yield GaugeMetricFamily("aiotimer_live_timers", "Live timers.", value=s.live_timers)
+        workers = GaugeMetricFamily("aiotimer_workers", "Known workers by state.", labels=["state"])
+        for state, n in sorted(s.workers.items()):
+            workers.add_metric([state], n)
+        yield workers
+        for name, (key, text) in _COUNTERS.items():
+            yield CounterMetricFamily(name, text, value=s.counters.get(key, 0))
+        yield CounterMetricFamily("aiotimer_restarts", "Worker restarts.", value=s.restarts)
+        yield CounterMetricFamily(
+            "aiotimer_events_undelivered",
+            "Events dropped for slow event subscribers or a slow async callback.",
+            value=s.undelivered,
+        )
+        yield _histogram(
+            "aiotimer_reap_latency_seconds",
+            "Seconds from a timer's deadline to the first signal of its reap.",
+            s.reap_latency,
+        )
+        yield _histogram(
+            "aiotimer_loop_lag_seconds",
+            "Seconds an expiry was handled late because the event loop was busy.",
+            s.loop_lag,
+        )
+
+
+def _histogram(name: str, text: str, h: LatencyHistogram) -> HistogramMetricFamily:
+    buckets = [("+Inf" if b == float("inf") else repr(b), float(n)) for b, n in h.cumulative()]
+    return HistogramMetricFamily(name, text, buckets=buckets, sum_value=h.sum)
+
+
+def render(sample: Callable[[], MetricsSample]) -> bytes:
+    """The Prometheus text exposition of one sample."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ServerCollector(sample))
+    return generate_latest(registry)

@@ -1,0 +1,196 @@
+"""The control socket: HTTP/1.1 + JSON on a Unix socket, served in the owner's loop.
+
+Access is the file system's and the kernel's business: the socket is created with mode
+0600 (its directory 0700 when the server creates it), and every connection's peer is
+checked with ``SO_PEERCRED``: only the server's own user and root are answered, anyone
+else gets ``403`` and is reported through ``on_refused``.
+
+Requests are answered in the event loop of the server that owns the socket, so every
+read is a consistent snapshot; handlers keep their work bounded (see
+:mod:`aiotimer.control.snapshot`) so a request never stalls expiry. Routes are data: a
+list of :class:`Route` (method, path pattern, handler), so a layer on top (a supervisor)
+adds its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import re
+import socket
+import stat
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+import anyio
+import anyio.abc
+
+from aiotimer.control._http import (
+    HttpRequest,
+    HttpResponse,
+    PeerCredentials,
+    error_response,
+    peer_credentials,
+    serve_connection,
+)
+from aiotimer.control._paths import MAX_SOCKET_PATH, fits_socket
+from aiotimer.errors import ControlError
+
+__all__ = [
+    "MAX_CONNECTIONS",
+    "REQUEST_TIMEOUT",
+    "ControlServer",
+    "Route",
+]
+
+#: Connections served at once; more are closed at once.
+MAX_CONNECTIONS: Final[int] = 16
+#: Seconds a peer has to send each request before it is disconnected.
+REQUEST_TIMEOUT: Final[float] = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """``handler`` answers ``method`` requests whose path matches ``pattern`` in full;
+    the pattern's named groups are passed to it as keyword arguments (strings)."""
+
+    method: str
+    pattern: str
+    handler: Callable[..., Awaitable[HttpResponse]]
+
+
+class ControlServer:
+    """Serves ``routes`` on a Unix socket at ``path`` until cancelled.
+
+    Args:
+        path: the socket's path. Its directory is created (mode 0700) if missing; an
+            existing directory is used as it is (it should not be writable by others).
+        routes: what it answers; anything else gets ``404`` (or ``405``).
+        on_refused: called with the credentials of each refused peer (another user).
+
+    Raises (from :meth:`serve`):
+        ControlError: the path is too long for a Unix socket, another live server
+            listens there, or something other than a socket is in the way.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        routes: Sequence[Route],
+        *,
+        on_refused: Callable[[PeerCredentials], None] | None = None,
+    ) -> None:
+        self.path = Path(path)
+        self._routes = [(r.method, re.compile(r.pattern), r.handler) for r in routes]
+        self._on_refused = on_refused
+        self._uid = os.getuid()
+        self._active = 0
+
+    async def serve(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Bind the socket, report started, then serve until cancelled; the socket file
+        is removed on the way out."""
+        created = _prepare(self.path)
+        listener = await anyio.create_unix_listener(self.path, mode=0o600)
+        ident = os.stat(self.path)
+        try:
+            async with listener, anyio.create_task_group() as tg:
+                task_status.started()
+                await listener.serve(self._connection, task_group=tg)
+        finally:
+            with contextlib.suppress(OSError):
+                now = os.stat(self.path)
+                if (now.st_ino, now.st_dev) == (ident.st_ino, ident.st_dev):
+                    os.unlink(self.path)
+            if created:
+                with contextlib.suppress(OSError):  # not empty: someone else's files
+                    self.path.parent.rmdir()
+
+    async def _connection(self, stream: anyio.abc.SocketStream) -> None:
+        async with stream:
+            if self._active >= MAX_CONNECTIONS:
+                return
+            self._active += 1
+            try:
+                raw = stream.extra(anyio.abc.SocketAttribute.raw_socket)
+                peer = peer_credentials(raw)
+                allowed = peer.uid in (self._uid, 0)
+                if not allowed and self._on_refused is not None:
+                    self._on_refused(peer)
+
+                async def handle(request: HttpRequest) -> HttpResponse:
+                    if not allowed:
+                        return error_response(
+                            403, f"uid {peer.uid} may not use this control socket"
+                        )
+                    return await self._dispatch(request)
+
+                await serve_connection(stream, handle, request_timeout=REQUEST_TIMEOUT)
+            finally:
+                self._active -= 1
+
+    async def _dispatch(self, request: HttpRequest) -> HttpResponse:
+        methods: list[str] = []
+        for method, pattern, handler in self._routes:
+            match = pattern.fullmatch(request.path)
+            if match is None:
+                continue
+            if method != request.method:
+                methods.append(method)
+                continue
+            try:
+                return await handler(request, **match.groupdict())
+            except ControlError as exc:
+                return error_response(400, str(exc))
+        if methods:
+            return error_response(405, f"use {' or '.join(methods)} on {request.path}")
+        return error_response(404, f"no such endpoint: {request.path}")
+
+
+def _prepare(path: Path) -> bool:
+    """Make ``path`` bindable: its directory exists (0700 if created here), and nothing
+    but a stale socket is at ``path`` (a live server's socket is never taken over).
+    ``True`` if it created the directory."""
+    if not fits_socket(path):
+        raise ControlError(
+            f"control socket path {str(path)!r} is longer than {MAX_SOCKET_PATH} bytes, "
+            "the limit of a Unix socket; pass a shorter control path"
+        )
+    try:
+        path.parent.mkdir(mode=0o700, parents=True)
+    except FileExistsError:
+        if not path.parent.is_dir():
+            raise ControlError(f"{str(path.parent)!r} is not a directory") from None
+    else:
+        return True
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISSOCK(st.st_mode):
+        raise ControlError(
+            f"{str(path)!r} exists and is not a socket; remove it or choose another control path"
+        )
+    if _listening(path):
+        raise ControlError(
+            f"another server listens on the control socket {str(path)!r}; "
+            "stop it or choose another control path"
+        )
+    path.unlink(missing_ok=True)  # stale: left by a server that died
+    return False
+
+
+def _listening(path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(os.fspath(path))
+        except OSError as exc:
+            if exc.errno in (errno.ECONNREFUSED, errno.ENOENT):
+                return False
+            raise ControlError(f"cannot probe the control socket {str(path)!r}: {exc}") from exc
+    return True

@@ -1,0 +1,44 @@
+"""The event bus: numbered history, bounded subscribers, the async callback's buffer."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from aiotimer._eventbus import EventBus
+from aiotimer.events import Event, WorkerUnknown
+
+
+def event(i: int) -> Event:
+    return WorkerUnknown(time=float(i), pid=i, scope_id="s", source="test")
+
+
+def test_history_is_numbered_and_bounded() -> None:
+    bus = EventBus(history=3)
+    for i in range(5):
+        bus.publish(event(i))
+    got, missed = bus.since(0, 10)
+    assert [n for n, _ in got] == [3, 4, 5] and missed == 2
+    got, missed = bus.since(3, 10)
+    assert [n for n, _ in got] == [4, 5] and missed == 0
+    assert bus.since(5, 10) == ([], 0)
+    assert [n for n, _ in bus.since(0, 1)[0]] == [3]
+
+
+@pytest.mark.asyncio
+async def test_a_slow_subscriber_loses_events_but_never_blocks() -> None:
+    bus = EventBus(buffer=2)
+    seen: list[float] = []
+
+    async def read() -> None:
+        async for e in bus.subscribe():
+            seen.append(e.time)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(read)
+        await anyio.wait_all_tasks_blocked()
+        for i in range(5):  # no checkpoint: the reader cannot keep up
+            bus.publish(event(i))
+        assert bus.dropped == 2  # the waiting reader took one, the buffer two
+        bus.close()
+    assert seen == [0.0, 1.0, 2.0]
