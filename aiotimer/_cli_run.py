@@ -66,6 +66,11 @@ def _backoff(text: str) -> Backoff:
 
 def configure_run(parser: argparse.ArgumentParser) -> None:
     """Add ``aiotimer run``'s arguments to ``parser``."""
+    parser.epilog = (
+        "exit status: 0 every worker succeeded; 1 a worker failed for good (no-restart "
+        "exit code); 2 usage error; 3 gave up (restart budget exhausted, ...); 4 stopped "
+        "before the end; 5 cannot start; 128+N interrupted by signal N"
+    )
     parser.add_argument("--nproc", type=_count, default=1, help="worker processes (default 1)")
     parser.add_argument(
         "--restart-scope",

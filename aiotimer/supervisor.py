@@ -295,8 +295,11 @@ class Supervisor:
                         self._tg = tg
                         try:
                             await self._start_server()
-                            if self._subreaper:
-                                _proctree.become_subreaper()
+                            if self._subreaper and not _proctree.become_subreaper():
+                                logger.warning(
+                                    "cannot become a child subreaper here: descendants that "
+                                    "leave a worker's session will not be stopped"
+                                )
                             self._master_port = free_port()
                             for rank in range(self._nproc):
                                 self._launch(rank)

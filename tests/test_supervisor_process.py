@@ -20,7 +20,16 @@ from pathlib import Path
 import anyio
 import pytest
 
-from aiotimer import Backoff, RestartPolicy, RestartScope, RunOutcome, Supervisor
+from aiotimer import (
+    Backoff,
+    Escalation,
+    ReapPolicy,
+    RestartPolicy,
+    RestartScope,
+    RunOutcome,
+    Supervisor,
+    WorkerState,
+)
 from aiotimer.events import (
     Event,
     RestartScheduled,
@@ -29,6 +38,7 @@ from aiotimer.events import (
     WorkerRunning,
     WorkerStarted,
 )
+from aiotimer.testing import wait_until
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(60)]
 
@@ -49,6 +59,12 @@ elif mode == "hang-always":
         with expires(after=0.1, scope="step"):
             time.sleep(60)
     time.sleep(0.2)
+elif mode == "stubborn":  # ignores SIGTERM, hangs once
+    import signal
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if me.restart_count == 0:
+        with expires(after=0.1, scope="stuck"):
+            time.sleep(60)
 elif mode == "crash":
     sys.exit(3)
 elif mode == "no-restart":
@@ -256,3 +272,23 @@ def test_sigterm_to_run_leaves_no_process(worker: list[str], tmp_path: Path) -> 
     assert "stopped" in err  # the summary table
     # the children ignoring SIGTERM needed the SIGKILL 0.5 s later; bounded well below 10 s
     assert 0.5 <= stopped_in < 10
+
+
+@pytest.mark.asyncio
+async def test_a_reap_through_a_ladder_is_reaped_and_unhealthy_meanwhile(
+    worker: list[str], tmp_path: Path
+) -> None:
+    """SIGTERM (ignored), 1 s of grace, SIGKILL: UNHEALTHY while the ladder runs."""
+    events: list[Event] = []
+    ladder = ReapPolicy(Escalation(soft_signal=signal.SIGTERM, grace=1.0))
+    sup = supervisor(worker, tmp_path, "stubborn", events, policy=policy(), reap_policy=ladder)
+    with anyio.fail_after(30):
+        async with sup:
+            await wait_until(
+                lambda: sup.get_state().workers[0].state is WorkerState.UNHEALTHY, timeout=15
+            )
+            outcome = await sup.wait()
+    assert outcome is RunOutcome.SUCCEEDED
+    first = of(WorkerEnded, events)[0]
+    assert (first.reason, first.signal, first.scopes) == ("reaped", signal.SIGKILL, ("stuck",))
+    assert starts(events) == {0: 2}
