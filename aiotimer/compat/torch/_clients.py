@@ -26,6 +26,7 @@ from aiotimer.compat.torch._requests import (
 from aiotimer.errors import ServerUnavailableError
 
 if TYPE_CHECKING:
+    from aiotimer._clients.queue import _PutQueue
     from aiotimer.client import TimerClient as _AioTimerClient
 
 # -- clients ------------------------------------------------------------------------------
@@ -113,10 +114,6 @@ class FileTimerClient(TimerClient):
 
     def __repr__(self) -> str:
         return f"<FileTimerClient {self._file_path!r} signal={self.signal}>"
-
-
-class _PutQueue(Protocol):
-    def put(self, obj: Any, block: bool = ..., timeout: float | None = ...) -> None: ...
 
 
 class LocalTimerClient(TimerClient):
