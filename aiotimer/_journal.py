@@ -9,11 +9,13 @@ its earliest live timer that would signal it.
 
 How this works
 --------------
-The engine calls :meth:`Journal.changed` with the pid of every worker whose timers
-changed (acquired, released, expired, cleared). The :meth:`Journal.run` task waits until
-something changed, recomputes the entry of each changed worker from the table (one pass
-over that worker's timers), encodes every entry and hands the bytes to a thread that
-writes a temporary file and renames it over the journal. Writes are at least
+The engine tells the journal what happens to timers (:meth:`Journal.acquired`,
+:meth:`~Journal.released`, :meth:`~Journal.cleared`): an acquire earlier than a worker's
+entry becomes its entry at once; only when the entry's own timer goes is the worker's
+earliest timer looked up again, at the next write (one pass over that worker's timers).
+The :meth:`Journal.run` task waits until something changed, encodes every entry and
+hands the bytes to a thread that writes a temporary file and renames it over the
+journal. Writes are at least
 ``interval`` apart, so a busy server writes a few times a second, an idle one never; the
 loop's work per write is bounded by the number of workers (capped at ``max_workers``).
 
@@ -35,11 +37,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import stat
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 import anyio
 import anyio.abc
@@ -48,7 +51,7 @@ import msgspec
 
 from aiotimer._process import read_start_time
 from aiotimer._protocol import Request
-from aiotimer._table import Timer, TimerTable
+from aiotimer._table import ReapOptions, Timer, TimerTable
 from aiotimer.errors import ProcessGoneError
 
 __all__ = ["JOURNAL_SUFFIX", "Journal", "JournalEntry", "boot_id"]
@@ -98,7 +101,7 @@ def boot_id() -> str | None:
 
 
 def _entry(timer: Timer, start_time: int | None, mono_to_wall: float) -> JournalEntry:
-    options: Any = timer.options  # the request's extension data, when it had any
+    options = timer.options if timer.options is not None else ReapOptions()
     return JournalEntry(
         pid=timer.pid,
         start_time=start_time,
@@ -106,9 +109,9 @@ def _entry(timer: Timer, start_time: int | None, mono_to_wall: float) -> Journal
         mono=timer.deadline,
         expiration_time=timer.deadline + mono_to_wall,
         signal=timer.signal,
-        grace=getattr(options, "grace", None),
-        group=bool(getattr(options, "group", False)),
-        dump=bool(getattr(options, "dump", False)),
+        grace=options.grace,
+        group=options.group,
+        dump=options.dump,
     )
 
 
@@ -136,7 +139,8 @@ class Journal:
         self._grace = grace
         self._entries: dict[int, JournalEntry] = {}
         self._start_times: dict[int, int | None] = {}
-        self._dirty: set[int] = set()
+        self._earliest: dict[int, Timer] = {}  # new earliest timers, not yet written
+        self._recompute: set[int] = set()  # workers whose earliest timer must be looked up
         self._wakeup = anyio.Event()
         self._failing = False
         self._omitted_reported = False
@@ -145,15 +149,50 @@ class Journal:
 
     # -- the engine's side -----------------------------------------------------------
 
-    def changed(self, pid: int) -> None:
-        """Worker ``pid``'s timers changed: rewrite its entry at the next write."""
-        self._dirty.add(pid)
+    def acquired(self, timer: Timer) -> None:
+        """``timer`` was set (new or replacing one of the same key)."""
+        pid = timer.pid
+        if pid in self._recompute:
+            return  # the next write looks the worker's earliest timer up anyway
+        entry, pending = self._entries.get(pid), self._earliest.get(pid)
+        if (entry is not None and entry.scope_id == timer.scope_id) or (
+            pending is not None and pending.scope_id == timer.scope_id
+        ):
+            self._earliest.pop(pid, None)  # the earliest timer moved: look it up again
+            self._recompute.add(pid)
+        elif timer.signal > 0:
+            best = math.inf if entry is None else entry.mono
+            if pending is not None:
+                best = pending.deadline
+            if timer.deadline >= best:
+                return
+            self._earliest[pid] = timer
+        else:
+            return
         self._wakeup.set()
 
+    def released(self, pid: int, scope_id: str) -> None:
+        """The timer ``(pid, scope_id)`` is gone (released or expired)."""
+        entry = self._entries.get(pid)
+        earliest = self._earliest.get(pid)
+        if (entry is not None and entry.scope_id == scope_id) or (
+            earliest is not None and earliest.scope_id == scope_id
+        ):
+            self._earliest.pop(pid, None)
+            self._recompute.add(pid)
+            self._wakeup.set()
+
+    def cleared(self, pid: int) -> None:
+        """Every timer of worker ``pid`` is gone."""
+        self._earliest.pop(pid, None)
+        self._recompute.discard(pid)
+        if self._entries.pop(pid, None) is not None:
+            self._wakeup.set()
+
     def forget(self, pid: int) -> None:
-        """Worker ``pid`` is gone: drop its entry (and its remembered start time)."""
+        """Worker ``pid`` is gone: drop its entry and its remembered start time."""
         self._start_times.pop(pid, None)
-        self.changed(pid)
+        self.cleared(pid)
 
     # -- restoring -------------------------------------------------------------------
 
@@ -261,12 +300,15 @@ class Journal:
             await anyio.sleep(self._interval)
 
     def _update(self, table: TimerTable, mono_to_wall: float) -> None:
-        dirty, self._dirty = self._dirty, set()
-        for pid in dirty:
+        earliest, self._earliest = self._earliest, {}
+        for pid in self._recompute:  # O(timers of the worker), only when its earliest went
             timer = _earliest_signalling(table.worker_timers(pid))
             if timer is None:
                 self._entries.pop(pid, None)
-                continue
+            else:
+                earliest[pid] = timer
+        self._recompute = set()
+        for pid, timer in earliest.items():
             if pid not in self._entries and len(self._entries) >= self._max_workers:
                 self.omitted += 1
                 if not self._omitted_reported:

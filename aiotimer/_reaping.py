@@ -84,7 +84,8 @@ class Reap:
     first: Action | None = None  # the first action, taken in the expiry handler
     error: str = ""  # the last failed signal's error, until it is reported
     first_error: Exception | None = None  # what sending the first signal raised
-    scopes: tuple[str, ...] = ()  # the worker's timers this reap clears
+    scopes: tuple[str, ...] = ()  # the worker's timers this reap clears (the first ones)
+    omitted: int = 0  # how many more it clears
     stacks: str | None = None  # the dump's text, once a DumpStacks step ran
     deadline: float = 0.0  # the expired timer's, for the reap latency
     signalled: bool = False  # whether a signal of this reap was delivered yet
@@ -141,11 +142,12 @@ class Reaps:
             reap.signalled = True
             self.latency.observe(self._clock.monotonic() - reap.deadline)
 
-    def proceed(self, reap: Reap, scopes: tuple[str, ...]) -> None:
+    def proceed(self, reap: Reap, scopes: tuple[str, ...], omitted: int = 0) -> None:
         """Report the first action's outcome, then carry out the rest in a task.
 
-        ``scopes`` are the worker's timers this reap clears (for the events)."""
-        reap.scopes = scopes
+        ``scopes`` are the worker's timers this reap clears (for the events; ``omitted``
+        more are not listed)."""
+        reap.scopes, reap.omitted = scopes, omitted
         action = reap.first
         if isinstance(action, SendSignal):
             action = self._next(reap, self._sent(reap, action, reap.first_error))
@@ -229,6 +231,7 @@ class Reaps:
                 step=number,
                 steps=reap.steps,
                 stacks=reap.stacks,
+                omitted=reap.omitted,
             )
         )
         if self._self_kill:

@@ -17,13 +17,29 @@ due as soon as it wakes. Deadlines that fall while the loop is busy elsewhere ar
 by ``submit`` too: after applying a batch it handles whatever has come due, so that
 ingesting a burst of input does not hold up an expiry.
 
+Work per loop iteration is bounded: expired timers are popped in slices of
+:data:`EXPIRE_BUDGET` heap entries, and the expiry task yields between slices.
+
 Expired timers are handled in deadline order: the policy turns each into a plan
 (:mod:`aiotimer._policy`). An empty plan is "report only". Otherwise the worker's other
-timers are cleared and the plan is carried out by :class:`~aiotimer._reaping.Reaps`,
+timers are dropped from the table at once (O(1): their heap entries go stale) and the
+plan is carried out by :class:`~aiotimer._reaping.Reaps`,
 which takes the first action right in the expiry handler (a first signal leaves at the
 deadline, before anything else is done about the timer; its outcome is reported right
 after the :class:`~aiotimer.events.TimerExpired` event) and the rest in one task per
-worker.
+worker. Timers of that worker falling due in the same slice are folded into the same
+reap: one :class:`~aiotimer.events.TimerExpired` event for the first, and one
+:class:`~aiotimer.events.WorkerReaped` listing the scopes it covers (at most
+:data:`~aiotimer.events.MAX_REPORTED_SCOPES`, the rest counted), however many timers.
+
+Caps: an acquire of a new key is rejected (a counted
+:class:`~aiotimer.events.RequestRejected`) when the table holds ``max_timers`` timers,
+or its worker ``max_timers_per_worker``.
+
+The journal (:mod:`aiotimer._journal`), when there is one, is told every change of a
+timer. Timers restored from it (:meth:`Engine.restore`) speak for a worker only until
+that worker sends anything: its client re-sends the blocks it still has open, so the
+restored ones are dropped first.
 
 Statistics (:mod:`aiotimer._stats`): a timer released in time records its duration
 (release time - acquire time) for its scope's site; an expiry records the time the timer
@@ -40,11 +56,14 @@ import logging
 import math
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 
 from aiotimer._clock import Clock
+from aiotimer._journal import Journal
 from aiotimer._latency import LatencyHistogram
 from aiotimer._policy import (
     ReapPolicy,
@@ -57,6 +76,7 @@ from aiotimer._reaping import DUMP_SLACK, Reap, Reaps, Worker
 from aiotimer._stats import DurationStats, Overdue, SiteSummary
 from aiotimer._table import ReapOptions, Timer, TimerTable
 from aiotimer.events import (
+    MAX_REPORTED_SCOPES,
     Counters,
     Event,
     LoopLagged,
@@ -70,13 +90,41 @@ from aiotimer.events import (
 from aiotimer.reapers import Reaper
 from aiotimer.sources._base import Source
 
-__all__ = ["DUMP_SLACK", "LAG_THRESHOLD", "Counters", "Engine", "ReapRetry", "serve_source"]
+__all__ = [
+    "DUMP_SLACK",
+    "EXPIRE_BUDGET",
+    "LAG_THRESHOLD",
+    "MAX_TIMERS",
+    "MAX_TIMERS_PER_WORKER",
+    "Counters",
+    "Engine",
+    "ReapRetry",
+    "serve_source",
+]
 
 logger = logging.getLogger("aiotimer")
 
 #: Default :attr:`Engine.lag_threshold`: expiries handled later than this (seconds) are
 #: reported as :class:`~aiotimer.events.LoopLagged`.
 LAG_THRESHOLD = 0.1
+
+#: The most heap entries (expired or stale) one expiry slice handles; the expiry task
+#: lets the loop run other work between slices, so however many timers fall due at once,
+#: nobody waits for more than one slice (~1-2 ms).
+EXPIRE_BUDGET = 1024
+#: Default cap on live timers in all; acquires past it are rejected.
+MAX_TIMERS = 1_000_000
+#: Default cap on one worker's live timers; its acquires past it are rejected.
+MAX_TIMERS_PER_WORKER = 100_000
+
+
+@dataclass(slots=True, eq=False)
+class _Begun:
+    """A reap begun in the current expiry slice, and the timers it covers so far."""
+
+    reap: Reap
+    scopes: list[str]
+    folded: int = 0  # timers of the same slice beyond those listed
 
 
 class _StartedProxy:
@@ -107,6 +155,9 @@ class Engine:
         retry: ReapRetry,
         request_events: bool,
         self_kill_after_reap: bool,
+        journal: Journal | None = None,
+        max_timers: int = MAX_TIMERS,
+        max_timers_per_worker: int = MAX_TIMERS_PER_WORKER,
     ) -> None:
         self.table = TimerTable()
         self.counts = Counters()
@@ -140,6 +191,10 @@ class Engine:
         self.lag_threshold = LAG_THRESHOLD
         self._armed = -math.inf  # the deadline the expiry task sleeps until
         self._sleep_scope: anyio.CancelScope | None = None
+        self._journal = journal
+        self._max_timers = max_timers
+        self._max_per_worker = max_timers_per_worker
+        self._restored: dict[int, set[str]] = {}  # journal timers, until the worker speaks
 
     # -- ingest (RequestSink) ----------------------------------------------------------
 
@@ -154,15 +209,27 @@ class Engine:
             self.counts.rejected += 1
             text = rej.line.decode("ascii", "backslashreplace")
             self._emit(RequestRejected(time=wall, reason=rej.reason, line=text, source=source))
-        deadline = self.table.next_deadline()
+        deadline = self.table.next_deadline(budget=EXPIRE_BUDGET)
         if deadline is not None and deadline <= (now := clock.monotonic()):
             self._expire_due(now)  # it fell while the loop was busy (with this batch, say)
 
+    def restore(self, requests: Sequence[Request], source: str) -> None:
+        """Apply acquires restored from the journal (see the module docs)."""
+        batch = Decoded(requests=list(requests))
+        self.submit(batch, source)
+        for req in requests:
+            if self.table.get(req.pid, req.scope_id) is not None:
+                self._restored.setdefault(req.pid, set()).add(req.scope_id)
+
     def _apply(self, req: Request, source: str, mono: float, wall: float) -> None:
         self.counts.requests += 1
+        if self._restored and req.pid in self._restored:
+            self._drop_restored(req.pid)
         if req.is_release:
             released = self.table.release(req.pid, req.scope_id)
             if released is not None:
+                if self._journal is not None:
+                    self._journal.released(req.pid, req.scope_id)
                 self.counts.released += 1
                 self.stats.record(req.scope_id, max(0.0, mono - released.acquired_at))
                 if self._request_events:
@@ -184,12 +251,20 @@ class Engine:
         ):
             self._emit(WorkerUnknown(time=wall, pid=pid, scope_id=req.scope_id, source=source))
             return
+        if (
+            len(self.table) >= self._max_timers
+            or self.table.worker_size(pid) >= self._max_per_worker
+        ) and self.table.get(pid, req.scope_id) is None:
+            self._reject_over_cap(req, source, wall)
+            return
         deadline = req.deadline(mono, wall)
         options = None
         if req.grace is not None or req.group or req.dump:
             options = ReapOptions(req.grace, req.group, req.dump)
         timer = Timer(pid, req.scope_id, deadline, req.signal, mono, options)
         self.table.acquire(timer)
+        if self._journal is not None:
+            self._journal.acquired(timer)
         self.counts.acquired += 1
         if deadline < self._armed and self._sleep_scope is not None:
             self._armed = -math.inf
@@ -205,6 +280,28 @@ class Engine:
                     source=source,
                 )
             )
+
+    def _reject_over_cap(self, req: Request, source: str, wall: float) -> None:
+        if len(self.table) >= self._max_timers:
+            reason = (
+                f"timer cap reached: the server holds {len(self.table):,} timers "
+                f"(max_timers={self._max_timers:,}); release timers or raise the cap"
+            )
+        else:
+            reason = (
+                f"timer cap reached: worker {req.pid} holds {self.table.worker_size(req.pid):,} "
+                f"timers (max_timers_per_worker={self._max_per_worker:,}); it leaks timers, "
+                "or raise the cap"
+            )
+        self.counts.rejected += 1
+        line = f"acquire {req.scope_id!r} of pid {req.pid}"[:200]
+        self._emit(RequestRejected(time=wall, reason=reason, line=line, source=source))
+
+    def _drop_restored(self, pid: int) -> None:
+        """Worker ``pid`` spoke: drop the timers the journal restored for it."""
+        for scope_id in self._restored.pop(pid, ()):
+            if self.table.release(pid, scope_id) is not None and self._journal is not None:
+                self._journal.released(pid, scope_id)
 
     # -- workers ----------------------------------------------------------------------
 
@@ -246,11 +343,20 @@ class Engine:
             del self._workers[worker.pid]
         self._detach(worker.pid)
         self.counts.workers_exited += 1
-        cleared = tuple(t.scope_id for t in self.table.clear_worker(worker.pid))
+        count, cleared = self.table.drop_worker(worker.pid, sample=MAX_REPORTED_SCOPES)
+        self._restored.pop(worker.pid, None)
+        if self._journal is not None:
+            self._journal.forget(worker.pid)
         if self.overdue:
             self.overdue.clear_worker(worker.pid)
         self._emit(
-            WorkerExited(time=self._clock.time(), pid=worker.pid, cleared=cleared, reason=reason)
+            WorkerExited(
+                time=self._clock.time(),
+                pid=worker.pid,
+                cleared=tuple(cleared),
+                reason=reason,
+                omitted=count - len(cleared),
+            )
         )
 
     def _detach(self, pid: int) -> None:
@@ -288,10 +394,11 @@ class Engine:
         """Sleep until the next deadline (or a re-arm), then handle what expired; forever."""
         table, clock = self.table, self._clock
         while True:
-            deadline = table.next_deadline()
+            deadline = table.next_deadline(budget=EXPIRE_BUDGET)
             now = clock.monotonic()
             if deadline is not None and deadline <= now:
                 self._expire_due(now)
+                await anyio.lowlevel.checkpoint()  # one slice at a time
                 continue
             with anyio.CancelScope() as scope:
                 self._sleep_scope = scope
@@ -307,18 +414,43 @@ class Engine:
             self.last_progress = clock.monotonic()
 
     def _expire_due(self, now: float) -> None:
-        """Handle every timer due at ``now``, in deadline order."""
+        """Handle the timers due at ``now``, in deadline order: one slice of them."""
         self.last_progress = now
-        expired = self.table.pop_expired(now)
+        begun: dict[int, _Begun] = {}
+        journal = self._journal
+        expired = self.table.pop_expired(now, budget=EXPIRE_BUDGET)
         for timer in expired:
-            self._expire(timer, now)
+            if journal is not None:
+                journal.released(timer.pid, timer.scope_id)
+            started = begun.get(timer.pid)
+            if started is not None:  # folded into the reap this slice began
+                self.counts.expired += 1
+                self.stats.record_expired(timer.scope_id, max(0.0, now - timer.acquired_at))
+                if len(started.scopes) < MAX_REPORTED_SCOPES:
+                    started.scopes.append(timer.scope_id)
+                else:
+                    started.folded += 1
+                continue
+            reap = self._expire(timer, now)
+            if reap is not None:
+                begun[timer.pid] = _Begun(reap, [timer.scope_id])
+        for pid, started in begun.items():
+            left = MAX_REPORTED_SCOPES - len(started.scopes)
+            count, others = self.table.drop_worker(pid, sample=left)
+            self._restored.pop(pid, None)
+            if journal is not None:
+                journal.cleared(pid)
+            scopes = (*started.scopes, *others)
+            omitted = started.folded + count - len(others)
+            self._reaps.proceed(started.reap, scopes, omitted)
         if expired:
             lag = now - expired[0].deadline
             self.loop_lag.observe(lag)
             if lag > self.lag_threshold:
                 self._emit(LoopLagged(time=self._clock.time(), lag=lag, expired=len(expired)))
 
-    def _expire(self, timer: Timer, now: float) -> None:
+    def _expire(self, timer: Timer, now: float) -> Reap | None:
+        """Report ``timer``'s expiry; the reap it begins, if it begins one."""
         self.counts.expired += 1
         worker = self._workers.get(timer.pid)
         policy = self._policy
@@ -349,10 +481,7 @@ class Engine:
                 action=action,
             )
         )
-        if reap is None:
-            return  # report only, or the reap in progress covers this timer too
-        others = self.table.clear_worker(timer.pid)
-        self._reaps.proceed(reap, (timer.scope_id, *(t.scope_id for t in others)))
+        return reap  # None: report only, or the reap in progress covers this timer too
 
 
 async def serve_source(

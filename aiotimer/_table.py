@@ -224,8 +224,21 @@ class TimerTable:
         self._background_step(replaced=True)
         return entry[2]
 
+    def drop_worker(self, pid: int, *, sample: int = 0) -> tuple[int, list[str]]:
+        """Remove every timer of worker ``pid`` in O(1) (their heap entries go stale and
+        are discarded as they surface); return how many, and up to ``sample`` of their
+        scope ids (any order)."""
+        scopes = self._by_pid.pop(pid, None)
+        if not scopes:
+            return 0, []
+        self._count -= len(scopes)
+        self._background_step(replaced=True)
+        return len(scopes), list(itertools.islice(scopes, sample))
+
     def clear_worker(self, pid: int) -> list[Timer]:
-        """Remove every timer of worker ``pid``; return them in deadline order."""
+        """Remove every timer of worker ``pid``; return them in deadline order.
+
+        O(k log k) for the worker's k timers; :meth:`drop_worker` is O(1)."""
         scopes = self._by_pid.pop(pid, None)
         if not scopes:
             return []
@@ -234,14 +247,18 @@ class TimerTable:
         self._background_step(replaced=True)
         return timers
 
-    def pop_expired(self, now: float) -> list[Timer]:
+    def pop_expired(self, now: float, *, budget: int | None = None) -> list[Timer]:
         """Remove and return every timer with ``deadline <= now``, in deadline order.
 
-        O(log n) per expired (or stale) entry popped.
+        O(log n) per expired (or stale) entry popped. With a ``budget``, at most that many
+        heap entries (expired or stale) are popped: the caller asks again for the rest,
+        so one call's work is bounded however many timers fall due at once.
         """
         heap, by_pid = self._heap, self._by_pid
         expired: list[Timer] = []
-        while heap and heap[0][0] <= now:
+        left = -1 if budget is None else budget
+        while heap and heap[0][0] <= now and left:
+            left -= 1
             entry = heapq.heappop(heap)
             timer = entry[2]
             scopes = by_pid.get(timer.pid)
@@ -260,10 +277,17 @@ class TimerTable:
 
     # -- queries --------------------------------------------------------------------
 
-    def next_deadline(self) -> float | None:
-        """The earliest live deadline, or ``None`` when the table is empty. O(1) amortised."""
+    def next_deadline(self, *, budget: int | None = None) -> float | None:
+        """The earliest live deadline, or ``None`` when the table is empty. O(1) amortised.
+
+        With a ``budget``, at most that many stale entries are discarded; when it runs
+        out, the deadline of the stale entry on top is returned: never later than the
+        earliest live one, and :meth:`pop_expired` discards the entry when it is due.
+        """
         heap, by_pid = self._heap, self._by_pid
-        while heap:
+        left = -1 if budget is None else budget
+        while heap and left:
+            left -= 1
             entry = heap[0]
             timer = entry[2]
             scopes = by_pid.get(timer.pid)
@@ -281,6 +305,11 @@ class TimerTable:
             return None
         entry = scopes.get(scope_id)
         return None if entry is None else entry[2]
+
+    def worker_size(self, pid: int) -> int:
+        """How many live timers worker ``pid`` has. O(1)."""
+        scopes = self._by_pid.get(pid)
+        return 0 if scopes is None else len(scopes)
 
     def worker_timers(self, pid: int) -> list[Timer]:
         """The live timers of worker ``pid`` (any order)."""

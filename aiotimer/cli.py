@@ -25,6 +25,7 @@ from aiotimer._kill_policy import KillPolicy
 from aiotimer._limits import raise_open_file_limit
 from aiotimer._logging import queued_logging
 from aiotimer._policy import Escalation, ReapPolicy
+from aiotimer._server_engine import MAX_TIMERS, MAX_TIMERS_PER_WORKER
 from aiotimer._stats import format_summaries
 from aiotimer.errors import AiotimerError
 from aiotimer.events import Event, ServerStopped, SourceFailed
@@ -72,6 +73,27 @@ def _configure_serve(parser: argparse.ArgumentParser) -> None:
         "--event-log",
         type=_event_log_path,
         help="append every event as a JSON line to this file",
+    )
+    parser.add_argument(
+        "--max-timers",
+        type=_positive,
+        default=MAX_TIMERS,
+        metavar="N",
+        help=f"reject new timers past N live timers in all (default: {MAX_TIMERS:,})",
+    )
+    parser.add_argument(
+        "--max-timers-per-worker",
+        type=_positive,
+        default=MAX_TIMERS_PER_WORKER,
+        metavar="N",
+        help="reject a worker's new timers past N of its live timers (default: "
+        f"{MAX_TIMERS_PER_WORKER:,})",
+    )
+    parser.add_argument(
+        "--no-journal",
+        action="store_true",
+        help="keep no journal of live timers beside the FIFO (by default a server "
+        "restarted after a crash learns from it the timers of hung workers)",
     )
     parser.add_argument(
         "--log-level",
@@ -212,6 +234,16 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"need a whole number >= 1, got {text!r}")
+    return value
+
+
 def _mode(text: str) -> int:
     try:
         value = int(text, 8)
@@ -306,6 +338,9 @@ async def _serve(args: argparse.Namespace) -> str | None:
         on_event=watch,
         control=False if args.no_control else (args.control or True),
         stats_interval=max(args.stats_interval, 0.01),
+        journal=not args.no_journal,
+        max_timers=args.max_timers,
+        max_timers_per_worker=args.max_timers_per_worker,
     )
     loop.add_signal_handler(signal.SIGUSR1, log_summary, server)
     try:

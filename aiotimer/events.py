@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAX_LOGGED_TEXT",
+    "MAX_REPORTED_SCOPES",
     "ControlRefused",
     "Counters",
     "Event",
@@ -59,6 +60,9 @@ __all__ = [
     "signal_name",
 ]
 
+#: The most scope ids one event lists (a worker may hold many timers; the rest are
+#: counted in the event's ``omitted``).
+MAX_REPORTED_SCOPES: Final[int] = 100
 #: The most characters of one text field (a stack dump) that logs and the event log get.
 MAX_LOGGED_TEXT: Final[int] = 64 * 1024
 
@@ -115,9 +119,10 @@ def _logged(value: object) -> object:
     return value
 
 
-def _scopes(scopes: tuple[str, ...]) -> str:
+def _scopes(scopes: tuple[str, ...], omitted: int = 0) -> str:
     shown = ", ".join(scopes[:5])
-    return shown + (f", ... ({len(scopes)} in all)" if len(scopes) > 5 else "")
+    total = len(scopes) + omitted
+    return shown + (f", ... ({total} in all)" if total > 5 else "")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -259,7 +264,8 @@ class TimerExpired(Event):
 class WorkerReaped(Event):
     """A signal was delivered to the worker (step ``step`` of ``steps`` of its plan).
 
-    ``scopes`` are the worker's timers that led to or were cleared by this reap.
+    ``scopes`` are the worker's timers that led to or were cleared by this reap, the
+    first :data:`MAX_REPORTED_SCOPES` of them; ``omitted`` says how many more there were.
     ``stacks`` is the stack dump taken earlier in the same plan (its
     :class:`StacksDumped` event has it too), ``None`` if the plan took none or none came.
     """
@@ -273,6 +279,7 @@ class WorkerReaped(Event):
     step: int
     steps: int
     stacks: str | None = None
+    omitted: int = 0
 
     def describe(self) -> str:
         """One human-readable line (the dump itself is in the ``stacks_dumped`` line)."""
@@ -280,7 +287,7 @@ class WorkerReaped(Event):
         dumped = "; stack dump attached" if self.stacks is not None else ""
         return (
             f"sent {signal_name(self.signal)} to {target} (step {self.step}/{self.steps}; "
-            f"scopes: {_scopes(self.scopes)}{dumped})"
+            f"scopes: {_scopes(self.scopes, self.omitted)}{dumped})"
         )
 
 
@@ -374,7 +381,8 @@ class StacksDumped(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WorkerExited(Event):
-    """The worker is gone; its remaining timers (``cleared``) were dropped unsignalled.
+    """The worker is gone; its remaining timers (``cleared``: the first
+    :data:`MAX_REPORTED_SCOPES`; ``omitted`` more) were dropped unsignalled.
 
     ``reason`` is ``"exited"`` (noticed through its pidfd or equivalent) or
     ``"gone before signal"`` (it had already exited when the server tried to reap it).
@@ -384,10 +392,13 @@ class WorkerExited(Event):
     pid: int
     cleared: tuple[str, ...]
     reason: str
+    omitted: int = 0
 
     def describe(self) -> str:
         """One human-readable line."""
-        cleared = f"cleared {_scopes(self.cleared)}" if self.cleared else "no timers left"
+        cleared = (
+            f"cleared {_scopes(self.cleared, self.omitted)}" if self.cleared else "no timers left"
+        )
         return f"worker {self.pid} {self.reason} ({cleared})"
 
 

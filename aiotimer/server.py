@@ -37,6 +37,7 @@ from aiotimer._clock import Clock, MonotonicClock
 from aiotimer._eventbus import EventBus
 from aiotimer._eventlog import EventLog
 from aiotimer._handoff import Handoff
+from aiotimer._journal import JOURNAL_SUFFIX, Journal
 from aiotimer._kill_policy import fifo_mode_warning
 from aiotimer._logging import EventLogger
 from aiotimer._policy import ReapPolicy
@@ -44,6 +45,8 @@ from aiotimer._protocol import Decoded, Rejection, Request, validate
 from aiotimer._server_engine import (
     DUMP_SLACK,
     LAG_THRESHOLD,
+    MAX_TIMERS,
+    MAX_TIMERS_PER_WORKER,
     Counters,
     Engine,
     ReapRetry,
@@ -94,6 +97,8 @@ _T = TypeVar("_T")
 
 #: The name in-process API requests are reported under.
 API_SOURCE = "api"
+#: The name timers restored from the journal are reported under.
+JOURNAL_SOURCE = "journal"
 
 #: Seconds another thread waits for the server's loop to take a snapshot.
 SNAPSHOT_TIMEOUT = 10.0
@@ -142,6 +147,7 @@ class _Run:
     task: asyncio.Task[None] | None = None
     engine: Engine | None = None
     event_log: EventLog | None = None
+    journal: Journal | None = None
 
 
 class TimerServer:
@@ -182,6 +188,14 @@ class TimerServer:
         stats_interval: seconds between saves of the statistics (see ``event_log``).
         lag_threshold: report expiries handled more than this many seconds late (the
             event loop was blocked) as :class:`~aiotimer.events.LoopLagged` events.
+        journal: keep a journal of the live timers so that a server restarted after a
+            crash still reaps hung workers at their deadlines (see
+            ``docs/operations.md``): ``True`` beside the FIFO (``<fifo>.journal``), a
+            path, or ``False``. Default: beside the FIFO when there is one and the clock
+            is the default one (the journal holds ``CLOCK_MONOTONIC`` deadlines). A
+            server stopped on purpose removes its journal.
+        max_timers: reject acquires of new timers past this many live timers in all.
+        max_timers_per_worker: reject a worker's acquires of new timers past this many.
 
     Every event also goes to the ``aiotimer`` logger, except that rejected input and
     requests naming unknown workers are logged at most once per kind per few seconds,
@@ -207,7 +221,12 @@ class TimerServer:
         control: str | os.PathLike[str] | bool = True,
         stats_interval: float = 10.0,
         lag_threshold: float = LAG_THRESHOLD,
+        journal: bool | str | os.PathLike[str] | None = None,
+        max_timers: int = MAX_TIMERS,
+        max_timers_per_worker: int = MAX_TIMERS_PER_WORKER,
     ) -> None:
+        if max_timers < 1 or max_timers_per_worker < 1:
+            raise ValueError("max_timers and max_timers_per_worker must be at least 1")
         own: list[Source] = []
         self._fifo_path = None if fifo is None else Path(fifo)
         self._control_path: Path | None = None
@@ -251,6 +270,9 @@ class TimerServer:
         self._request_events = request_events
         self._retry = reap_retry if reap_retry is not None else ReapRetry()
         self._self_kill = self_kill_after_reap
+        self._journal_path = _journal_path(journal, fifo, default=clock is None)
+        self._max_timers = max_timers
+        self._max_per_worker = max_timers_per_worker
         self._state = Lifecycle.CREATED
         self._run: _Run | None = None
         self._event_logger = EventLogger()
@@ -335,6 +357,8 @@ class TimerServer:
                     await outer.start(run.event_log.run)
                 if self._async_on_event:
                     await outer.start(self._bus.run_callback, self._on_event)
+                if self._journal_path is not None:
+                    run.journal = Journal(self._journal_path)
                 try:
                     async with anyio.create_task_group() as tg:
                         engine = run.engine = Engine(
@@ -346,6 +370,9 @@ class TimerServer:
                             retry=self._retry,
                             request_events=self._request_events,
                             self_kill_after_reap=self._self_kill,
+                            journal=run.journal,
+                            max_timers=self._max_timers,
+                            max_timers_per_worker=self._max_per_worker,
                         )
                         engine.lag_threshold = self._lag_threshold
                         await tg.start(run.handoff.run)
@@ -354,6 +381,9 @@ class TimerServer:
                             tg.start_soon(self._stats_file.run, engine.stats, self._stats_interval)
                         if self._control_path is not None:
                             await tg.start(self._serve_control, self._control_path)
+                        if run.journal is not None:
+                            self._restore(run.journal, engine)
+                            tg.start_soon(run.journal.run, engine.table, self._mono_to_wall)
                         for source in self._sources:
                             await tg.start(
                                 serve_source, source, engine, self._source_failed(source)
@@ -374,6 +404,8 @@ class TimerServer:
                         await run.stop.wait()
                         tg.cancel_scope.cancel()
                 finally:
+                    if run.journal is not None and run.stop.is_set():
+                        run.journal.remove()  # stopped on purpose: its timers go with it
                     if run.engine is not None:
                         run.engine.close()
                     run.handoff.close()  # the engine is still: other threads read it directly
@@ -405,6 +437,20 @@ class TimerServer:
         finally:
             run.handoff.close()
             self._state = Lifecycle.STOPPED
+
+    def _restore(self, journal: Journal, engine: Engine) -> None:
+        restored = journal.load(self._clock.monotonic())
+        if restored:
+            engine.restore(restored, JOURNAL_SOURCE)
+            logger.warning(
+                "restored %d timer(s) of hung-or-silent workers from the journal %s; each "
+                "is dropped as soon as its worker sends anything",
+                len(restored),
+                journal.path,
+            )
+
+    def _mono_to_wall(self) -> float:
+        return self._clock.time() - self._clock.monotonic()
 
     def _source_failed(self, source: Source) -> Callable[[BaseException], None]:
         def report(exc: BaseException) -> None:
@@ -709,6 +755,23 @@ def _counters(run: _Run | None) -> Counters:
 
 def _counter_dict(counters: Counters) -> dict[str, int]:
     return asdict(counters)
+
+
+def _journal_path(
+    journal: bool | str | os.PathLike[str] | None,
+    fifo: str | os.PathLike[str] | None,
+    *,
+    default: bool,
+) -> Path | None:
+    if journal is None:
+        journal = default and fifo is not None
+    if journal is False:
+        return None
+    if journal is True:
+        if fifo is None:
+            raise ValueError("journal=True needs a fifo to put the journal beside")
+        return Path(f"{os.fspath(fifo)}{JOURNAL_SUFFIX}")
+    return Path(journal)
 
 
 def _unwrap(exc: BaseException) -> BaseException:

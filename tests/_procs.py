@@ -117,13 +117,18 @@ class Sentinel:
         assert sent, f"no kill record for sentinel {self.pid}"
         return float(sent[0]) - self.wall_deadline
 
-    def lateness(self, timeout: float = BOUND) -> float:
-        """Seconds from its deadline to its death (fails if it is still alive)."""
-        assert self.deadline is not None
+    def wait_dead(self, timeout: float = BOUND) -> float:
+        """Wait for its death (fail if it does not come); when it was seen."""
         ready, _, _ = select.select([self.pidfd], [], [], timeout)
         seen = time.monotonic()
         assert ready, f"the sentinel was not reaped within {timeout} s"
-        return seen - self.deadline
+        return seen
+
+    def lateness(self, timeout: float = BOUND) -> float:
+        """Seconds from its deadline to its death as this process saw it (fails if it is
+        still alive)."""
+        assert self.deadline is not None
+        return self.wait_dead(timeout) - self.deadline
 
     def close(self) -> None:
         if self.proc.poll() is None:

@@ -14,8 +14,7 @@ import pytest
 
 from aiotimer._journal import Journal, boot_id
 from aiotimer._process import read_start_time
-from aiotimer._protocol import Request
-from aiotimer._table import Timer, TimerTable
+from aiotimer._table import ReapOptions, Timer, TimerTable
 from aiotimer.testing import wait_until
 
 pytestmark = pytest.mark.skipif(boot_id() is None, reason="needs Linux's boot id")
@@ -40,23 +39,24 @@ async def test_each_worker_is_journaled_by_its_earliest_signalling_timer(
 ) -> None:
     path, table = tmp_path / "j", TimerTable()
     journal = Journal(path, interval=0.01)
-    opts = Request(pid=sleeper, scope_id="a", expiration_time=1.0, signal=15, grace=2.0)
+    opts = ReapOptions(grace=2.0)
     table.acquire(Timer(sleeper, "late", 200.0, 9))
     table.acquire(Timer(sleeper, "early", 100.0, 15, options=opts))
     table.acquire(Timer(sleeper, "report-only", 50.0, 0))
     async with anyio.create_task_group() as tg:
         await tg.start(journal.run, table, lambda: 1000.0)
-        journal.changed(sleeper)
+        for timer in table.worker_timers(sleeper):
+            journal.acquired(timer)
         await wait_until(path.exists)
         [entry] = _written(path)
         assert entry["scope_id"] == "early" and entry["signal"] == 15
         assert (entry["mono"], entry["expiration_time"]) == (100.0, 1100.0)
         assert entry["grace"] == 2.0 and entry["start_time"] == read_start_time(sleeper)
         table.release(sleeper, "early")
-        journal.changed(sleeper)
+        journal.released(sleeper, "early")
         await wait_until(lambda: _written(path)[0]["scope_id"] == "late")
         table.clear_worker(sleeper)
-        journal.forget(sleeper)
+        journal.cleared(sleeper)
         await wait_until(lambda: _written(path) == [])
         tg.cancel_scope.cancel()
     assert [p.name for p in tmp_path.iterdir()] == ["j"], "no temporary file is left"
@@ -68,13 +68,12 @@ async def test_a_restart_restores_live_workers_only(tmp_path: Path, sleeper: int
     gone = subprocess.Popen(["true"])
     gone.wait()
     now = time.monotonic()
+    journal = Journal(path, interval=0.01)
     for pid in (sleeper, gone.pid):
         table.acquire(Timer(pid, "s", now + 30, 9))
-    journal = Journal(path, interval=0.01)
+        journal.acquired(table.worker_timers(pid)[0])
     async with anyio.create_task_group() as tg:
         await tg.start(journal.run, table, lambda: 0.0)
-        journal.changed(sleeper)
-        journal.changed(gone.pid)
         await wait_until(lambda: path.exists() and len(_written(path)) == 2)
         tg.cancel_scope.cancel()
     [req] = Journal(path).load(time.monotonic())

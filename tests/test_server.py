@@ -927,3 +927,39 @@ def test_thread_mode_start_failure_is_raised_in_caller() -> None:
     with pytest.raises(SourceError, match="cannot open"):
         runner.start()
     assert not runner.running
+
+
+# -- bounded work and caps -------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_timer_caps_reject_new_timers_clearly_but_let_existing_ones_move() -> None:
+    async with rig(max_timers=3, max_timers_per_worker=2) as r:
+        for scope in ("a", "b", "c"):
+            r.acquire(1, scope, at=10.0)
+        await settle()
+        [per_worker] = r.of(RequestRejected)
+        assert "worker 1 holds 2 timers (max_timers_per_worker=2)" in per_worker.reason
+        assert per_worker.line == "acquire 'c' of pid 1"
+        r.acquire(1, "a", at=20.0)  # an existing key may still move
+        r.acquire(2, "x", at=10.0)
+        r.acquire(3, "y", at=10.0)  # the fourth timer in all
+        await settle()
+        assert "the server holds 3 timers (max_timers=3)" in r.of(RequestRejected)[-1].reason
+        state = r.server.get_state()
+        assert len(state.timers) == 3 and state.counters.rejected == 2
+
+
+@pytest.mark.asyncio
+async def test_many_timers_of_one_worker_expiring_together_make_one_reap_and_one_event() -> None:
+    async with rig() as r:
+        for i in range(5000):
+            r.acquire(1, f"s{i}", at=1.0)
+        r.acquire(2, "other", at=1.0)
+        await settle()
+        await r.advance(1.0)
+        assert sorted(r.reaper.signals()) == [(1, KILL), (2, KILL)]
+        assert [e.pid for e in r.of(TimerExpired)] == [1, 2]
+        [reaped] = [e for e in r.of(WorkerReaped) if e.pid == 1]
+        assert len(reaped.scopes) == 100 and reaped.omitted == 4900
+        assert r.server.get_state().timers == ()

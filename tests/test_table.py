@@ -277,6 +277,35 @@ def test_expiring_the_live_front_compacts_a_stale_tail() -> None:
     assert t.heap_size == 1
 
 
+def test_budgeted_pops_and_peeks_bound_the_work_and_lose_nothing() -> None:
+    t = TimerTable()
+    for i in range(1000):
+        t.acquire(Timer(pid=1, scope_id=f"s{i}", deadline=1.0, signal=9))
+        t.acquire(Timer(pid=2, scope_id=f"s{i}", deadline=2.0, signal=9))
+    t.acquire(Timer(pid=3, scope_id="other", deadline=2.5, signal=9))
+    assert t.drop_worker(2, sample=3) == (1000, ["s0", "s1", "s2"])
+    assert t.worker_size(1) == 1000 and t.worker_size(2) == 0
+    slices = []
+    while (batch := t.pop_expired(3.0, budget=64)) or (t.next_deadline(budget=64) or 9) <= 3.0:
+        assert len(batch) <= 64
+        slices.append(batch)
+    popped = [x for batch in slices for x in batch]
+    assert [x.scope_id for x in popped] == [f"s{i}" for i in range(1000)] + ["other"]
+    # 1,000 live pops took at least 16 slices; the 1,000 stale entries never one big pop.
+    assert len(slices) >= 1000 // 64
+    assert t.next_deadline(budget=1) is None and len(t) == 0
+
+
+def test_a_budgeted_peek_is_never_later_than_the_live_deadline() -> None:
+    t = TimerTable()
+    for i in range(100):
+        t.acquire(Timer(pid=1, scope_id=f"s{i}", deadline=1.0, signal=9))
+    t.acquire(Timer(pid=2, scope_id="live", deadline=5.0, signal=9))
+    t.drop_worker(1)
+    assert t.next_deadline(budget=10) == 1.0  # a stale one: early, never late
+    assert t.next_deadline() == 5.0
+
+
 def test_clear_worker_with_many_timers_compacts() -> None:
     t = TimerTable()
     for i in range(5000):
