@@ -136,6 +136,12 @@ def configure_run(parser: argparse.ArgumentParser) -> None:
         choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
         help="lowest level of events printed to stderr (default: INFO)",
     )
+    parser.add_argument(
+        "--control",
+        metavar="PATH",
+        help="serve the control socket here (default: beside the private FIFO); "
+        "`aiotimer status --control PATH` shows the workers, and restarts or stops one",
+    )
     _cli().add_reap_arguments(parser)
     add_node_arguments(parser)
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
@@ -177,6 +183,7 @@ async def _supervise(
         coordinator=cluster.coordinator,
         restart_count=cluster.restart_count,
         on_event=cluster.on_event,
+        control=args.control or True,
     )
     loop = asyncio.get_running_loop()
     interrupted: list[int] = []

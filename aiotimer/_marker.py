@@ -64,6 +64,8 @@ class Marker(msgspec.Struct, frozen=True, kw_only=True):
     #: now names another file (e.g. replaced by a symlink to someone else's FIFO).
     fifo_dev: int | None = None
     fifo_ino: int | None = None
+    #: The path of the server's control socket (``aiotimer status``), if it serves one.
+    control: str | None = None
 
     def reads(self, st: os.stat_result) -> bool:
         """Whether the file ``st`` describes is the FIFO this server reads (``True`` when

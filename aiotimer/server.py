@@ -79,6 +79,7 @@ if TYPE_CHECKING:
 
     from aiotimer.control._http import PeerCredentials
     from aiotimer.control.metrics import MetricsSample
+    from aiotimer.control.server import Route
 
 __all__ = [
     "Counters",
@@ -185,6 +186,9 @@ class TimerServer:
         control: the control socket (HTTP/1.1 + JSON, see :mod:`aiotimer.control`): a
             path, ``True`` for the default beside the FIFO (``<fifo>.control/http.sock``;
             none without a FIFO), or ``False`` for none. The FIFO's marker names it.
+        control_routes: further :class:`~aiotimer.control.Route` s for the control
+            socket, matched before the server's own (a supervisor adds its state and
+            actions this way).
         stats_interval: seconds between saves of the statistics (see ``event_log``).
         lag_threshold: report expiries handled more than this many seconds late (the
             event loop was blocked) as :class:`~aiotimer.events.LoopLagged` events.
@@ -219,6 +223,7 @@ class TimerServer:
         self_kill_after_reap: bool = False,
         socket: str | os.PathLike[str] | None = None,
         control: str | os.PathLike[str] | bool = True,
+        control_routes: Sequence[Route] = (),
         stats_interval: float = 10.0,
         lag_threshold: float = LAG_THRESHOLD,
         journal: bool | str | os.PathLike[str] | None = None,
@@ -264,6 +269,7 @@ class TimerServer:
         self._event_log_path = event_log
         self._stats_file = None if event_log is None else StatsFile(stats_path_for(event_log))
         self._stats_interval = stats_interval
+        self._control_routes = tuple(control_routes)
         self._lag_threshold = lag_threshold
         self._bus = EventBus()
         self._started_at: float | None = None
@@ -502,7 +508,8 @@ class TimerServer:
         def refused(peer: PeerCredentials) -> None:
             self._emit(ControlRefused(time=self._clock.time(), pid=peer.pid, uid=peer.uid))
 
-        control = ControlServer(path, server_routes(self), on_refused=refused)
+        routes = [*self._control_routes, *server_routes(self)]  # the owner's come first
+        control = ControlServer(path, routes, on_refused=refused)
         await control.serve(task_status=task_status)
 
     # -- requests (thread-safe) ---------------------------------------------------------
@@ -661,9 +668,10 @@ class TimerServer:
         the loop's thread (see :mod:`aiotimer.control.metrics`)."""
         from aiotimer.control.metrics import render  # noqa: PLC0415 (prometheus_client: lazy)
 
-        return render(self._metrics_sample)
+        return render(self.metrics_sample)
 
-    def _metrics_sample(self) -> MetricsSample:
+    def metrics_sample(self) -> MetricsSample:
+        """The numbers :meth:`metrics_text` renders, read now (in the loop's thread)."""
         from aiotimer.control.metrics import MetricsSample  # noqa: PLC0415
 
         run = self._run

@@ -71,6 +71,7 @@ from aiotimer._workers import (
     free_port,
     worker_env,
 )
+from aiotimer.control._supervisor_app import supervisor_routes
 from aiotimer.errors import LaunchError, ServerStateError
 from aiotimer.events import (
     Event,
@@ -130,6 +131,9 @@ class Supervisor:
         subreaper: make this process a child subreaper, so descendants that escape a
             worker's session are still found and stopped (process-wide: ``aiotimer run``
             turns it on; an embedding agent decides).
+        control: the embedded server's control socket (see
+            :class:`~aiotimer.TimerServer`): it also serves this supervisor's workers and
+            the operator actions restart and stop (see :mod:`aiotimer.control`).
         clock: the time source (monotonic seconds).
         rng: uniform ``[0, 1)`` floats for the back-off jitter.
 
@@ -155,6 +159,7 @@ class Supervisor:
         coordinator: RestartCoordinator | None = None,
         restart_count: int = 0,
         subreaper: bool = False,
+        control: str | os.PathLike[str] | bool = True,
         clock: Clock | None = None,
         rng: Callable[[], float] | None = None,
     ) -> None:
@@ -180,6 +185,7 @@ class Supervisor:
         if restart_count:
             self._planner.restart(tuple(range(nproc)), 0.0, budget=False, count=restart_count)
         self._subreaper = subreaper
+        self._control = control
         self._clock: Clock = clock if clock is not None else MonotonicClock()
         self._state = Lifecycle.CREATED
         self._server: TimerServer | None = None
@@ -339,6 +345,8 @@ class Supervisor:
             policy=self._reap_policy,
             clock=self._clock,
             on_event=self._server_event,
+            control=self._control,
+            control_routes=supervisor_routes(self),
         )
         await self._server.start()
 
@@ -596,8 +604,11 @@ class Supervisor:
 
     # -- introspection ------------------------------------------------------------------
 
-    def get_state(self) -> SupervisorState:
-        """A snapshot of the supervisor and its workers (call it in the loop's thread)."""
+    def get_state(self, *, server: bool = True) -> SupervisorState:
+        """A snapshot of the supervisor and its workers (call it in the loop's thread).
+
+        ``server=False`` leaves the server's state out (``None``): it copies every live
+        timer, which a frequent caller (the control socket) does not need."""
         now = self._clock.monotonic()
         workers = []
         for s in self._planner.slots:
@@ -624,7 +635,7 @@ class Supervisor:
             workers=tuple(workers),
             outcome=self._outcome,
             gave_up=None if self._planner.gave_up is None else self._planner.gave_up.reason,
-            server=None if self._server is None else self._server.get_state(),
+            server=None if self._server is None or not server else self._server.get_state(),
         )
 
     def _summarise(self) -> tuple[WorkerSummary, ...]:

@@ -39,12 +39,12 @@ def server_routes(server: TimerServer) -> list[Route]:
         return json_response({"api": 1, "endpoints": ENDPOINTS})
 
     async def state(request: HttpRequest) -> HttpResponse:
-        limit = _int(request.query, "limit", DEFAULT_LIMIT, 0, MAX_LIMIT)
+        limit = int_param(request.query, "limit", DEFAULT_LIMIT, 0, MAX_LIMIT)
         return json_response(server.status(limit=limit))
 
     async def events(request: HttpRequest) -> HttpResponse:
-        since = _int(request.query, "since", 0, 0, 2**62)
-        limit = _int(request.query, "limit", 1000, 0, MAX_LIMIT)
+        since = int_param(request.query, "since", 0, 0, 2**62)
+        limit = int_param(request.query, "limit", 1000, 0, MAX_LIMIT)
         return json_response(server.recent_events(since=since, limit=limit))
 
     async def metrics(request: HttpRequest) -> HttpResponse:
@@ -68,7 +68,7 @@ def server_routes(server: TimerServer) -> list[Route]:
     ]
 
 
-def _int(query: Mapping[str, str], key: str, default: int, low: int, high: int) -> int:
+def int_param(query: Mapping[str, str], key: str, default: int, low: int, high: int) -> int:
     text = query.get(key)
     if text is None:
         return default

@@ -47,8 +47,21 @@ def format_status(snap: StatusSnapshot) -> str:
         + "  ".join(f"{k} {snap.counters.get(k, 0):,}" for k in _SHOWN_COUNTERS)
         + f"  max loop lag {format_seconds(srv.max_loop_lag)}",
     ]
-    left = {(t.pid, t.scope_id): t.seconds_left for t in snap.timers}
-    rows = [("PID", "STATE", "TIMERS", "OPEN SCOPES (time left)")]
+    sup = snap.supervisor
+    if sup is not None:
+        ended = f", {sup.outcome}" if sup.outcome else ""
+        gave_up = f" (gave up: {sup.gave_up})" if sup.gave_up else ""
+        lines.append(
+            f"  supervisor {sup.state}{ended}{gave_up}: run {sup.run_id}, {sup.nproc} workers, "
+            f"{sup.restarts} restarts ({sup.restarts_in_window} in the window): "
+            + " ".join(sup.command)
+        )
+    left: dict[tuple[int | None, str], float] = {
+        (t.pid, t.scope_id): t.seconds_left for t in snap.timers
+    }
+    ranked = any(w.rank is not None for w in snap.workers)
+    header = ("RANK", "PID", "STATE", "TIMERS") if ranked else ("PID", "STATE", "TIMERS")
+    rows: list[tuple[str, ...]] = [(*header, "OPEN SCOPES (time left)")]
     for w in snap.workers:
         restarts = "" if w.restarts is None else f" (restarts {w.restarts})"
         scopes = sorted(w.scopes, key=lambda s: left.get((w.pid, s), float("inf")))
@@ -57,13 +70,15 @@ def format_status(snap: StatusSnapshot) -> str:
         )
         if w.timers > len(w.scopes):
             shown += f", ... {w.timers - len(w.scopes)} more"
-        rows.append((str(w.pid), w.state + restarts, str(w.timers), shown or "-"))
+        cells = ("-" if w.pid is None else str(w.pid), w.state + restarts, str(w.timers))
+        rank = () if not ranked else ("-" if w.rank is None else str(w.rank),)
+        rows.append((*rank, *cells, shown or "-"))
     if len(rows) > 1:
-        widths = [max(len(r[i]) for r in rows) for i in range(3)]
+        n = len(header)
+        widths = [max(len(r[i]) for r in rows) for i in range(n)]
         for r in rows:
-            lines.append(
-                "  ".join(c.ljust(w) for c, w in zip(r[:3], widths, strict=True)) + "  " + r[3]
-            )
+            padded = [c.ljust(w) for c, w in zip(r[:n], widths, strict=True)]
+            lines.append("  ".join([*padded, r[n]]))
     else:
         lines.append("no workers")
     if snap.truncated:

@@ -18,7 +18,7 @@ from typing import TypeVar
 import h11
 import msgspec
 
-from aiotimer._protocol import MARKER_SUFFIX
+from aiotimer._marker import read_live_marker, read_marker
 from aiotimer.control.snapshot import EventPage, StatusSnapshot
 from aiotimer.errors import ControlError, ServerUnavailableError
 
@@ -36,41 +36,24 @@ def control_path_for_fifo(fifo: str | os.PathLike[str]) -> Path:
             marker, or the marker's server is gone).
         ControlError: the server runs without a control socket.
     """
-    fifo = Path(fifo)
-    marker = fifo.with_name(fifo.name + MARKER_SUFFIX)
-    try:
-        data = json.loads(marker.read_bytes())
-    except FileNotFoundError:
-        what = "no FIFO" if not fifo.exists() else "a FIFO but no aiotimer marker"
+    found = read_marker(fifo)
+    if found is None:
+        what = "no FIFO" if not os.path.exists(fifo) else "no aiotimer marker beside it"
         raise ServerUnavailableError(
-            f"no aiotimer server serves {str(fifo)!r} ({what} there); is it running?"
-        ) from None
-    except (OSError, ValueError) as exc:
-        raise ServerUnavailableError(f"cannot read the marker {str(marker)!r}: {exc}") from exc
-    if not isinstance(data, dict) or data.get("server") != "aiotimer":
-        raise ServerUnavailableError(f"{str(marker)!r} is not an aiotimer marker")
-    pid = data.get("pid")
-    if isinstance(pid, int) and pid > 0 and not _alive(pid):
-        raise ServerUnavailableError(
-            f"the aiotimer server of {str(fifo)!r} (pid {pid}) is gone; its marker is stale"
+            f"no aiotimer server serves {os.fspath(fifo)!r} ({what}); is it running?"
         )
-    control = data.get("control")
-    if not isinstance(control, str):
+    marker = found.marker
+    if read_live_marker(fifo) is None:
+        raise ServerUnavailableError(
+            f"the aiotimer server of {os.fspath(fifo)!r} (pid {marker.pid}) is gone; "
+            "its marker is stale"
+        )
+    if marker.control is None:
         raise ControlError(
-            f"the aiotimer server of {str(fifo)!r} (pid {pid}) runs without a control "
-            "socket; restart it without --no-control"
+            f"the aiotimer server of {os.fspath(fifo)!r} (pid {marker.pid}) runs without a "
+            "control socket; restart it without --no-control"
         )
-    return Path(control)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return Path(marker.control)
 
 
 class ControlClient:
@@ -115,6 +98,16 @@ class ControlClient:
         body = self.request("POST", f"/v1/workers/{pid}/dump", {"timeout": f"{timeout:g}"})
         text = json.loads(body).get("stacks")
         return text if isinstance(text, str) else None
+
+    def restart(self, rank: int) -> dict[str, object]:
+        """``POST /v1/ranks/<rank>/restart`` (under a supervisor): restart worker
+        ``rank`` now; its new ``state``, ``pid`` and ``restarts``."""
+        return self._json(self.request("POST", f"/v1/ranks/{rank}/restart"))
+
+    def stop(self, rank: int) -> dict[str, object]:
+        """``POST /v1/ranks/<rank>/stop`` (under a supervisor): stop worker ``rank``
+        for good; its new ``state``."""
+        return self._json(self.request("POST", f"/v1/ranks/{rank}/stop"))
 
     # -- plumbing ---------------------------------------------------------------------
 
@@ -177,6 +170,13 @@ class ControlClient:
         except (OSError, h11.RemoteProtocolError) as exc:
             raise ControlError(f"the control server's answer broke off: {exc}") from exc
         return status, bytes(body)
+
+    @staticmethod
+    def _json(body: bytes) -> dict[str, object]:
+        answer = json.loads(body)
+        if not isinstance(answer, dict):
+            raise ControlError(f"unexpected answer from the control server: {answer!r}")
+        return answer
 
     @staticmethod
     def _decode(body: bytes, kind: type[_T]) -> _T:

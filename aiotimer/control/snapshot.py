@@ -38,6 +38,7 @@ __all__ = [
     "EventPage",
     "ServerInfo",
     "StatusSnapshot",
+    "SupervisorInfo",
     "TimerInfo",
     "WorkerInfo",
     "collect",
@@ -75,15 +76,18 @@ class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True):
     has and (up to :data:`SCOPES_PER_WORKER` of) their ``scopes``.
 
     ``state`` is ``"timed"`` (it has live timers), ``"idle"`` (watched, none live) or
-    ``"reaping"`` (an expired timer's reap is in progress); a supervisor reports its own
-    worker states and fills ``restarts`` (``None`` when nothing restarts workers).
+    ``"reaping"`` (an expired timer's reap is in progress). Under a supervisor, ``state``
+    is the supervisor's worker state (``"healthy"``, ``"backoff"``, ...), ``rank`` its
+    slot and ``restarts`` how often that slot was restarted (``None`` without one), and
+    ``pid`` is ``None`` while the slot has no process (between attempts).
     """
 
-    pid: int
+    pid: int | None
     state: str
     timers: int
     scopes: tuple[str, ...] = ()
     restarts: int | None = None
+    rank: int | None = None
 
 
 class ServerInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -111,6 +115,24 @@ class ServerInfo(msgspec.Struct, frozen=True, kw_only=True):
     max_loop_lag: float = 0.0
 
 
+class SupervisorInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """The supervisor that runs the workers (``aiotimer run``), if any.
+
+    ``state`` is its lifecycle state, ``command`` the workers' argv, ``restarts`` the
+    restarts of all slots, ``restarts_in_window`` those counted against the budget now,
+    ``outcome`` how the run ended (``None`` while it runs), ``gave_up`` why it gave up.
+    """
+
+    run_id: str
+    state: str
+    command: tuple[str, ...]
+    nproc: int
+    restarts: int
+    restarts_in_window: int
+    outcome: str | None = None
+    gave_up: str | None = None
+
+
 class StatusSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     """A server's whole state at ``time`` (epoch seconds), as ``GET /v1/state`` serves it.
 
@@ -130,6 +152,7 @@ class StatusSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     counters: dict[str, int] = {}
     scopes: tuple[SiteSummary, ...] = ()
     scopes_total: int = 0
+    supervisor: SupervisorInfo | None = None
 
     @property
     def truncated(self) -> bool:

@@ -1,0 +1,138 @@
+"""The control API of a :class:`~aiotimer.supervisor.Supervisor`: its routes.
+
+They are served on its embedded server's control socket, before the server's own:
+
+* ``GET /v1/state`` is the server's state with the workers as the supervisor sees them
+  (one per rank: its state, restarts, current pid) and a ``supervisor`` section;
+* ``GET /metrics`` counts workers by the supervisor's states and reports its restarts;
+* ``POST /v1/ranks/<rank>/restart`` restarts a worker now (outside the restart budget);
+* ``POST /v1/ranks/<rank>/stop`` stops a worker for good.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from aiotimer.control._app import ENDPOINTS, int_param
+from aiotimer.control._http import HttpRequest, HttpResponse, error_response, json_response
+from aiotimer.control.metrics import CONTENT_TYPE, render
+from aiotimer.control.server import Route
+from aiotimer.control.snapshot import (
+    DEFAULT_LIMIT,
+    MAX_LIMIT,
+    StatusSnapshot,
+    SupervisorInfo,
+    WorkerInfo,
+)
+from aiotimer.errors import ServerStateError
+
+if TYPE_CHECKING:
+    from aiotimer._supervisor_types import SupervisorState
+    from aiotimer.supervisor import Supervisor
+
+__all__ = ["SUPERVISOR_ENDPOINTS", "supervised", "supervisor_routes"]
+
+SUPERVISOR_ENDPOINTS = {
+    **ENDPOINTS,
+    "POST /v1/ranks/<rank>/restart": "restart a worker now (outside the restart budget)",
+    "POST /v1/ranks/<rank>/stop": "stop a worker for good",
+}
+
+
+def supervised(snap: StatusSnapshot, sup: SupervisorState) -> StatusSnapshot:
+    """``snap`` (a server's) with the workers as supervisor ``sup`` sees them.
+
+    One row per rank (its state, restarts and current pid, with the timers the server
+    lists for that pid), then any other worker the server lists (its own process).
+    """
+    by_pid = {w.pid: w for w in snap.workers}
+    workers = []
+    for w in sup.workers:
+        listed = by_pid.pop(w.pid, None) if w.pid is not None else None
+        workers.append(
+            WorkerInfo(
+                pid=w.pid,
+                state=w.state.value,
+                timers=0 if listed is None else listed.timers,
+                scopes=() if listed is None else listed.scopes,
+                restarts=w.restarts,
+                rank=w.rank,
+            )
+        )
+    workers += by_pid.values()
+    info = SupervisorInfo(
+        run_id=sup.run_id,
+        state=sup.state.value,
+        command=sup.command,
+        nproc=len(sup.workers),
+        restarts=sum(w.restarts for w in sup.workers),
+        restarts_in_window=sup.restarts_in_window,
+        outcome=None if sup.outcome is None else sup.outcome.name.lower(),
+        gave_up=sup.gave_up,
+    )
+    others = snap.workers_total - (len(snap.workers) - len(by_pid))
+    return msgspec.structs.replace(
+        snap, workers=tuple(workers), workers_total=len(sup.workers) + others, supervisor=info
+    )
+
+
+def supervisor_routes(sup: Supervisor) -> list[Route]:
+    """The routes that serve ``sup``'s state and operator actions."""
+
+    async def index(request: HttpRequest) -> HttpResponse:
+        return json_response({"api": 1, "endpoints": SUPERVISOR_ENDPOINTS})
+
+    async def state(request: HttpRequest) -> HttpResponse:
+        limit = int_param(request.query, "limit", DEFAULT_LIMIT, 0, MAX_LIMIT)
+        server = sup.server
+        if server is None:
+            return error_response(503, "the supervisor's timer server is not running")
+        st = sup.get_state(server=False)
+        # Enough rows to find every rank's pid among the server's workers.
+        snap = server.status(limit=max(limit, len(st.workers) + 1))
+        return json_response(supervised(snap, st))
+
+    async def metrics(request: HttpRequest) -> HttpResponse:
+        server = sup.server
+        if server is None:
+            return error_response(503, "the supervisor's timer server is not running")
+        workers = sup.get_state(server=False).workers
+        sample = dataclasses.replace(
+            server.metrics_sample(),
+            workers=collections.Counter(w.state.value for w in workers),
+            restarts=sum(w.restarts for w in workers),
+        )
+        return HttpResponse(200, render(lambda: sample), CONTENT_TYPE)
+
+    async def restart(request: HttpRequest, rank: str) -> HttpResponse:
+        return await act(int(rank), "restart")
+
+    async def stop(request: HttpRequest, rank: str) -> HttpResponse:
+        return await act(int(rank), "stop")
+
+    async def act(rank: int, action: str) -> HttpResponse:
+        try:
+            if action == "restart":
+                await sup.restart_workers([rank])
+            else:
+                await sup.stop_worker(rank)
+        except IndexError as exc:
+            return error_response(404, str(exc))
+        except ServerStateError as exc:
+            return error_response(409, str(exc))
+        slot = sup.get_state(server=False).workers[rank]
+        return json_response(
+            {"rank": rank, "state": slot.state.value, "pid": slot.pid, "restarts": slot.restarts}
+        )
+
+    return [
+        Route("GET", r"/", index),
+        Route("GET", r"/v1/state", state),
+        Route("GET", r"/metrics", metrics),
+        Route("POST", r"/v1/ranks/(?P<rank>[0-9]{1,6})/restart", restart),
+        Route("POST", r"/v1/ranks/(?P<rank>[0-9]{1,6})/stop", stop),
+    ]
