@@ -116,6 +116,13 @@ def _configure_serve(parser: argparse.ArgumentParser) -> None:
     )
     control.add_argument("--no-control", action="store_true", help="serve no control socket")
     parser.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="also serve GET /metrics over TCP on 127.0.0.1:PORT, for scrapers that "
+        "cannot read a Unix socket",
+    )
+    parser.add_argument(
         "--stats-interval",
         type=_seconds,
         default=10.0,
@@ -337,6 +344,7 @@ async def _serve(args: argparse.Namespace) -> str | None:
         reaper=SignalReaper(dump_dir=args.dump_dir, kill_policy=kill_policy_from_args(args)),
         on_event=watch,
         control=False if args.no_control else (args.control or True),
+        metrics_port=args.metrics_port,
         stats_interval=max(args.stats_interval, 0.01),
         journal=not args.no_journal,
         max_timers=args.max_timers,

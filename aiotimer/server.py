@@ -189,6 +189,9 @@ class TimerServer:
         control_routes: further :class:`~aiotimer.control.Route` s for the control
             socket, matched before the server's own (a supervisor adds its state and
             actions this way).
+        metrics_port: also serve ``GET /metrics`` over TCP on ``127.0.0.1`` at this port,
+            for scrapers that cannot read a Unix socket (no peer check there: metrics
+            only).
         stats_interval: seconds between saves of the statistics (see ``event_log``).
         lag_threshold: report expiries handled more than this many seconds late (the
             event loop was blocked) as :class:`~aiotimer.events.LoopLagged` events.
@@ -224,6 +227,7 @@ class TimerServer:
         socket: str | os.PathLike[str] | None = None,
         control: str | os.PathLike[str] | bool = True,
         control_routes: Sequence[Route] = (),
+        metrics_port: int | None = None,
         stats_interval: float = 10.0,
         lag_threshold: float = LAG_THRESHOLD,
         journal: bool | str | os.PathLike[str] | None = None,
@@ -270,6 +274,7 @@ class TimerServer:
         self._stats_file = None if event_log is None else StatsFile(stats_path_for(event_log))
         self._stats_interval = stats_interval
         self._control_routes = tuple(control_routes)
+        self._metrics_port = metrics_port
         self._lag_threshold = lag_threshold
         self._bus = EventBus()
         self._started_at: float | None = None
@@ -387,6 +392,8 @@ class TimerServer:
                             tg.start_soon(self._stats_file.run, engine.stats, self._stats_interval)
                         if self._control_path is not None:
                             await tg.start(self._serve_control, self._control_path)
+                        if self._metrics_port is not None:
+                            await tg.start(self._serve_metrics, self._metrics_port)
                         if run.journal is not None:
                             self._restore(run.journal, engine)
                             tg.start_soon(run.journal.run, engine.table, self._mono_to_wall)
@@ -502,15 +509,27 @@ class TimerServer:
         self, path: Path, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
         # Imported here: only a server with a control socket needs the HTTP layer.
-        from aiotimer.control._app import server_routes  # noqa: PLC0415
         from aiotimer.control.server import ControlServer  # noqa: PLC0415
 
         def refused(peer: PeerCredentials) -> None:
             self._emit(ControlRefused(time=self._clock.time(), pid=peer.pid, uid=peer.uid))
 
-        routes = [*self._control_routes, *server_routes(self)]  # the owner's come first
-        control = ControlServer(path, routes, on_refused=refused)
+        control = ControlServer(path, self._routes(), on_refused=refused)
         await control.serve(task_status=task_status)
+
+    async def _serve_metrics(
+        self, port: int, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        from aiotimer.control.server import serve_tcp  # noqa: PLC0415
+
+        routes = [r for r in self._routes() if (r.method, r.pattern) == ("GET", "/metrics")]
+        await serve_tcp(routes[:1], port, task_status=task_status)
+
+    def _routes(self) -> list[Route]:
+        """Every route of the control socket: the owner's first, then the server's."""
+        from aiotimer.control._app import server_routes  # noqa: PLC0415
+
+        return [*self._control_routes, *server_routes(self)]
 
     # -- requests (thread-safe) ---------------------------------------------------------
 

@@ -11,6 +11,8 @@ import signal
 import socket
 import stat
 import time
+import urllib.error
+import urllib.request
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -257,3 +259,22 @@ async def test_a_worker_being_reaped_is_listed_as_reaping(tmp_path: Path) -> Non
     assert {w.pid: w.state for w in snap.workers} == {4242: "reaping", 4343: "timed"}
     assert 'aiotimer_workers{state="reaping"} 1.0' in text.splitlines()
     assert 'aiotimer_workers{state="idle"} 0.0' in text.splitlines()
+
+
+async def test_metrics_over_loopback_tcp_only_metrics(tmp_path: Path) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    async with serving(tmp_path, metrics_port=port) as (server, _, _):
+        server.acquire("a", 60, pid=4242)
+
+        def get(path: str) -> tuple[int, str]:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+                    return r.status, r.read().decode()
+            except urllib.error.HTTPError as exc:
+                return exc.code, ""
+
+        status, text = await call(lambda: get("/metrics"))
+        assert status == 200 and "aiotimer_live_timers 1.0" in text.splitlines()
+        assert (await call(lambda: get("/v1/state")))[0] == 404

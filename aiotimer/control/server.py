@@ -44,6 +44,7 @@ __all__ = [
     "REQUEST_TIMEOUT",
     "ControlServer",
     "Route",
+    "serve_tcp",
 ]
 
 #: Connections served at once; more are closed at once.
@@ -84,7 +85,7 @@ class ControlServer:
         on_refused: Callable[[PeerCredentials], None] | None = None,
     ) -> None:
         self.path = Path(path)
-        self._routes = [(r.method, re.compile(r.pattern), r.handler) for r in routes]
+        self._router = _Router(routes)
         self._on_refused = on_refused
         self._uid = os.getuid()
         self._active = 0
@@ -127,13 +128,22 @@ class ControlServer:
                         return error_response(
                             403, f"uid {peer.uid} may not use this control socket"
                         )
-                    return await self._dispatch(request)
+                    return await self._router.dispatch(request)
 
                 await serve_connection(stream, handle, request_timeout=REQUEST_TIMEOUT)
             finally:
                 self._active -= 1
 
-    async def _dispatch(self, request: HttpRequest) -> HttpResponse:
+
+class _Router:
+    """Maps a request to the first route whose method and whole path match."""
+
+    def __init__(self, routes: Sequence[Route]) -> None:
+        self._routes = [(r.method, re.compile(r.pattern), r.handler) for r in routes]
+
+    async def dispatch(self, request: HttpRequest) -> HttpResponse:
+        """The matching route's answer; ``404``/``405`` when none matches, ``400`` when
+        the handler raises :class:`~aiotimer.errors.ControlError` (a bad parameter)."""
         methods: list[str] = []
         for method, pattern, handler in self._routes:
             match = pattern.fullmatch(request.path)
@@ -149,6 +159,35 @@ class ControlServer:
         if methods:
             return error_response(405, f"use {' or '.join(methods)} on {request.path}")
         return error_response(404, f"no such endpoint: {request.path}")
+
+
+async def serve_tcp(
+    routes: Sequence[Route],
+    port: int,
+    *,
+    host: str = "127.0.0.1",
+    task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``routes`` over TCP on ``host:port`` until cancelled, for scrapers that
+    cannot read a Unix socket. No peer check is possible there: give it read-only
+    routes (``GET /metrics``) and keep it on the loopback interface.
+
+    Raises:
+        ControlError: the port cannot be bound (in use, or not allowed).
+    """
+    router = _Router(routes)
+    try:
+        listener = await anyio.create_tcp_listener(local_host=host, local_port=port)
+    except OSError as exc:
+        raise ControlError(f"cannot serve metrics on {host}:{port}: {exc}") from exc
+
+    async def connection(stream: anyio.abc.SocketStream) -> None:
+        async with stream:
+            await serve_connection(stream, router.dispatch, request_timeout=REQUEST_TIMEOUT)
+
+    async with listener, anyio.create_task_group() as tg:
+        task_status.started()
+        await listener.serve(connection, task_group=tg)
 
 
 def _prepare(path: Path) -> bool:
