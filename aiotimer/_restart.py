@@ -151,14 +151,15 @@ def classify_exit(
     Args:
         returncode: as :mod:`subprocess` reports it (``-N`` for signal ``N``).
         reaped_scopes: the expired scopes when the timer server reaped this worker
-            (``None`` if it did not).
-        stopped: the supervisor itself stopped the attempt (this wins).
+            (``None`` if it did not). A reap wins: it is the most telling reason, even
+            for a worker the supervisor was stopping meanwhile.
+        stopped: the supervisor itself stopped the attempt.
     """
     code, sig = (None, -returncode) if returncode < 0 else (returncode, None)
+    if reaped_scopes is not None:
+        return ExitReason(ExitKind.REAPED, code, sig, reaped_scopes)
     if stopped:
         kind = ExitKind.STOPPED
-    elif reaped_scopes is not None:
-        return ExitReason(ExitKind.REAPED, code, sig, reaped_scopes)
     elif sig is not None:
         kind = ExitKind.SIGNALLED
     else:
@@ -385,13 +386,22 @@ class RestartPlanner:
             if not self._slots[rank].state.alive:
                 self._slots[rank] = replace(self._slots[rank], state=state)
 
-    def exited(self, rank: int, reason: ExitReason, now: float) -> Decision | None:
-        """Attempt of slot ``rank`` ended for ``reason``; what to do (see the module doc)."""
+    def exited(
+        self, rank: int, reason: ExitReason, now: float, *, stopped: bool = False
+    ) -> Decision | None:
+        """Attempt of slot ``rank`` ended for ``reason``; what to do (see the module doc).
+
+        ``stopped``: the supervisor was stopping this attempt (a shutdown, a group
+        restart, an operator), so its exit decides nothing, whatever its reason (a
+        ``STOPPED`` reason implies it).
+        """
         record = self._slots[rank]
         started = record.started_at if record.started_at is not None else now
-        start_failure = record.state is WorkerState.STARTING and reason.kind not in (
-            ExitKind.SUCCEEDED,
-            ExitKind.STOPPED,
+        stopped = stopped or reason.kind is ExitKind.STOPPED
+        start_failure = (
+            record.state is WorkerState.STARTING
+            and not stopped
+            and reason.kind is not ExitKind.SUCCEEDED
         )
         attempt = Attempt(reason, max(0.0, now - started), start_failure)
         self._move(
@@ -404,7 +414,7 @@ class RestartPlanner:
         if self.gave_up is not None:
             self._finish(rank, WorkerState.STOPPED)
             return None
-        if reason.kind is ExitKind.STOPPED:
+        if stopped:
             return None  # the supervisor decides what happens to slots it stopped
         if reason.kind is ExitKind.SUCCEEDED:
             return self._finish(rank, WorkerState.SUCCEEDED)

@@ -429,7 +429,8 @@ class Supervisor:
 
     def _ended(self, rank: int, att: Attempt | None, reason: ExitReason) -> None:
         now = self._clock.monotonic()
-        decision = self._planner.exited(rank, reason, now)
+        stopped = att is not None and att.stop_requested
+        decision = self._planner.exited(rank, reason, now, stopped=stopped)
         record = self._planner.slot(rank)
         last = record.attempts[-1]
         self._emit(

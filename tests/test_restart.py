@@ -50,7 +50,7 @@ def start_all(p: RestartPlanner, now: float = 0.0) -> None:
         (-KILL, None, False, ExitKind.SIGNALLED),
         (-KILL, ("s",), False, ExitKind.REAPED),
         (0, ("s",), False, ExitKind.REAPED),
-        (-15, ("s",), True, ExitKind.STOPPED),
+        (-KILL, ("s",), True, ExitKind.REAPED),  # reaped while being stopped
         (0, None, True, ExitKind.STOPPED),
     ],
 )
@@ -213,6 +213,16 @@ def test_start_failure_is_an_exit_before_evidence_of_running() -> None:
     assert p.slot(0).start_failures == 1
     assert p.slot(1).start_failures == 0
     assert p.healthy_at(1) is None
+
+
+def test_a_stopped_attempt_decides_nothing_whatever_its_reason() -> None:
+    p = planner(2, scope=RestartScope.GROUP)
+    start_all(p)
+    assert isinstance(p.exited(1, REAPED, now=1.0), Restart)
+    # rank 0 was reaped too, while the group restart was stopping it
+    assert p.exited(0, REAPED, now=1.1, stopped=True) is None
+    assert p.restarts_in_window(1.1) == 1
+    assert p.slot(0).attempts[-1].start_failure is False
 
 
 def test_transitions_are_guarded() -> None:
