@@ -1,28 +1,45 @@
 """Stack dumps, server side: read a hooked worker's dump, or ask py-spy.
 
-:func:`collect_dump` checks the worker's header (same pid, same process start time, the
-hook's signal), notes the file's size, sends the signal through the caller's
-``send_signal`` (a pidfd-pinned sender), and waits, bounded, for the end marker
-(:func:`read_dump`). A worker without the hook is never signalled: the default action of
+:func:`collect_dump` checks the worker's header (same pid, same process start time, and
+the signal the server expects: never one the header merely names), notes the file's
+size, sends the signal through the caller's ``send_signal`` (a pidfd-pinned sender),
+and waits, bounded, for the end marker (:func:`read_dump`).
+
+Nothing here can block the event loop on a file an outsider controls: the file is
+opened ``O_NONBLOCK | O_NOFOLLOW`` and read only if it is a regular file of this user in
+a private directory (:func:`~aiotimer.diagnostics.private_dump_dir`), and every open and
+read runs in a worker thread. A worker without the hook is never signalled: the default action of
 ``SIGUSR1`` would kill it. :func:`py_spy_dump` is the external fallback when ``py-spy``
 is installed. The worker side (the hook, the file's format) is :mod:`aiotimer.diagnostics`.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import shutil
+import stat
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
+import anyio.to_thread
 
 from aiotimer._process import read_start_time
-from aiotimer.diagnostics import _HEADER_TAG, END_MARKER, MAX_DUMP_BYTES, dump_path_for
+from aiotimer.diagnostics import (
+    _HEADER_TAG,
+    DEFAULT_DUMP_SIGNAL,
+    END_MARKER,
+    MAX_DUMP_BYTES,
+    dump_path_for,
+    private_dump_dir,
+)
 from aiotimer.errors import ProcessGoneError
+
+logger = logging.getLogger("aiotimer")
 
 __all__ = [
     "HookInfo",
@@ -61,20 +78,39 @@ def _parse_header(line: str, path: Path) -> HookInfo | None:
         return None
 
 
-def _open_for_reading(path: Path) -> int:
-    return os.open(path, os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0))
+def _open_checked(path: Path) -> int:
+    """Open ``path`` for reading without blocking, if it is a regular file of this user
+    in a private directory.
+
+    Raises:
+        OSError: it is anything else (a FIFO, a symlink, another user's file ...).
+    """
+    private_dump_dir(path.parent, create=False)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+            raise PermissionError(f"{path} is not a regular file of this user; not read")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def hook_info(pid: int, dump_dir: str | os.PathLike[str] | None = None) -> HookInfo | None:
     """The dump hook of the live process ``pid``, or ``None`` if it has none.
 
     ``None`` also when the file was left by an earlier process with the same pid (its
-    start time differs) or cannot be read.
+    start time differs), cannot be read, or is not a regular file of this user in a
+    private directory. Never blocks on the file (:func:`collect_dump` still calls it in
+    a worker thread: a disk can be slow).
     """
     path = dump_path_for(pid, dump_dir)
     try:
-        fd = _open_for_reading(path)
-    except OSError:
+        fd = _open_checked(path)
+    except OSError as exc:
+        if not isinstance(exc, FileNotFoundError):
+            logger.warning("stack dump of worker %d: %s", pid, exc)
         return None
     try:
         first = os.pread(fd, 256, 0).split(b"\n", 1)[0].decode("ascii", "replace")
@@ -96,14 +132,25 @@ def hook_info(pid: int, dump_dir: str | os.PathLike[str] | None = None) -> HookI
 
 def _read_tail(path: Path, offset: int) -> str:
     try:
-        fd = _open_for_reading(path)
-    except FileNotFoundError:
+        fd = _open_checked(path)
+    except OSError:
         return ""
     try:
         data = os.pread(fd, MAX_DUMP_BYTES, offset)
     finally:
         os.close(fd)
     return data.decode("utf-8", "replace")
+
+
+def _size(path: Path) -> int | None:
+    try:
+        fd = _open_checked(path)
+    except OSError:
+        return None
+    try:
+        return os.fstat(fd).st_size
+    finally:
+        os.close(fd)
 
 
 async def read_dump(
@@ -125,7 +172,7 @@ async def read_dump(
     deadline = anyio.current_time() + timeout
     delay = poll_interval
     while True:
-        text = _read_tail(target, offset)
+        text = await anyio.to_thread.run_sync(_read_tail, target, offset)
         end = text.find(END_MARKER)
         if end != -1:
             return text[: end + len(END_MARKER)] + "\n"
@@ -146,7 +193,7 @@ async def collect_dump(
     pid: int,
     *,
     send_signal: Callable[[int], None],
-    signum: int | None = None,
+    signum: int = DEFAULT_DUMP_SIGNAL,
     dump_dir: str | os.PathLike[str] | None = None,
     timeout: float = 2.0,
 ) -> str | None:
@@ -156,22 +203,21 @@ async def collect_dump(
         pid: the worker.
         send_signal: sends a signal to exactly that worker, e.g. the bound method
             ``WorkerProcess.send_signal`` (a pidfd-pinned sender; its errors propagate).
-        signum: the signal the hook must listen to; ``None`` uses the one its header
-            names. A hook listening to another signal counts as no hook.
+        signum: the signal the hook must listen to (the server's choice: a header
+            naming another signal counts as no hook, and is never obeyed).
         dump_dir: the dump directory (see :func:`dump_path_for`).
         timeout: how long to wait for the end marker (see :func:`read_dump`).
 
     The worker is signalled only when its dump file's header proves the hook is there,
     installed by this very process (same pid and start time).
     """
-    info = hook_info(pid, dump_dir)
-    if info is None or (signum is not None and info.signum != signum):
+    info = await anyio.to_thread.run_sync(hook_info, pid, dump_dir)
+    if info is None or info.signum != signum:
         return None
-    try:
-        offset = info.path.stat().st_size
-    except OSError:
+    offset = await anyio.to_thread.run_sync(_size, info.path)
+    if offset is None:
         return None
-    send_signal(info.signum)
+    send_signal(signum)
     return await read_dump(info.path, offset=offset, timeout=timeout)
 
 

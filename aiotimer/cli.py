@@ -27,6 +27,7 @@ from aiotimer._logging import queued_logging
 from aiotimer._policy import Escalation, ReapPolicy
 from aiotimer._server_engine import MAX_TIMERS, MAX_TIMERS_PER_WORKER
 from aiotimer._stats import format_summaries
+from aiotimer.diagnostics import private_dump_dir
 from aiotimer.errors import AiotimerError
 from aiotimer.events import Event, ServerStopped, SourceFailed
 from aiotimer.reapers import SignalReaper
@@ -374,6 +375,11 @@ def run_serve(args: argparse.Namespace) -> int:
     except ImportError as exc:
         return _fail(f"--loop {args.loop}: {exc}; install it or use --loop asyncio")
     raise_open_file_limit()  # one pidfd per watched worker
+    if args.dump or args.dump_dir:
+        try:  # the workers' dump files go in a private directory, made now if missing
+            private_dump_dir(args.dump_dir)
+        except OSError as exc:
+            return _fail(f"--dump: {exc}")
     with queued_logging(args.log_level, sys.stderr):
         try:
             with asyncio.Runner(loop_factory=factory) as runner:

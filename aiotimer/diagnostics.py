@@ -2,10 +2,20 @@
 
 Worker side
 -----------
-:func:`install_dump_handler` (called by the worker, from its main thread) opens the dump
-file (:func:`dump_path_for` of its pid: ``$AIOTIMER_DUMP_DIR`` or the system temp dir,
-``aiotimer-dump-<pid>.txt``, mode 0600) and writes a header line naming the pid, the
-process start time and the dump signal. On that signal (default ``SIGUSR1``):
+:func:`install_dump_handler` (called by the worker, from its main thread) creates the
+dump file (:func:`dump_path_for` of its pid: ``aiotimer-dump-<pid>.txt`` in
+``$AIOTIMER_DUMP_DIR``, else in the private directory ``aiotimer-dumps-<uid>`` of the
+system temp dir) and writes a header line naming the pid, the process start time and
+the dump signal.
+
+Files in a shared directory are an attack surface, so: the dump directory must be a
+real directory of this user that nobody else can write to (the default one is created
+with mode 0700 by whoever comes first, worker or server; :func:`private_dump_dir`), and
+the worker creates its file exclusively (``O_CREAT | O_EXCL | O_NOFOLLOW``, mode 0600):
+it never adopts a file that was there before (a stale regular file of its own is
+replaced; anything else is refused), so a FIFO planted at the path never blocks it.
+
+On the dump signal (default ``SIGUSR1``):
 
 1. :mod:`faulthandler`, from inside the C signal handler, appends every thread's stack.
    This works even when the main thread is stuck in C code and Python cannot run;
@@ -22,8 +32,12 @@ Server side
 (In :mod:`aiotimer._dump_collect`; its names are importable from here too, loaded on
 first use, so that a worker importing this module loads no server code.)
 
-:func:`collect_dump` checks the worker's header (same pid, same process start time, the
-hook's signal), notes the file's size, sends the signal through the caller's
+:func:`collect_dump` opens the file without blocking and only if it is a regular file of
+this user in a private directory (a planted FIFO or a symlink is refused, never
+waited on), reads it in a worker thread, checks the worker's header (same pid, same
+process start time, and the signal the *server* expects: a header naming another signal
+counts as no hook, so a forged header cannot make the server send, say, SIGSTOP), notes
+the file's size, sends the signal through the caller's
 ``send_signal`` (a pidfd-pinned sender), and waits, bounded, for the end marker
 (:func:`read_dump`). A worker without the hook is never signalled: the default action of
 ``SIGUSR1`` would kill it. :func:`py_spy_dump` is the external fallback when ``py-spy``
@@ -39,6 +53,7 @@ import faulthandler
 import logging
 import os
 import signal
+import stat
 import tempfile
 import threading
 import time
@@ -67,11 +82,13 @@ __all__ = [
     "ENV_DUMP_DIR",
     "HookInfo",
     "collect_dump",
+    "dump_dir_for",
     "dump_path_for",
     "ensure_dump_handler",
     "format_tasks",
     "hook_info",
     "install_dump_handler",
+    "private_dump_dir",
     "py_spy_dump",
     "py_spy_executable",
     "read_dump",
@@ -92,16 +109,73 @@ _HEADER_TAG: Final[str] = "aiotimer-dump-hook"
 MAX_DUMP_BYTES: Final[int] = 4 * 1024 * 1024
 
 
-def dump_path_for(pid: int, dump_dir: str | os.PathLike[str] | None = None) -> Path:
-    """The dump file of worker ``pid``: ``<dir>/aiotimer-dump-<pid>.txt``.
+def dump_dir_for(dump_dir: str | os.PathLike[str] | None = None) -> Path:
+    """The dump directory: ``dump_dir``, else ``$AIOTIMER_DUMP_DIR``, else
+    ``aiotimer-dumps-<uid>`` in the system temp dir (``tempfile.gettempdir()``, which
+    follows ``$TMPDIR``: give the worker and the server the same environment, or set
+    ``AIOTIMER_DUMP_DIR`` for both)."""
+    if dump_dir is not None:
+        return Path(dump_dir)
+    env = os.environ.get(ENV_DUMP_DIR)
+    if env:
+        return Path(env)
+    return Path(tempfile.gettempdir()) / f"aiotimer-dumps-{os.geteuid()}"
 
-    ``dir`` is ``dump_dir``, else ``$AIOTIMER_DUMP_DIR``, else the system temp dir
-    (``tempfile.gettempdir()``, which follows ``$TMPDIR``: give the worker and the
-    server the same environment, or set ``AIOTIMER_DUMP_DIR`` for both).
+
+def dump_path_for(pid: int, dump_dir: str | os.PathLike[str] | None = None) -> Path:
+    """The dump file of worker ``pid``: ``<dir>/aiotimer-dump-<pid>.txt`` in
+    :func:`dump_dir_for` ``(dump_dir)``."""
+    return dump_dir_for(dump_dir) / f"aiotimer-dump-{pid}.txt"
+
+
+def private_dump_dir(
+    dump_dir: str | os.PathLike[str] | None = None, *, create: bool = True
+) -> Path:
+    """:func:`dump_dir_for` ``(dump_dir)``, checked: a directory (not a symlink) of this
+    user that neither group nor others can write to. Created with mode 0700 when missing
+    and ``create`` (its parent must exist).
+
+    Raises:
+        OSError: it cannot be created, or it is not private (the message says why).
     """
-    if dump_dir is None:
-        dump_dir = os.environ.get(ENV_DUMP_DIR) or tempfile.gettempdir()
-    return Path(dump_dir) / f"aiotimer-dump-{pid}.txt"
+    path = dump_dir_for(dump_dir)
+    if create:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path, 0o700)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise NotADirectoryError(f"dump directory {path} is not a directory (or a symlink)")
+    if st.st_uid != os.geteuid():
+        raise PermissionError(
+            f"dump directory {path} belongs to uid {st.st_uid}, not to this user "
+            f"({os.geteuid()}); refusing it (someone may have planted it). Set "
+            f"{ENV_DUMP_DIR} to a directory of your own"
+        )
+    if st.st_mode & 0o022:
+        raise PermissionError(
+            f"dump directory {path} is writable by group or others (mode "
+            f"{stat.S_IMODE(st.st_mode):04o}); use a private one (chmod 700)"
+        )
+    return path
+
+
+def _create_exclusively(target: Path) -> int:
+    """Create ``target`` (mode 0600) for appending; never open a file that was there.
+
+    A stale regular file of this user (a dead process with the same pid) is removed
+    and the creation tried once more; anything else in the way is refused.
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW
+    try:
+        return os.open(target, flags, 0o600)
+    except FileExistsError:
+        st = os.lstat(target)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+            raise FileExistsError(
+                f"{target} exists and is not a regular file of this user; refusing to use it"
+            ) from None
+        os.unlink(target)
+        return os.open(target, flags, 0o600)
 
 
 # -- worker side ------------------------------------------------------------------------
@@ -153,8 +227,9 @@ def install_dump_handler(
 
     Raises:
         RuntimeError: not called from the main thread.
-        OSError: the file cannot be created (e.g. a symlink or another user's file is in
-            the way: the file is opened with ``O_NOFOLLOW``, mode 0600).
+        OSError: the file cannot be created: the dump directory is not private (see
+            :func:`private_dump_dir`), or something other than a stale file of this
+            user is in the way (the file is created exclusively, mode 0600).
     """
     global _hook
     if threading.current_thread() is not threading.main_thread():
@@ -164,9 +239,8 @@ def install_dump_handler(
         _hook = None
     pid = os.getpid()
     default_path = path is None
-    target = dump_path_for(pid, dump_dir) if path is None else Path(path)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC
-    fd = os.open(target, flags | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    target = Path(path) if path is not None else dump_path_for(pid, private_dump_dir(dump_dir))
+    fd = _create_exclusively(target)
     try:
         header = f"{_HEADER_TAG} pid={pid} start={_start_time_field(pid)} signal={signum}\n"
         _write_all(fd, header.encode())

@@ -45,7 +45,8 @@ def never_signal(signum: int) -> None:
 
 def test_dump_path_for(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv(ENV_DUMP_DIR, raising=False)
-    assert dump_path_for(42) == Path(tempfile.gettempdir()) / "aiotimer-dump-42.txt"
+    private = Path(tempfile.gettempdir()) / f"aiotimer-dumps-{os.geteuid()}"
+    assert dump_path_for(42) == private / "aiotimer-dump-42.txt"
     monkeypatch.setenv(ENV_DUMP_DIR, str(tmp_path / "env"))
     assert dump_path_for(42) == tmp_path / "env" / "aiotimer-dump-42.txt"
     assert dump_path_for(7, tmp_path) == tmp_path / "aiotimer-dump-7.txt"
@@ -163,7 +164,7 @@ def test_ensure_installs_once_keeps_an_existing_hook_and_never_raises(
         thread.start()
         thread.join()
         assert results == [None]  # only the main thread can install
-        monkeypatch.setenv(ENV_DUMP_DIR, str(tmp_path / "missing"))
+        monkeypatch.setenv(ENV_DUMP_DIR, str(tmp_path / "missing" / "too"))
         assert ensure_dump_handler() is None  # cannot create the file: logged, not raised
     finally:
         uninstall_dump_handler()
