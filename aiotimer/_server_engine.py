@@ -15,7 +15,11 @@ interval: an idle engine makes no wake-ups (``Counters.wakeups`` counts them). T
 clock's ``sleep_until`` never returns before the deadline, so the task handles what is
 due as soon as it wakes. Deadlines that fall while the loop is busy elsewhere are caught
 by ``submit`` too: after applying a batch it handles whatever has come due, so that
-ingesting a burst of input does not hold up an expiry.
+ingesting a burst of input does not hold up an expiry. Before acting on any expiry the
+engine runs the sources' *drains* (:meth:`Engine.add_drain`): each reads what its
+transport holds right now and submits it, so a release that reached the FIFO before
+the deadline wins, even when this loop was stalled (a SIGSTOP, a GC or VM pause) and
+wakes up after it: the stall is the server's lateness, not the worker's.
 
 Work per loop iteration is bounded: expired timers are popped in slices of
 :data:`EXPIRE_BUDGET` heap entries, and the expiry task yields between slices.
@@ -88,7 +92,7 @@ from aiotimer.events import (
     WorkerUnknown,
 )
 from aiotimer.reapers import Reaper
-from aiotimer.sources._base import Source
+from aiotimer.sources._base import Drain, Source
 
 __all__ = [
     "DUMP_SLACK",
@@ -107,6 +111,10 @@ logger = logging.getLogger("aiotimer")
 #: Default :attr:`Engine.lag_threshold`: expiries handled later than this (seconds) are
 #: reported as :class:`~aiotimer.events.LoopLagged`.
 LAG_THRESHOLD = 0.1
+#: The most time the sources' drains may take before an expiry is acted on, seconds.
+DRAIN_BUDGET = 0.005
+#: The most drain calls before one expiry (a bound also where the clock stands still).
+MAX_DRAIN_CALLS = 256
 
 #: The most heap entries (expired or stale) one expiry slice handles; the expiry task
 #: lets the loop run other work between slices, so however many timers fall due at once,
@@ -195,6 +203,8 @@ class Engine:
         self._max_timers = max_timers
         self._max_per_worker = max_timers_per_worker
         self._restored: dict[int, set[str]] = {}  # journal timers, until the worker speaks
+        self._drains: list[Drain] = []
+        self._draining = False
 
     # -- ingest (RequestSink) ----------------------------------------------------------
 
@@ -413,8 +423,43 @@ class Engine:
             self.counts.wakeups += 1
             self.last_progress = clock.monotonic()
 
+    def _drain_sources(self) -> None:
+        """Run the drains, a chunk at a time in turn, until each is empty, for at most
+        ``DRAIN_BUDGET`` seconds (a flood of input must not hold up the reaps)."""
+        pending = list(self._drains)
+        clock = self._clock
+        stop_at = clock.monotonic() + DRAIN_BUDGET
+        calls = 0
+        while pending and calls < MAX_DRAIN_CALLS:
+            for drain in tuple(pending):
+                calls += 1
+                try:
+                    more = drain()
+                except Exception:
+                    logger.exception("draining a source before an expiry failed")
+                    more = False
+                if not more:
+                    pending.remove(drain)
+            if clock.monotonic() >= stop_at:
+                break
+
+    def add_drain(self, drain: Drain) -> Callable[[], None]:
+        """Run ``drain`` before every expiry (see :mod:`aiotimer.sources._base`); returns
+        the function that removes it."""
+        self._drains.append(drain)
+        return lambda: self._drains.remove(drain)
+
     def _expire_due(self, now: float) -> None:
-        """Handle the timers due at ``now``, in deadline order: one slice of them."""
+        """Handle the timers due at ``now``, in deadline order (one slice of them), once
+        every source has been drained: input that arrived before a deadline (a release written while
+        this loop stalled) is applied before the deadline is acted on."""
+        if self._draining:
+            return  # a drain submitted a batch: the outer call expires once all are drained
+        self._draining = True
+        try:
+            self._drain_sources()
+        finally:
+            self._draining = False
         self.last_progress = now
         begun: dict[int, _Begun] = {}
         journal = self._journal

@@ -8,6 +8,7 @@ event that reports the refusal; survival is checked after it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -172,3 +173,82 @@ async def test_a_request_sent_by_an_earlier_owner_of_the_pid_pins_nothing(
     finally:
         bystander.kill()
         bystander.wait()
+
+
+# -- a stalled server ---------------------------------------------------------------------
+
+# A worker that acquires (deadline AFTER seconds on), says so, then releases when told on
+# stdin ("go"), or never ("hang").
+STALL_WORKER = r"""
+import json, os, sys, time
+fifo, after, mode = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+def send(expiration, sig, **ext):
+    line = json.dumps({"version": 1, "pid": os.getpid(), "scope_id": "block",
+                       "expiration_time": expiration, "signal": sig, **ext}) + "\n"
+    fd = os.open(fifo, os.O_WRONLY)
+    os.write(fd, line.encode())
+    os.close(fd)
+send(time.time() + after, 9, mono=time.monotonic() + after)
+print("acquired", flush=True)
+if mode == "go":
+    sys.stdin.readline()
+    send(-1, 0)
+    print("released", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_stalled_server_kills_no_worker_that_released_in_time(tmp_path: Path) -> None:
+    """5 workers release while the server is stopped (SIGSTOP, 3 s), before their
+    deadlines; one hangs. On SIGCONT the releases in the pipe win: 0 healthy workers
+    killed, and the hung one is reaped within 0.5 s."""
+    fifo, log = tmp_path / "t.fifo", tmp_path / "events.jsonl"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    serve = [sys.executable, "-m", "aiotimer", "serve", "--fifo", str(fifo)]
+    server = subprocess.Popen([*serve, "--event-log", str(log)], env=env)
+    workers: list[subprocess.Popen[str]] = []
+    try:
+        deadline = time.monotonic() + BOUND
+        while not fifo.with_name("t.fifo.aiotimer").exists():
+            assert time.monotonic() < deadline and server.poll() is None
+            time.sleep(0.02)
+        for mode in ["go"] * 5 + ["hang"]:
+            workers.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", STALL_WORKER, str(fifo), "2.5", mode],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    text=True,
+                )
+            )
+        for w in workers:
+            assert w.stdout is not None and w.stdout.readline().strip() == "acquired"
+        time.sleep(0.2)  # the server reads the acquires
+        os.kill(server.pid, signal.SIGSTOP)
+        for w in workers[:5]:
+            assert w.stdin is not None
+            w.stdin.write("go\n")
+            w.stdin.flush()
+            assert w.stdout is not None and w.stdout.readline().strip() == "released"
+        time.sleep(3.0)  # every deadline passes while the server is stopped
+        os.kill(server.pid, signal.SIGCONT)
+        resumed = time.monotonic()
+        hung = workers[5]
+        while hung.poll() is None and time.monotonic() - resumed < BOUND:
+            time.sleep(0.005)
+        reaped_after = time.monotonic() - resumed
+        assert hung.returncode == -signal.SIGKILL
+        assert reaped_after < 0.5
+        time.sleep(0.3)
+        assert [w.poll() for w in workers[:5]] == [None] * 5  # no healthy worker killed
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(server.pid, signal.SIGCONT)
+        server.terminate()
+        server.wait(BOUND)
+        for w in workers:
+            w.kill()
+            w.wait()
+            for stream in (w.stdin, w.stdout):
+                if stream is not None:
+                    stream.close()

@@ -22,6 +22,7 @@ import pytest
 from aiotimer import Request
 from aiotimer._clock import MonotonicClock
 from aiotimer._policy import Escalation, ReapPolicy
+from aiotimer._protocol import Decoded
 from aiotimer.errors import ProcessGoneError, ServerStateError, SourceError
 from aiotimer.events import (
     Event,
@@ -43,6 +44,7 @@ from aiotimer.events import (
 )
 from aiotimer.server import Lifecycle, ReapRetry, TimerServer, TimerServerThread
 from aiotimer.sources import RequestSink
+from aiotimer.sources._base import draining
 from aiotimer.testing import FakeClock, MemorySource, RecordingReaper
 
 E = TypeVar("E", bound=Event)
@@ -85,6 +87,7 @@ async def rig(**kwargs: Any) -> AsyncIterator[Rig]:
     reaper = kwargs.pop("reaper", None) or RecordingReaper()
     also = kwargs.pop("on_event", None)
     source = MemorySource()
+    more_sources = kwargs.pop("sources", ())
     events: list[Event] = []
 
     def on_event(event: Event) -> None:
@@ -92,7 +95,9 @@ async def rig(**kwargs: Any) -> AsyncIterator[Rig]:
         if also is not None:
             also(event)
 
-    server = TimerServer(sources=[source], clock=clock, reaper=reaper, on_event=on_event, **kwargs)
+    server = TimerServer(
+        sources=[source, *more_sources], clock=clock, reaper=reaper, on_event=on_event, **kwargs
+    )
     async with server:
         r = Rig(server, clock, reaper, source, events)
         await settle()
@@ -963,3 +968,46 @@ async def test_many_timers_of_one_worker_expiring_together_make_one_reap_and_one
         [reaped] = [e for e in r.of(WorkerReaped) if e.pid == 1]
         assert len(reaped.scopes) == 100 and reaped.omitted == 4900
         assert r.server.get_state().timers == ()
+
+
+# -- draining before an expiry ----------------------------------------------------------------
+
+
+class HeldSource:
+    """A source whose input is only ever read by its drain (as a FIFO's is, when the
+    loop stalled and the reader task has not run yet)."""
+
+    name = "held"
+
+    def __init__(self) -> None:
+        self.held: list[Request] = []
+        self.drained = 0
+
+    async def serve(
+        self,
+        sink: RequestSink,
+        *,
+        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        def drain() -> bool:
+            self.drained += 1
+            if self.held:
+                sink.submit(Decoded([self.held.pop(0)], []), self.name)
+            return bool(self.held)
+
+        with draining(sink, drain):
+            task_status.started()
+            await anyio.sleep_forever()
+
+
+@pytest.mark.asyncio
+async def test_a_release_waiting_in_a_source_wins_over_its_deadline() -> None:
+    held = HeldSource()
+    async with rig(sources=[held]) as r:
+        r.acquire(1, "a", at=1.0)
+        r.acquire(2, "b", at=1.0)
+        await settle()
+        held.held += [Request(1, "a", -1, 0), Request(3, "c", -1, 0)]
+        await r.advance(1.0)
+        assert r.reaper.signals() == [(2, KILL)]  # 1 released in time, 2 did not
+        assert held.held == [] and held.drained == 2

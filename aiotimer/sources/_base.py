@@ -4,10 +4,19 @@ A source owns one transport (a FIFO, a multiprocessing queue, a socket, ...). Th
 runs each source's :meth:`Source.serve` in its task group; the source reads its transport
 without blocking the event loop and hands every batch it decodes to the sink, in the
 event loop's thread.
+
+A source whose transport can be read synchronously without blocking (a FIFO or socket
+in non-blocking mode) also registers a *drain* with the sink (:func:`draining`): a
+callable that reads, decodes and submits one chunk of what the transport holds, and
+says whether more may be left. Before acting on an expiry the server runs the drains
+until they are empty (within a small time budget), so input that arrived before the
+deadline (a release written while the server's loop was stalled, say) is applied first.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Protocol
 
 import anyio
@@ -15,7 +24,11 @@ import anyio.abc
 
 from aiotimer._protocol import Decoded
 
-__all__ = ["RequestSink", "Source"]
+__all__ = ["Drain", "RequestSink", "Source", "draining"]
+
+#: Reads and submits, synchronously and without blocking, one chunk of what a transport
+#: holds now; returns ``True`` when more may be left.
+Drain = Callable[[], bool]
 
 
 class RequestSink(Protocol):
@@ -49,3 +62,20 @@ class Source(Protocol):
         cancelled). Raises a typed error if the transport cannot be opened.
         """
         ...
+
+
+@contextmanager
+def draining(sink: RequestSink, drain: Drain) -> Iterator[None]:
+    """Register ``drain`` with ``sink`` for the duration of the ``with`` block.
+
+    Sinks that do not take drains (``add_drain(drain) -> remove``) are left alone.
+    """
+    add: Callable[[Drain], Callable[[], None]] | None = getattr(sink, "add_drain", None)
+    if add is None:
+        yield
+        return
+    remove = add(drain)
+    try:
+        yield
+    finally:
+        remove()

@@ -56,7 +56,7 @@ from aiotimer._marker import (
 from aiotimer._pathwatch import PathWatch
 from aiotimer._protocol import MAX_LINE_BYTES, LineDecoder
 from aiotimer.errors import SourceError
-from aiotimer.sources._base import RequestSink
+from aiotimer.sources._base import RequestSink, draining
 
 __all__ = ["CHUNK_SIZE", "MAX_READS_PER_WAKE", "PIPE_SIZE", "FifoSource", "grow_pipe"]
 
@@ -348,6 +348,23 @@ class FifoSource:
 
     async def _read_forever(self, fd: int, sink: RequestSink) -> None:
         decoder = LineDecoder(self._max_line)
+        chunk_size = self._chunk_size
+        read = os.read
+
+        def drain() -> bool:
+            try:
+                chunk = read(fd, chunk_size)
+            except BlockingIOError:
+                return False
+            batch = decoder.feed(chunk)
+            if batch.requests or batch.rejections:
+                sink.submit(batch, self._name)
+            return len(chunk) == chunk_size  # a short read emptied the pipe
+
+        with draining(sink, drain):
+            await self._read_loop(fd, sink, decoder)
+
+    async def _read_loop(self, fd: int, sink: RequestSink, decoder: LineDecoder) -> None:
         chunk_size = self._chunk_size
         read = os.read
         while True:

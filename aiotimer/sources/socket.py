@@ -19,7 +19,9 @@ How it works:
   peer's pid after the peer died.
 * **Reading.** One task per connection reads what is readable into its own
   :class:`~aiotimer._protocol.LineDecoder` (lines of different clients never mix) and
-  hands each batch to the sink. End of stream flushes a partial line as a rejection.
+  hands each batch to the sink, and registers a drain (see :mod:`aiotimer.sources._base`)
+  so what a peer sent before a deadline is applied before that deadline is acted on.
+  End of stream flushes a partial line as a rejection.
   A closed connection is not an exit by itself (a forked child may hold the socket);
   the worker's exit is seen through its pidfd as for every source.
 * **Leaving.** Connections and the listening socket are closed, and the path removed
@@ -52,7 +54,7 @@ from aiotimer._protocol import (
     encode,
 )
 from aiotimer.errors import ProcessGoneError, SourceError
-from aiotimer.sources._base import RequestSink
+from aiotimer.sources._base import RequestSink, draining
 
 __all__ = ["SocketSource", "peer_credentials"]
 
@@ -278,19 +280,29 @@ class SocketSource:
                 sink.submit(Decoded(rejections=[Rejection.of(reason, b"")]), self._name)
                 return
             decoder = LineDecoder(self._max_line)
-            while True:
-                await anyio.wait_readable(conn)
+            ended = False
+
+            def drain() -> bool:
+                """Read and submit one chunk; ``True`` when more may be left."""
+                nonlocal ended
+                if ended:
+                    return False
                 try:
                     chunk = conn.recv(_CHUNK)
                 except BlockingIOError:
-                    continue
+                    return False
                 except OSError:
                     chunk = b""  # ECONNRESET: the peer is gone, as at end of stream
                 batch = decoder.feed(chunk) if chunk else decoder.flush()
                 if batch.requests or batch.rejections:
                     sink.submit(_bind_to_peer(batch, peer), self._name)
-                if not chunk:
-                    return
+                ended = not chunk
+                return len(chunk) == _CHUNK
+
+            with draining(sink, drain):
+                while not ended:
+                    await anyio.wait_readable(conn)
+                    drain()
 
     def __repr__(self) -> str:
         return f"<SocketSource {str(self._path)!r} mode={self._mode:#o}>"
