@@ -66,3 +66,16 @@ def test_bench_status_quick(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert "GET /v1/state" in out and "GET /metrics" in out
     assert "a status call (GET /v1/state) costs the loop" in out
+
+
+@pytest.mark.process
+@pytest.mark.timeout(60)
+def test_bench_ingest_quick_measures_the_whole_server(capsys: pytest.CaptureFixture[str]) -> None:
+    bench_ingest = importlib.import_module("benchmarks.bench_ingest")
+    assert bench_ingest.main(["--quick", "--lines", "2000", "--probes", "10"]) in (0, 1)
+    out = capsys.readouterr().out
+    assert "(a) split-only reader #1" in out
+    assert "(b) aiotimer serve #1" in out
+    assert "incomplete" in out and "/8,000" not in out  # every line was applied
+    assert "ratio (b)/(a): median of 1 paired rounds" in out
+    assert "reap latency while ingest is saturated: " in out
