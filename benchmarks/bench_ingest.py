@@ -22,11 +22,11 @@ load drifts), each with fresh writers:
     The rate is lines over the time from the start until every writer has been reaped
     for its final, expired acquire (seen through a pidfd), so every line was applied.
 
-During (b), ``--probes`` probe processes, connected before the start, each write one
-acquire (a ``mono`` deadline) at the start, with deadlines spread 5 ms apart from
-20 ms on: their reap latency (deadline -> ``SIGTERM`` handler, on ``CLOCK_MONOTONIC``)
-is the *reap latency while ingest is saturated*, counted over the probes whose deadline
-fell before the last writer was reaped. Targets: (b) >= 50% of (a) on the median of the
+During (b), ``--probes`` probe processes each write one acquire (a ``mono`` deadline)
+before the writers start, with deadlines 5 ms apart from 20 ms after the start on: their
+reap latency (deadline -> ``SIGTERM`` handler, both on ``CLOCK_MONOTONIC``) is the *reap
+latency while ingest is saturated*, counted over the probes whose deadline fell before
+the last writer was reaped. Targets: (b) >= 50% of (a) on the median of the
 paired rounds, 0 failed writes, saturated reap p99 < 5 ms.
 """
 
@@ -56,6 +56,9 @@ TARGET_P99_MS = 5.0
 PHASE_TIMEOUT = 120.0
 CHUNK = 65536
 SCOPES = 50
+PROBE_LEAD = 0.5  # seconds from forking the probes to the writers' start
+PROBE_FIRST = 0.02  # the first probe's deadline, after the writers' start
+PROBE_SPACING = 0.005  # seconds between the probes' deadlines
 MARKER_SUFFIX = ".aiotimer"  # beside an aiotimer server's FIFO once it serves
 
 
@@ -174,8 +177,9 @@ class _Group:
         os.read(self.go_r, 8)  # EOF: the parent closed its end
         return time.monotonic()
 
-    def start(self) -> float:
-        """(In the parent) wait until every child is ready, then start them."""
+    def start(self, at: float | None = None) -> float:
+        """(In the parent) wait until every child is ready, then start them (not before
+        ``at`` on ``time.monotonic()``, when given); return the start time."""
         os.close(self.go_r)
         os.close(self.ready_w)
         need = len(self.pids)
@@ -185,6 +189,8 @@ class _Group:
             got += len(os.read(self.ready_r, need - got))
         if got < need:
             raise RuntimeError("children did not get ready")
+        if at is not None and at > time.monotonic():
+            time.sleep(at - time.monotonic())
         start = time.monotonic()
         os.close(self.go_w)
         return start
@@ -301,7 +307,11 @@ def run_raw(path: str, writers: int, count: int, write_timeout: float) -> Run:
     return Run(received, last - start, retries, failed, cpu)
 
 
-def _fork_probes(group: _Group, path: str, probes: int, shared: _Shared) -> None:
+def _fork_probes(group: _Group, path: str, first_deadline: float, shared: _Shared) -> None:
+    """Probe processes: each writes one acquire *before* the writers start (so it waits
+    behind no backlog), due :data:`PROBE_SPACING` apart from ``first_deadline`` on."""
+    probes = len(shared.cells) // 2
+
     def body(index: int) -> Callable[[], None]:
         def run() -> None:
             def on_term(signum: int, frame: object) -> None:
@@ -309,10 +319,7 @@ def _fork_probes(group: _Group, path: str, probes: int, shared: _Shared) -> None
                 os._exit(0)
 
             signal.signal(signal.SIGTERM, on_term)
-            fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
-            start = group.child_ready_and_wait_go()
-            deadline = start + 0.020 + 0.005 * index
-            shared.cells[2 * index] = deadline
+            deadline = first_deadline + PROBE_SPACING * index
             line = {
                 "version": 1,
                 "pid": os.getpid(),
@@ -321,7 +328,10 @@ def _fork_probes(group: _Group, path: str, probes: int, shared: _Shared) -> None
                 "signal": int(signal.SIGTERM),
                 "mono": deadline,
             }
+            fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
             _write_all(fd, [json.dumps(line).encode() + b"\n"], PHASE_TIMEOUT)
+            shared.cells[2 * index] = deadline
+            group.child_ready_and_wait_go()
             while True:
                 time.sleep(3600)
 
@@ -354,9 +364,10 @@ def run_server(path: str, writers: int, count: int, write_timeout: float, probes
             stats=stats,
             await_reap=True,
         )
-        _fork_probes(group, path, probes, shared)
+        at = time.monotonic() + PROBE_LEAD
+        _fork_probes(group, path, at + PROBE_FIRST, shared)
         cpu0 = _cpu(server.pid)
-        start = group.start()
+        start = group.start(at)
         deadline = start + PHASE_TIMEOUT
         while group.pids and time.monotonic() < deadline:
             group.poll_exits(1.0)
