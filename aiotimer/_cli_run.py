@@ -190,6 +190,8 @@ async def _supervise(
     stop = asyncio.Event()
 
     def on_signal(signum: int) -> None:
+        if interrupted:  # a second signal: do not wait for --stop-timeout
+            supervisor.kill()
         interrupted.append(signum)
         stop.set()
 

@@ -16,6 +16,7 @@ It waits on pidfds, never polls.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
 import logging
@@ -116,13 +117,17 @@ def reap_orphans(exclude: Collection[int]) -> None:
 
 
 async def terminate(
-    find: Callable[[], list[int]], *, timeout: float, unkillable_after: float = 5.0
+    find: Callable[[], list[int]],
+    *,
+    timeout: float,
+    unkillable_after: float = 5.0,
+    hurry: asyncio.Event | None = None,
 ) -> tuple[int, ...]:
     """Stop every process ``find()`` returns, until it returns none.
 
-    SIGTERM first; what is left ``timeout`` seconds later gets SIGKILL. Returns the
-    pids still found ``unkillable_after`` seconds after SIGKILL (stuck in the kernel),
-    ``()`` when all are gone.
+    SIGTERM first; what is left ``timeout`` seconds later, or once ``hurry`` is set,
+    gets SIGKILL. Returns the pids still found ``unkillable_after`` seconds after
+    SIGKILL (stuck in the kernel), ``()`` when all are gone.
     """
     kill_at = anyio.current_time() + timeout
     pinned: dict[int, tuple[WorkerProcess, int]] = {}  # pid -> (handle, last signal sent)
@@ -130,6 +135,8 @@ async def terminate(
         while True:
             pids = find()
             now = anyio.current_time()
+            if hurry is not None and hurry.is_set() and now < kill_at:
+                kill_at = now
             if not pids:
                 return ()
             sig = int(signal.SIGKILL if now >= kill_at else signal.SIGTERM)
@@ -155,13 +162,22 @@ async def terminate(
                 waiting.append(proc)
             until = kill_at if sig == signal.SIGTERM else kill_at + unkillable_after
             with anyio.move_on_after(max(0.0, until - now)):
-                if waiting:
-                    await _all_exited(waiting)
-                else:  # found but not pinnable (it exited meanwhile): look again soon
-                    await anyio.sleep(0.01)
+                async with anyio.create_task_group() as tg:
+                    if hurry is not None and sig == signal.SIGTERM:
+                        tg.start_soon(_cancel_when_set, hurry, tg.cancel_scope)
+                    if waiting:
+                        await _all_exited(waiting)
+                    else:  # found but not pinnable (it exited meanwhile): look again soon
+                        await anyio.sleep(0.01)
+                    tg.cancel_scope.cancel()
     finally:
         for proc, _ in pinned.values():
             proc.close()
+
+
+async def _cancel_when_set(event: asyncio.Event, scope: anyio.CancelScope) -> None:
+    await event.wait()
+    scope.cancel()
 
 
 async def _all_exited(procs: list[WorkerProcess]) -> None:

@@ -5,6 +5,7 @@ Private helpers of :mod:`aiotimer.supervisor`.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
@@ -198,6 +199,11 @@ class WorkerPool:
         self._stop_timeout = stop_timeout
         self._subreaper = subreaper
         self._pid_rank: dict[int, int] = {}  # a timer-registering pid -> its rank
+        self._hurry = asyncio.Event()
+
+    def hurry(self) -> None:
+        """From now on, stop with SIGKILL at once: skip what is left of ``stop_timeout``."""
+        self._hurry.set()
 
     def launch(self, rank: int, number: int, env: Mapping[str, str], now: float) -> Attempt:
         """Start attempt ``number`` of ``rank`` in a new session.
@@ -226,7 +232,9 @@ class WorkerPool:
             # Stop what it left in its session while it is an unwaited zombie, so its
             # pid (the session id) cannot be reused meanwhile; then collect its status.
             await _proctree.terminate(
-                lambda: [p.pid for p in _proctree.scan({att.pid})], timeout=self._stop_timeout
+                lambda: [p.pid for p in _proctree.scan({att.pid})],
+                timeout=self._stop_timeout,
+                hurry=self._hurry,
             )
             returncode = att.popen.wait()  # it has exited: this does not block
         finally:
@@ -280,7 +288,9 @@ class WorkerPool:
             att.stop_requested = True
         sessions = {a.pid for a in attempts}
         await _proctree.terminate(
-            lambda: [p.pid for p in _proctree.scan(sessions)], timeout=self._stop_timeout
+            lambda: [p.pid for p in _proctree.scan(sessions)],
+            timeout=self._stop_timeout,
+            hurry=self._hurry,
         )
         for att in attempts:
             await att.done.wait()
@@ -290,7 +300,9 @@ class WorkerPool:
         subreaper); return once the attempts are collected."""
         for att in self.attempts.values():
             att.stop_requested = True
-        survivors = await _proctree.terminate(self._find_all, timeout=self._stop_timeout)
+        survivors = await _proctree.terminate(
+            self._find_all, timeout=self._stop_timeout, hurry=self._hurry
+        )
         if survivors:
             logger.critical("processes still alive after SIGKILL: %s", survivors)
         with anyio.move_on_after(self._stop_timeout + 5):

@@ -272,6 +272,11 @@ class Supervisor:
         self._stop.set()
         await asyncio.shield(self._task)
 
+    def kill(self) -> None:
+        """Skip what is left of ``stop_timeout``: stopping sends SIGKILL at once, now
+        and from now on (``aiotimer run`` calls it on a second SIGINT/SIGTERM)."""
+        self._pool.hurry()
+
     async def run(self) -> RunOutcome:
         """Start, wait for the end of the run, stop: the whole run in one call."""
         async with self:

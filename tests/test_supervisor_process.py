@@ -292,3 +292,35 @@ async def test_a_reap_through_a_ladder_is_reaped_and_unhealthy_meanwhile(
     first = of(WorkerEnded, events)[0]
     assert (first.reason, first.signal, first.scopes) == ("reaped", signal.SIGKILL, ("stuck",))
     assert starts(events) == {0: 2}
+
+
+def test_a_second_signal_kills_at_once(worker: list[str], tmp_path: Path) -> None:
+    """With --stop-timeout 60, SIGTERM waits for workers; a second signal SIGKILLs."""
+    pids_file = tmp_path / "pids"
+    env = {
+        **os.environ,
+        "TEST_MODE": "tree",
+        "TEST_PIDS": str(pids_file),
+        "PYTHONPATH": os.pathsep.join(sys.path),
+    }
+    run = subprocess.Popen(
+        [sys.executable, "-m", "aiotimer", "run", "--stop-timeout", "60", "--", *worker],
+        env=env, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 20
+        while not pids_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        pids = [int(p) for p in pids_file.read_text().split()]
+        run.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        assert run.poll() is None  # a child ignores SIGTERM: the stop waits for it
+        run.send_signal(signal.SIGINT)
+        signalled = time.monotonic()
+        _, err = run.communicate(timeout=20)
+        stopped_in = time.monotonic() - signalled
+    finally:
+        run.kill()
+    assert run.returncode == 128 + signal.SIGTERM, err
+    assert stopped_in < 10  # not the 60 s of --stop-timeout
+    assert [pid for pid in pids if alive(pid)] == []
