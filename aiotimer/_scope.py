@@ -47,7 +47,10 @@ def _new_site(frame: FrameType) -> str:
     if len(_sites) >= _MAX_SITES:
         _sites.clear()
     code = frame.f_code
-    site = f"{os.path.basename(code.co_filename) or code.co_filename}:{frame.f_lineno}#"
+    name = os.path.basename(code.co_filename) or code.co_filename
+    if not name.isascii():  # a file name undecodable in UTF-8 holds lone surrogates
+        name = name.encode("utf-8", "backslashreplace").decode("utf-8")
+    site = f"{name}:{frame.f_lineno}#"
     _sites[id(code), frame.f_lasti] = (site, code)
     return site
 

@@ -33,17 +33,18 @@ from aiotimer._clients import (
     TimerClient,
     configure,
     current_client,
-    release_failed,
+    release_undelivered,
     under_timer_server,
     use_client,
 )
-from aiotimer._protocol import Request
+from aiotimer._protocol import Request, number_problem, scope_id_problem, signal_problem
 from aiotimer._scope import current_pid, default_scope, scope_site
 
 __all__ = [
     "DEFAULT_CONNECT_TIMEOUT",
     "DEFAULT_SIGNAL",
     "DEFAULT_WRITE_TIMEOUT",
+    "MAX_DEADLINE_AHEAD",
     "Expires",
     "FifoClient",
     "InProcessClient",
@@ -66,6 +67,22 @@ _CREATED, _ACTIVE, _EXITED = 0, 1, 2
 _STATE_NAMES: Final = ("created", "active", "exited")
 _monotonic: Final = time.monotonic
 _wall: Final = time.time
+#: An ``expires_at`` deadline further ahead than this (on ``time.monotonic()``) is taken
+#: for what it almost surely is, an epoch time (``time.time()``, ~56 years ahead).
+MAX_DEADLINE_AHEAD: Final[float] = 10 * 365.25 * 86400.0
+
+
+def _deadline_problem(deadline: float) -> str | None:
+    problem = number_problem("deadline", deadline)
+    if problem is None and deadline - _monotonic() > MAX_DEADLINE_AHEAD:
+        years = (deadline - _monotonic()) / (365.25 * 86400.0)
+        problem = (
+            f"deadline {deadline!r} is {years:.0f} years ahead on time.monotonic(), more than "
+            f"MAX_DEADLINE_AHEAD ({MAX_DEADLINE_AHEAD:.0f} s): it looks like an epoch time "
+            "(time.time()); expires_at() takes a time.monotonic() deadline: "
+            "expires_at(time.monotonic() + seconds), or use expires(after=seconds)"
+        )
+    return problem
 
 
 class Expires:
@@ -93,10 +110,19 @@ class Expires:
         client: TimerClient | None,
         signal: int | None,
     ) -> None:
-        if (after is None) == (deadline is None):
+        # Refused here, at entry, whatever the server would reject: such a block would
+        # otherwise run with no timer at all.
+        if after is not None and deadline is None:
+            problem = number_problem("after", after, minimum=0)
+        elif deadline is not None and after is None:
+            problem = _deadline_problem(deadline)
+        else:
             raise TypeError("give exactly one of after and deadline")
-        if after is not None and not after >= 0:
-            raise ValueError(f"after must be a number >= 0, got {after!r}")
+        problem = problem or scope_id_problem(scope)
+        if signal is not None:
+            problem = problem or signal_problem(signal)
+        if problem is not None:
+            raise ValueError(problem)
         self.scope = scope
         self._after = after
         self.deadline = deadline
@@ -156,7 +182,7 @@ class Expires:
             if send_nowait is None or not send_nowait(request):
                 self._sender().send(request)
         except Exception as release_exc:
-            release_failed(self.scope, release_exc, exc)
+            release_undelivered(self.scope, release_exc, exc)
 
     async def __aenter__(self) -> Expires:
         request = self._acquire()
@@ -181,7 +207,7 @@ class Expires:
             if send_nowait is None or not send_nowait(request):
                 await self._sender().send_async(request)
         except Exception as release_exc:
-            release_failed(self.scope, release_exc, exc)
+            release_undelivered(self.scope, release_exc, exc)
 
     def _sender(self) -> TimerClient:
         client = self._client
@@ -218,13 +244,19 @@ def expires(
         client: the transport; by default :func:`current_client` on entry.
         signal: the signal to reap with (``<= 0``: report only); default: the client's.
 
-    Raises (on entry or exit):
-        NotConfiguredError: no client given, set or discoverable.
-        ServerUnavailableError: no server within the client's ``connect_timeout``.
-        ClientBackpressureError: the server's pipe stayed full for ``write_timeout``.
+    Raises:
+        ValueError: at once, for a block the server would reject (the message names
+            the limit): an empty, too long or invalid scope, a signal outside
+            ``1..MAX_SIGNAL`` (and not ``<= 0``), an ``after`` not finite or negative.
+        NotConfiguredError: on entry: no client given, set or discoverable.
+        ServerUnavailableError: on entry: no server within the client's
+            ``connect_timeout`` (the block is forgotten and its body does not run).
+        ClientBackpressureError: on entry: the server's pipe stayed full for
+            ``write_timeout``.
 
-    A failing release never hides the block's own exception (it is logged instead),
-    and a cancelled task still sends its release.
+    Leaving never raises for the release: a failed release is logged (and retried where
+    the client can, see docs/clients.md), the block's own exception propagates
+    untouched, and a cancelled task still sends its release.
     """
     return Expires(default_scope() if scope is None else scope, after, None, client, signal)
 
@@ -240,6 +272,7 @@ def expires_at(
 
     ``deadline`` is **not** epoch time: compute it as ``time.monotonic() + seconds``
     (asyncio's ``loop.time()`` is the same clock on Linux but is not guaranteed to be).
-    A deadline already past is sent as "expire now".
+    A deadline already past is sent as "expire now"; one more than
+    :data:`MAX_DEADLINE_AHEAD` ahead is refused with ``ValueError`` (an epoch time).
     """
     return Expires(default_scope() if scope is None else scope, None, deadline, client, signal)

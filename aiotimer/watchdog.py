@@ -24,7 +24,7 @@ import math
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from aiotimer._clients import TimerClient, current_client, release_failed
+from aiotimer._clients import TimerClient, current_client, release_undelivered
 from aiotimer._protocol import Request
 from aiotimer._scope import current_pid, default_scope
 
@@ -171,7 +171,7 @@ class Watchdog:
         try:
             client.send(request)
         except Exception as release_exc:
-            release_failed(self.scope, release_exc, exc)
+            release_undelivered(self.scope, release_exc, exc)
 
     async def __aenter__(self) -> Watchdog:
         client, request = self._enter()
@@ -188,7 +188,7 @@ class Watchdog:
         try:
             await client.send_async(request)
         except Exception as release_exc:
-            release_failed(self.scope, release_exc, exc)
+            release_undelivered(self.scope, release_exc, exc)
 
     def __repr__(self) -> str:
         state = "exited" if self._exited else "active" if self._entered else "created"

@@ -25,6 +25,7 @@ import anyio
 import pytest
 
 from aiotimer import _clients
+from aiotimer._clients._common import delivered_late
 from aiotimer._protocol import (
     ENV_FIFO,
     MARKER_SUFFIX,
@@ -686,6 +687,35 @@ async def test_queue_client_async_waits_for_room() -> None:
         assert q.qsize() == 1
         assert q.get_nowait().scope_id == "a"
     assert q.get_nowait().scope_id == "b"
+
+
+def test_delivered_late_moves_only_an_acquires_deadlines() -> None:
+    a, r = acquire("s"), release("s")
+    assert delivered_late(a, 0.0) is a and delivered_late(r, 2.5) is r
+    moved = delivered_late(a, 2.5)
+    assert moved.mono is not None and a.mono is not None
+    assert (moved.expiration_time, moved.mono) == (a.expiration_time + 2.5, a.mono + 2.5)
+    assert delivered_late(acquire("s", mono=False), 1.0).mono is None
+
+
+def test_queue_client_times_a_late_acquire_from_its_delivery() -> None:
+    q: queue.Queue[QueueRequest] = queue.Queue(maxsize=1)
+    q.put(QueueRequest(1, "blocker", -1))
+    client = QueueClient(q, write_timeout=30)
+    room = threading.Timer(0.3, q.get)
+    room.start()
+    try:
+        started = time.monotonic()
+        client.send(acquire("late"))
+        waited = time.monotonic() - started
+    finally:
+        room.join()
+    item = q.get_nowait()
+    sent = acquire("late")
+    assert item.mono is not None and sent.mono is not None
+    assert waited >= 0.3
+    assert 0.3 <= item.mono - sent.mono <= waited
+    assert item.expiration_time - sent.expiration_time == pytest.approx(item.mono - sent.mono)
 
 
 def test_in_process_client_submits_requests() -> None:

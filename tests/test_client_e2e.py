@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from aiotimer._protocol import ENV_FIFO, TORCH_ENV_FIFO
+from aiotimer._protocol import ENV_FIFO, MARKER_SUFFIX, TORCH_ENV_FIFO
 from aiotimer.events import Event, WorkerReaped
 from aiotimer.server import TimerServer, TimerServerThread
 
@@ -47,12 +47,15 @@ class Harness:
         thread.start()
         return thread
 
-    def spawn(self, code: str, *, env_var: str = ENV_FIFO) -> subprocess.Popen[str]:
+    def spawn(
+        self, code: str, *, env_var: str = ENV_FIFO, stdin: bool = False
+    ) -> subprocess.Popen[str]:
         env = {k: v for k, v in os.environ.items() if k not in (ENV_FIFO, TORCH_ENV_FIFO)}
         env[env_var] = str(self.fifo)
         proc = subprocess.Popen(
             [sys.executable, "-c", textwrap.dedent(code)],
             env=env,
+            stdin=subprocess.PIPE if stdin else None,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -277,3 +280,173 @@ def test_demo(args: list[str], status: int, verdict: str) -> None:
     assert done.returncode == status, done.stdout + done.stderr
     assert verdict in done.stdout
     assert "\x1b[" not in done.stdout  # no colours when stdout is not a terminal
+
+
+# -- the client's rules: no phantom, no unfair late acquire, no lost release ------------
+
+
+def send_line(proc: subprocess.Popen[str], text: str = "") -> None:
+    assert proc.stdin is not None
+    proc.stdin.write(text + "\n")
+    proc.stdin.flush()
+
+
+def read_line(proc: subprocess.Popen[str]) -> str:
+    assert proc.stdout is not None
+    return proc.stdout.readline()
+
+
+PHANTOM_WORKER = """
+    import sys, time
+    from aiotimer.client import FifoClient, expires
+    from aiotimer.errors import ServerUnavailableError
+    client = FifoClient({path!r}, connect_timeout=0.3)
+    with expires(after=5, client=client):
+        pass
+    print("connected", flush=True)
+    sys.stdin.readline()  # the server has stopped
+    try:
+        with expires(after=1.0, scope="phantom", client=client):
+            print("the body ran", flush=True)
+    except ServerUnavailableError:
+        print("refused", flush=True)
+    sys.stdin.readline()  # a new server is up
+    for _ in range(29):
+        with expires(after=1.0, client=client):
+            time.sleep(0.01)
+    time.sleep(2.0)  # past the failed block's deadline: a replayed phantom is reaped
+    print("done", flush=True)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_failed_acquire_is_forgotten_not_replayed(harness: Harness) -> None:
+    worker = harness.spawn(PHANTOM_WORKER.format(path=str(harness.fifo)), stdin=True)
+    assert read_line(worker) == "connected\n"
+    harness.thread.stop(WAIT)
+    send_line(worker)
+    assert read_line(worker) == "refused\n"
+    first_events = len(harness.events)
+    harness.thread = harness.new_server()
+    send_line(worker)
+    code, out, err = harness.wait(worker)
+    assert (code, out) == (0, "done\n"), err
+    scopes = {getattr(e, "scope_id", None) for e in harness.events[first_events:]}
+    assert "phantom" not in scopes
+
+
+LATE_ACQUIRE_WORKER = """
+    import time
+    from aiotimer.client import FifoClient, expires
+    client = FifoClient({path!r}, connect_timeout=20)
+    print("entering", flush=True)
+    started = time.monotonic()
+    with expires(after=1.0, client=client):
+        print(f"entered {{time.monotonic() - started:.1f}}", flush=True)
+        time.sleep(0.1)
+    time.sleep(1.5)  # the server's deadline, had it counted the wait, passed long ago
+    print("done", flush=True)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_an_acquire_delivered_late_is_timed_from_its_delivery(harness: Harness) -> None:
+    harness.thread.stop(WAIT)  # no server while the worker enters its block
+    worker = harness.spawn(LATE_ACQUIRE_WORKER.format(path=str(harness.fifo)))
+    assert read_line(worker) == "entering\n"
+    time.sleep(2.0)  # twice the block's time limit
+    harness.thread = harness.new_server()
+    assert float(read_line(worker).split()[1]) >= 1.0  # the acquire waited that long
+    code, out, err = harness.wait(worker)
+    assert (code, out) == (0, "done\n"), err
+    assert worker.pid not in harness.reaped_pids()
+
+
+RELEASE_RETRY_WORKER = """
+    import logging, os, sys, time
+    from aiotimer.client import FifoClient, expires
+    logging.basicConfig()
+    client = FifoClient({path!r}, write_timeout=0.3)
+    with expires(after=4.0, scope="blk", client=client):
+        print("entered", flush=True)
+        sys.stdin.readline()  # the server is stopped: fill its pipe with harmless lines
+        fd = os.open({path!r}, os.O_WRONLY | os.O_NONBLOCK)
+        line = (
+            '{{"pid": %d, "scope_id": "filler", "expiration_time": -1, "signal": 0}}\\n'
+            % os.getpid()
+        ).encode()
+        try:
+            while True:
+                os.write(fd, line)
+        except BlockingIOError:
+            pass
+    print("left", flush=True)  # the release could not be written in time: no exception
+    time.sleep(6.0)  # past the deadline: killed unless the release reached the server
+    print("done", flush=True)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_release_that_failed_is_retried_once_the_server_is_back(tmp_path: Path) -> None:
+    """A release stuck behind a stopped server is neither raised nor dropped."""
+    fifo = tmp_path / "serve.fifo"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "aiotimer", "serve", "--fifo", str(fifo)],
+        stderr=subprocess.DEVNULL,
+    )
+    worker: subprocess.Popen[str] | None = None
+    try:
+        marker = Path(str(fifo) + MARKER_SUFFIX)
+        deadline = time.monotonic() + WAIT
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        worker = subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(RELEASE_RETRY_WORKER.format(path=str(fifo)))],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert read_line(worker) == "entered\n"
+        server.send_signal(signal.SIGSTOP)
+        send_line(worker)
+        assert read_line(worker) == "left\n"
+        time.sleep(0.5)
+        server.send_signal(signal.SIGCONT)
+        out, err = worker.communicate(timeout=WAIT)
+        assert (worker.returncode, out) == (0, "done\n"), err
+        assert "retried in the background" in err
+    finally:
+        server.send_signal(signal.SIGCONT)
+        for proc in (worker, server):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+UNTIMED_WORKER = """
+    import time
+    from aiotimer.client import expires, expires_at
+    for make in (
+        lambda: expires(after=5, scope="x" * 3000),
+        lambda: expires(after=5, scope=""),
+        lambda: expires(after=5, scope="lone \\ud800 surrogate"),
+        lambda: expires(after=5, signal=999),
+        lambda: expires_at(time.time() + 5),
+    ):
+        try:
+            with make():
+                print("ran untimed", flush=True)
+        except ValueError as exc:
+            print("refused:", str(exc).split(",")[0], flush=True)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_blocks_the_server_would_reject_are_refused_at_entry(harness: Harness) -> None:
+    code, out, err = harness.wait(harness.spawn(UNTIMED_WORKER))
+    assert code == 0, err
+    lines = out.splitlines()
+    assert len(lines) == 5 and all(line.startswith("refused: ") for line in lines), out
+    state = harness.thread.server.get_state()
+    assert state.timers == () and state.counters.acquired == 0

@@ -8,9 +8,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import queue
+import re
 import signal
 import sys
 import time
+from pathlib import Path
 
 import anyio
 import pytest
@@ -18,8 +21,18 @@ import pytest
 from aiotimer import _scope
 from aiotimer._protocol import Request
 from aiotimer._scope import default_scope, scope_site
-from aiotimer.client import Expires, configure, expires, expires_at, use_client
-from aiotimer.errors import ServerUnavailableError
+from aiotimer.client import (
+    MAX_DEADLINE_AHEAD,
+    Expires,
+    FifoClient,
+    InProcessClient,
+    QueueClient,
+    configure,
+    expires,
+    expires_at,
+    use_client,
+)
+from aiotimer.errors import ClientBackpressureError, ServerUnavailableError
 
 
 class RecordingClient:
@@ -191,6 +204,63 @@ def test_invalid_after_is_rejected() -> None:
         expires(after=-0.5, scope="s")
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "limit"),
+    [
+        ({"scope": "x" * 2049}, "MAX_SCOPE_ID_LENGTH (2048)"),
+        ({"scope": "x" * 4000}, "MAX_SCOPE_ID_LENGTH (2048)"),
+        ({"scope": ""}, "must not be empty"),
+        ({"scope": "half \ud800 a pair"}, "not valid Unicode"),
+        ({"signal": 999}, "MAX_SIGNAL"),
+        ({"signal": 2**31}, "MAX_SIGNAL"),
+        ({"after": float("inf")}, "finite"),
+    ],
+)
+def test_a_block_the_server_would_reject_is_refused_at_entry(
+    client: RecordingClient, kwargs: dict[str, object], limit: str
+) -> None:
+    args: dict[str, object] = {"after": 5.0, "client": client, **kwargs}
+    with pytest.raises(ValueError, match=re.escape(limit)):
+        expires(**args)  # type: ignore[arg-type]
+    assert client.requests == []
+
+
+def test_the_longest_valid_scope_and_report_only_signals_are_accepted(
+    client: RecordingClient,
+) -> None:
+    with expires(1, scope="x" * 2048, client=client), expires(1, client=client, signal=0):
+        pass
+    with expires(1, client=client, signal=-3), expires(1, client=client, signal=64):
+        pass
+    assert len(client.requests) == 8
+
+
+def test_an_epoch_deadline_given_to_expires_at_is_refused(client: RecordingClient) -> None:
+    with pytest.raises(ValueError, match=r"looks like an epoch time.*time\.monotonic\(\) \+"):
+        expires_at(time.time() + 5, client=client)
+    with pytest.raises(ValueError, match="finite"):
+        expires_at(float("nan"), client=client)
+    far = time.monotonic() + MAX_DEADLINE_AHEAD - 3600  # far, but plausibly monotonic
+    with expires_at(far, client=client):
+        pass
+    assert client.requests[0].mono == far
+
+
+def test_a_client_with_a_signal_the_server_would_reject_is_refused(tmp_path: Path) -> None:
+    for make in (
+        lambda: FifoClient(tmp_path / "f", signal=999),
+        lambda: QueueClient(queue.Queue(), signal=65),
+        lambda: InProcessClient(RecordingSubmitter(), signal=-(2**31) - 1),
+    ):
+        with pytest.raises(ValueError, match="MAX_SIGNAL"):
+            make()
+
+
+class RecordingSubmitter:
+    def submit(self, request: Request) -> None:
+        """Accept anything."""
+
+
 def test_the_constructors_check_their_arguments() -> None:
     """expires()/expires_at() and Expires(...) check the same way."""
     with pytest.raises(TypeError, match="exactly one"):
@@ -216,10 +286,24 @@ def test_body_exception_is_not_masked_by_a_failing_release(
     assert "server gone" in caplog.text and "KeyError" in caplog.text
 
 
-def test_release_error_propagates_when_the_body_succeeded(client: RecordingClient) -> None:
+def test_a_failed_release_after_a_good_body_is_logged_not_raised(
+    client: RecordingClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Finished work stays finished: the block returns normally."""
     client.fail_release = ServerUnavailableError("server gone")
-    with pytest.raises(ServerUnavailableError), expires(after=1, client=client):
+    with caplog.at_level(logging.WARNING, "aiotimer.client"), expires(after=1, client=client):
         pass
+    assert "server gone" in caplog.text and "after the block ended" in caplog.text
+
+
+@pytest.mark.asyncio
+async def test_a_failed_async_release_after_a_good_body_is_not_raised(
+    client: RecordingClient,
+) -> None:
+    client.fail_release = ClientBackpressureError("full")
+    async with expires(after=1, client=client):
+        pass
+    assert [r.is_release for r in client.requests] == [False]
 
 
 def test_a_failed_acquire_skips_the_body(client: RecordingClient) -> None:

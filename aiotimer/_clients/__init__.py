@@ -16,6 +16,7 @@ from aiotimer._clients._common import (
     DEFAULT_WRITE_TIMEOUT,
     TimerClient,
     release_failed,
+    release_undelivered,
 )
 from aiotimer._clients.discovery import configure, current_client, under_timer_server, use_client
 from aiotimer._clients.fifo import FifoClient
@@ -35,6 +36,7 @@ __all__ = [
     "configure",
     "current_client",
     "release_failed",
+    "release_undelivered",
     "under_timer_server",
     "use_client",
 ]

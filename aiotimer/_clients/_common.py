@@ -17,7 +17,9 @@ from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Final, Protocol, runtime_checkable
 
-from aiotimer._protocol import Request
+import msgspec
+
+from aiotimer._protocol import Request, signal_problem
 
 __all__ = [
     "DEFAULT_CONNECT_TIMEOUT",
@@ -27,10 +29,13 @@ __all__ = [
     "Steps",
     "TimerClient",
     "Writable",
+    "client_signal",
+    "delivered_late",
     "drive",
     "drive_async",
     "next_retry",
     "release_failed",
+    "release_undelivered",
 ]
 
 log = logging.getLogger("aiotimer.client")
@@ -57,6 +62,14 @@ class TimerClient(Protocol):
     A client decides what goes on the wire: extension fields such as ``mono`` are sent
     only to servers known to understand them.
 
+    The rules every transport keeps (docs/clients.md, *The client's rules*):
+
+    * an acquire that raised was not delivered, and is forgotten (never replayed later);
+    * an acquire delivered after a wait has its deadline moved later by the time waited
+      (:func:`delivered_late`): waiting for the server is not counted against the block;
+    * a release that cannot be delivered in time is kept and retried where the transport
+      can tell the server is still there (it still raises, so the caller can log it).
+
     The fast path (optional): a transport that can often deliver without waiting may also
     define ``send_nowait(request) -> bool``: deliver ``request`` at once and return
     ``True``, or return ``False`` when delivering would need a wait (nothing is
@@ -79,6 +92,55 @@ class TimerClient(Protocol):
         ...
 
 
+def client_signal(signal: int) -> int:
+    """``signal`` as a client's default signal, or ``ValueError`` naming the limit."""
+    problem = signal_problem(int(signal))
+    if problem is not None:
+        raise ValueError(problem)
+    return int(signal)
+
+
+def delivered_late(request: Request, waited: float) -> Request:
+    """``request`` as delivered ``waited`` seconds after it was built: an acquire's
+    deadlines (epoch and monotonic) move later by that much, a release is unchanged."""
+    if waited <= 0 or request.expiration_time < 0:
+        return request
+    mono = None if request.mono is None else request.mono + waited
+    return msgspec.structs.replace(
+        request, expiration_time=request.expiration_time + waited, mono=mono
+    )
+
+
+def _log_failed_release(
+    logger: logging.Logger, scope: str, exc: Exception, body_exc: BaseException | None
+) -> None:
+    if body_exc is None:
+        logger.warning(
+            "releasing scope %r failed (%s: %s) after the block ended; where the server is "
+            "still there the release is retried in the background",
+            scope,
+            type(exc).__name__,
+            exc,
+        )
+    else:
+        logger.warning(
+            "releasing scope %r failed (%s: %s) while the block raised %s; the block's "
+            "exception propagates",
+            scope,
+            type(exc).__name__,
+            exc,
+            type(body_exc).__name__,
+        )
+
+
+def release_undelivered(scope: str, exc: Exception, body_exc: BaseException | None) -> None:
+    """Report a release that could not be delivered when a block ended, and return:
+    an aiotimer block never raises for its release (the block's own exception, a
+    ``CancelledError`` included, propagates untouched, and finished work stays finished).
+    """
+    _log_failed_release(log, scope, exc, body_exc)
+
+
 def release_failed(
     scope: str,
     exc: Exception,
@@ -86,21 +148,11 @@ def release_failed(
     *,
     logger: logging.Logger = log,
 ) -> None:
-    """Re-raise a failed release, unless the block's own exception is propagating.
-
-    Then the release failure is logged (on ``logger``) and the block's exception (a
-    ``CancelledError`` included) propagates untouched.
-    """
+    """torch's rule for a failed release: re-raise it, unless the block's own exception
+    is propagating; then log it (on ``logger``) and let the block's exception go on."""
     if body_exc is None:
         raise exc
-    logger.warning(
-        "releasing scope %r failed (%s: %s) while the block raised %s; the block's "
-        "exception propagates",
-        scope,
-        type(exc).__name__,
-        exc,
-        type(body_exc).__name__,
-    )
+    _log_failed_release(logger, scope, exc, body_exc)
 
 
 # -- the shared wait machinery --------------------------------------------------------

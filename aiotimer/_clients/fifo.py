@@ -14,10 +14,10 @@ How it works:
   so the release line is ready when the block ends.
 * **The slow path** (:meth:`FifoClient._sending`, driven blocking or awaiting): connect,
   retry while no server reads, reopen after a broken pipe, wait for room in a full pipe.
-* **Replay.** The client remembers the acquire line of every open block; when it
-  reconnects to a new server (a broken pipe, or a new marker, checked at most every
-  ``marker_check_interval`` seconds on an acquire) it re-sends them before anything
-  else, because a new server starts empty.
+* **Replay.** The client remembers the acquire line of every open block it delivered
+  (an acquire that failed is forgotten); when it reconnects to a new server (a broken
+  pipe, or a new marker, checked at most every ``marker_check_interval`` seconds on an
+  acquire) it re-sends them before anything else, because a new server starts empty.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import errno
 import logging
 import math
 import os
+import select
 import stat
 import threading
 import time
@@ -41,6 +42,8 @@ from aiotimer._clients._common import (
     Sleep,
     Steps,
     Writable,
+    client_signal,
+    delivered_late,
     drive,
     drive_async,
     next_retry,
@@ -103,7 +106,11 @@ class FifoClient:
       aiotimer server left: the descriptor is closed and the client talks torch's way;
     * full pipe (``EAGAIN``) → wait for room up to ``write_timeout`` seconds (``send``
       polls, ``send_async`` awaits writability), then
-      :class:`~aiotimer.errors.ClientBackpressureError`.
+      :class:`~aiotimer.errors.ClientBackpressureError`; a release that failed so is
+      still written before anything else and by a background thread once there is room,
+      while the same server is there;
+    * an acquire that raised is forgotten (never replayed); one that had to wait is sent
+      with its deadline moved later by the wait.
 
     Thread-safe (a lock guards the descriptor) and fork-safe (a forked child drops the
     parent's descriptor and open blocks and reconnects on first use).
@@ -128,7 +135,7 @@ class FifoClient:
         if not (math.isfinite(write_timeout) and write_timeout >= 0):
             raise ValueError(f"write_timeout must be a finite number >= 0: {write_timeout}")
         self._path = os.fspath(path)
-        self._signal = int(signal)
+        self._signal = client_signal(signal)
         self.connect_timeout = float(connect_timeout)
         self.write_timeout = float(write_timeout)
         #: At most this often (seconds), an acquire also checks that the server that
@@ -144,7 +151,10 @@ class FifoClient:
         # Live blocks: scope -> (acquire line, release line). The acquire lines are
         # replayed after a restart; the release line is ready for the block's exit.
         self._open_scopes: dict[str, tuple[bytes, bytes]] = {}
-        self._backlog: list[bytes] = []  # replayed acquires not yet written
+        # Lines written before anything else: acquires replayed to a new server, and
+        # releases that could not be written in time (retried by the flusher thread).
+        self._backlog: list[bytes] = []
+        self._flusher: threading.Thread | None = None
         _live_fifo_clients.add(self)
 
     @property
@@ -174,41 +184,25 @@ class FifoClient:
 
     def send_nowait(self, request: Request) -> bool:
         """Deliver ``request`` with one ``os.write`` if nothing needs a wait: the
-        persistent descriptor is open, no replay is pending, the marker is not due for
-        a check (acquires only) and the pipe has room. ``False``: nothing was written;
-        :meth:`send` or :meth:`send_async` will.
+        persistent descriptor is open, nothing is queued before it, the marker is not
+        due for a check (acquires only) and the pipe has room. ``False``: nothing was
+        written; :meth:`send` or :meth:`send_async` will.
 
-        Either way the request is tracked first: an acquire's block is remembered for
-        replay, with both its lines encoded at once (the release line is ready for the
-        block's end); a release forgets its block.
+        A delivered acquire's block is remembered for replay, with both its lines
+        encoded at once (the release line is ready for the block's end); a release
+        forgets its block whether or not it is delivered.
         """
-        scope = request.scope_id
         if request.expiration_time < 0:  # a release: it forgets its block
-            tracked = self._open_scopes.pop(scope, None)
+            tracked = self._open_scopes.pop(request.scope_id, None)
             if tracked is not None and request.pid == self._pid and request.signal == 0:
                 line = tracked[1]  # the release line encoded with the acquire
             else:
                 line = encode(request)
+            lines = None
         else:
-            mono = request.mono
-            if (
-                mono is not None
-                and request.pid == self._pid
-                and request.grace is None
-                and not (request.group or request.dump)
-            ):
-                signal = request.signal
-                encode_block = (
-                    self._encode_block
-                    if signal == self._signal
-                    else block_encoder(self._pid, signal)
-                )
-                lines = encode_block(scope, request.expiration_time, mono)
-            else:
-                lines = (encode(request), encode(Request(request.pid, scope, -1, 0)))
-            self._open_scopes[scope] = lines
             if _monotonic() > self._recheck_at:
                 return False
+            lines = self._block_lines(request)
             line = lines[0]
         lock = self._lock
         lock.acquire()  # not `with`: half the cost, and this is the path of every block
@@ -221,6 +215,8 @@ class FifoClient:
             return False  # full, or broken: the slow path knows what to do
         finally:
             lock.release()
+        if lines is not None:
+            self._open_scopes[request.scope_id] = lines
         return True
 
     def close(self) -> None:
@@ -246,14 +242,33 @@ class FifoClient:
 
     # -- internals --------------------------------------------------------------------
 
+    def _block_lines(self, request: Request) -> tuple[bytes, bytes]:
+        """The acquire line of ``request`` and the release line of its block."""
+        mono = request.mono
+        if (
+            mono is not None
+            and request.pid == self._pid
+            and request.grace is None
+            and not (request.group or request.dump)
+        ):
+            signal = request.signal
+            encode_block = (
+                self._encode_block if signal == self._signal else block_encoder(self._pid, signal)
+            )
+            return encode_block(request.scope_id, request.expiration_time, mono)
+        return encode(request), encode(Request(request.pid, request.scope_id, -1, 0))
+
     def _sending(self, request: Request) -> Steps:
         """The whole sending logic; yields what it must wait for (see the module docstring)."""
         started = time.monotonic()
         retry = RETRY_FIRST
         reopens = 0
+        waited = False
         while True:
+            # Waiting for the server is not counted against the block (TimerClient).
+            now = request if not waited else delivered_late(request, time.monotonic() - started)
             with self._lock:
-                outcome = self._attempt(request)
+                outcome = self._attempt(now)
             if outcome is None:
                 return
             if isinstance(outcome, _Broken):
@@ -264,11 +279,12 @@ class FifoClient:
                         f"({outcome.error.strerror}); is the server restarting in a loop?"
                     ) from outcome.error
                 continue
+            waited = True
             if isinstance(outcome, _NoReader):
-                waited = time.monotonic() - started
-                if waited >= self.connect_timeout:
-                    raise ServerUnavailableError(self._unavailable_message(outcome.error, waited))
-                yield Sleep(min(retry, self.connect_timeout - waited))
+                elapsed = time.monotonic() - started
+                if elapsed >= self.connect_timeout:
+                    raise ServerUnavailableError(self._unavailable_message(outcome.error, elapsed))
+                yield Sleep(min(retry, self.connect_timeout - elapsed))
                 retry = next_retry(retry)
                 continue
             try:
@@ -277,14 +293,18 @@ class FifoClient:
             finally:
                 os.close(outcome.dup_fd)
             if not ready and time.monotonic() - started >= self.write_timeout:
+                if request.is_release:
+                    self._retry_release(request)
                 raise ClientBackpressureError(
                     f"the timer server's FIFO {self._path!r} stayed full for "
                     f"{self.write_timeout:g}s; the server is overloaded or stuck "
                     "(raise write_timeout, or check the server)"
+                    + ("; the release is retried in the background" if request.is_release else "")
                 )
 
     def _attempt(self, request: Request) -> _Outcome | None:
-        """Try once to write ``request`` (and any replay backlog). Holds the lock."""
+        """Try once to write what is queued, then ``request``; on success an acquire's
+        block is remembered for replay. Holds the lock."""
         if self._fd is not None:
             self._recheck_marker_locked()
         if self._fd is None:
@@ -299,12 +319,11 @@ class FifoClient:
             persistent = self._fd is not None
         else:
             fd, persistent = self._fd, True
+        lines = None if request.is_release else self._block_lines(request)
         try:
             if persistent:
-                while self._backlog:
-                    os.write(fd, self._backlog[0])
-                    del self._backlog[0]
-                os.write(fd, encode(request))
+                self._write_backlog_locked(fd)
+                os.write(fd, encode(request) if lines is None else lines[0])
             else:
                 os.write(fd, encode(_torch_request(request)))
         except BlockingIOError:
@@ -320,7 +339,51 @@ class FifoClient:
         finally:
             if not persistent:
                 os.close(fd)
+        if lines is not None:
+            self._open_scopes[request.scope_id] = lines
         return None
+
+    def _write_backlog_locked(self, fd: int) -> None:
+        """Write what is queued (replayed acquires, releases to retry), oldest first."""
+        while self._backlog:
+            os.write(fd, self._backlog[0])
+            del self._backlog[0]
+
+    def _retry_release(self, request: Request) -> None:
+        """Queue a release that could not be written in time: it goes out before anything
+        else, and a background thread delivers it while the same server is there."""
+        with self._lock:
+            if self._fd is None:
+                return  # no aiotimer server to retry against (torch's, or gone)
+            self._backlog.append(encode(request))
+            if self._flusher is None or not self._flusher.is_alive():
+                self._flusher = threading.Thread(
+                    target=self._flush_backlog, name="aiotimer-release-retry", daemon=True
+                )
+                self._flusher.start()
+
+    def _flush_backlog(self) -> None:
+        """Deliver the backlog as soon as the pipe has room; stop when it is empty or the
+        server is gone (a broken pipe: a new server would not know these blocks)."""
+        while True:
+            with self._lock:
+                fd = self._fd
+                if fd is None or not self._backlog:
+                    return
+                try:
+                    self._write_backlog_locked(fd)
+                    return
+                except BlockingIOError:
+                    wait_fd = os.dup(fd)
+                except OSError:
+                    self._close_locked()  # the server is gone; so is what it should learn
+                    return
+            try:  # writable: room for PIPE_BUF bytes, so for a line
+                poller = select.poll()
+                poller.register(wait_fd, select.POLLOUT)
+                poller.poll(1000.0)
+            finally:
+                os.close(wait_fd)
 
     def _open_locked(self) -> int:
         """Open the FIFO; keep the descriptor (and queue a replay) for an aiotimer server."""
@@ -395,6 +458,7 @@ class FifoClient:
             os.close(fd)
         self._server = None
         self._backlog = []
+        self._flusher = None  # threads do not survive a fork
         self._open_scopes = {}  # the parent's blocks are not the child's
         self._connected_before = False
 

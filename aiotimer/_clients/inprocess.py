@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from aiotimer._clients._common import DEFAULT_SIGNAL
+from aiotimer._clients._common import DEFAULT_SIGNAL, client_signal
 from aiotimer._protocol import Request
 
 __all__ = ["InProcessClient", "RequestSubmitter"]
@@ -27,7 +27,7 @@ class InProcessClient:
 
     def __init__(self, server: RequestSubmitter, *, signal: int = DEFAULT_SIGNAL) -> None:
         self._server = server
-        self._signal = int(signal)
+        self._signal = client_signal(signal)
 
     @property
     def signal(self) -> int:

@@ -12,6 +12,8 @@ from aiotimer._clients._common import (
     RETRY_FIRST,
     Sleep,
     Steps,
+    client_signal,
+    delivered_late,
     drive,
     drive_async,
     next_retry,
@@ -86,7 +88,7 @@ class QueueClient:
         write_timeout: float = DEFAULT_WRITE_TIMEOUT,
     ) -> None:
         self._queue = mp_queue
-        self._signal = int(signal)
+        self._signal = client_signal(signal)
         self.write_timeout = float(write_timeout)
 
     @property
@@ -103,26 +105,30 @@ class QueueClient:
         await drive_async(self._sending(request), shield=request.is_release)
 
     def _sending(self, request: Request) -> Steps:
-        item = QueueRequest(
-            request.pid,
-            request.scope_id,
-            -1 if request.is_release else request.expiration_time,
-            request.signal,
-            request.mono,
-        )
         started = time.monotonic()
         retry = RETRY_FIRST
+        waited = False
         while True:
+            # Waiting for room is not counted against the block (TimerClient).
+            now = request if not waited else delivered_late(request, time.monotonic() - started)
+            item = QueueRequest(
+                now.pid,
+                now.scope_id,
+                -1 if now.is_release else now.expiration_time,
+                now.signal,
+                now.mono,
+            )
             try:
                 self._queue.put(item, block=False)
             except _queue.Full:
-                waited = time.monotonic() - started
-                if waited >= self.write_timeout:
+                waited = True
+                elapsed = time.monotonic() - started
+                if elapsed >= self.write_timeout:
                     raise ClientBackpressureError(
                         f"the timer server's queue stayed full for {self.write_timeout:g}s; "
                         "the server is overloaded or stuck"
                     ) from None
-                yield Sleep(min(retry, self.write_timeout - waited))
+                yield Sleep(min(retry, self.write_timeout - elapsed))
                 retry = next_retry(retry)
             else:
                 return
