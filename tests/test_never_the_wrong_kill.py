@@ -252,3 +252,77 @@ def test_a_stalled_server_kills_no_worker_that_released_in_time(tmp_path: Path) 
             for stream in (w.stdin, w.stdout):
                 if stream is not None:
                     stream.close()
+
+
+# -- a pid recycled while its acquire waited in the pipe -----------------------------------
+
+# Sends one acquire carrying its start time (as aiotimer's client does), then exits.
+SHORT_LIVED = r"""
+import json, os, sys, time
+with open("/proc/self/stat", "rb") as f:
+    start_time = int(f.read().rsplit(b")", 1)[1].split()[19])
+line = {"version": 1, "pid": os.getpid(), "scope_id": "gone", "signal": 9,
+        "expiration_time": time.time() + 1.0, "mono": time.monotonic() + 1.0,
+        "start_time": start_time}
+fd = os.open(sys.argv[1], os.O_WRONLY)
+os.write(fd, (json.dumps(line) + "\n").encode())
+"""
+
+
+def spawn_with_pid(pid: int, argv: list[str], attempts: int = 50) -> subprocess.Popen[str] | None:
+    """Start ``argv`` so that it gets ``pid`` (root: via ``ns_last_pid``), or ``None``."""
+    for _ in range(attempts):
+        try:
+            Path("/proc/sys/kernel/ns_last_pid").write_text(str(pid - 1))
+        except OSError:
+            return None
+        proc = subprocess.Popen(argv, text=True)
+        if proc.pid == pid:
+            return proc
+        proc.kill()
+        proc.wait()
+    return None
+
+
+def test_an_acquire_queued_before_its_pid_was_recycled_never_hits_the_new_process(
+    tmp_path: Path,
+) -> None:
+    """The worker sends its acquire while the server is stopped, exits, and its pid goes
+    to a new process before the server reads the line: the new process is not pinned."""
+    fifo, log = tmp_path / "t.fifo", tmp_path / "events.jsonl"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    serve = [sys.executable, "-m", "aiotimer", "serve", "--fifo", str(fifo)]
+    server = subprocess.Popen([*serve, "--event-log", str(log)], env=env)
+    successor = None
+    try:
+        deadline = time.monotonic() + BOUND
+        while not fifo.with_name("t.fifo.aiotimer").exists():
+            assert time.monotonic() < deadline and server.poll() is None
+            time.sleep(0.02)
+        os.kill(server.pid, signal.SIGSTOP)
+        worker = subprocess.Popen([sys.executable, "-c", SHORT_LIVED, str(fifo)])
+        assert worker.wait(BOUND) == 0  # exited and reaped: its pid is free
+        time.sleep(0.05)  # a few clock ticks, so the successor's start time differs
+        successor = spawn_with_pid(
+            worker.pid, [sys.executable, "-c", "import time; time.sleep(30)"]
+        )
+        if successor is None:
+            pytest.skip("cannot make the kernel reuse a pid here (needs root and ns_last_pid)")
+        os.kill(server.pid, signal.SIGCONT)
+        deadline = time.monotonic() + BOUND
+        while not [e for e in events_of(log) if e["event"] == "worker_unknown"]:
+            assert time.monotonic() < deadline, "the stale acquire was never reported"
+            time.sleep(0.05)
+        time.sleep(1.5)  # past the acquire's deadline
+        assert successor.poll() is None
+        events = events_of(log)
+        assert [e["pid"] for e in events if e["event"] == "worker_unknown"] == [worker.pid]
+        assert not [e for e in events if e["event"] in {"worker_reaped", "timer_expired"}]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(server.pid, signal.SIGCONT)
+        server.terminate()
+        server.wait(BOUND)
+        if successor is not None:
+            successor.kill()
+            successor.wait()
