@@ -93,7 +93,9 @@ from aiotimer.server import Lifecycle, TimerServer
 __all__ = [
     "WORKER_ENV",
     "Decision",
+    "GiveUp",
     "LocalCoordinator",
+    "Restart",
     "RestartCoordinator",
     "RunOutcome",
     "Supervisor",
