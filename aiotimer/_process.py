@@ -180,6 +180,8 @@ def _open_pidfd(pid: int) -> int | None:
         if exc.errno == errno.ENOENT:
             _check_leader(pid)
             raise ProcessGoneError(f"no process with pid {pid}") from None
+        if exc.errno in (errno.EMFILE, errno.ENFILE):
+            raise  # out of descriptors: the server's failure, never a weaker identity
         return None  # ENOSYS (old kernel) or a seccomp filter: fall back to start time
     os.set_inheritable(fd, False)
     return fd

@@ -71,6 +71,8 @@ class Worker:
     watch: anyio.CancelScope | None = None  # the watcher's, once it runs
     reaping: bool = False
     gone: bool = False
+    pinned: bool = True  # False: attaching ran out of file descriptors; tried again later
+    start_time: int | None = None  # what its request said, for the next try
 
 
 @dataclass(slots=True, eq=False)

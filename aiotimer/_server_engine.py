@@ -56,6 +56,7 @@ Everything here runs in the event loop's thread; thread-safety is the shell's bu
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
 import os
@@ -317,11 +318,16 @@ class Engine:
 
     def _attach(self, pid: int, start_time: int | None) -> bool:
         try:
-            # start_time only when the request has one: older reapers lack the keyword.
-            if start_time is None:
-                attached = self._reaper.attach(pid)
-            else:
-                attached = self._reaper.attach(pid, start_time=start_time)
+            attached = self._pin(pid, start_time)
+        except OSError as exc:
+            if exc.errno not in (errno.EMFILE, errno.ENFILE):
+                logger.exception("reaper.attach(%d) raised; treating the worker as unknown", pid)
+                return False
+            # Out of descriptors is the server's failure, not the worker's: keep its
+            # timers, say so loudly, and pin it again when one expires.
+            self._out_of_descriptors(pid, exc)
+            self._workers[pid] = Worker(pid, pinned=False, start_time=start_time)
+            return True
         except Exception:
             logger.exception("reaper.attach(%d) raised; treating the worker as unknown", pid)
             return False
@@ -329,6 +335,43 @@ class Engine:
             worker = self._workers[pid] = Worker(pid)
             self._tg.start_soon(self._watch, worker, name=f"aiotimer-watch-{pid}")
         return attached
+
+    def _pin(self, pid: int, start_time: int | None) -> bool:
+        # start_time only when the request has one: older reapers lack the keyword.
+        if start_time is None:
+            return self._reaper.attach(pid)
+        return self._reaper.attach(pid, start_time=start_time)
+
+    def _repin(self, worker: Worker) -> bool:
+        """Pin a worker whose attach ran out of descriptors; ``True`` if it now is."""
+        try:
+            attached = self._pin(worker.pid, worker.start_time)
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE):
+                self._out_of_descriptors(worker.pid, exc)
+            else:
+                logger.exception("reaper.attach(%d) raised", worker.pid)
+            return False
+        except Exception:
+            logger.exception("reaper.attach(%d) raised", worker.pid)
+            return False
+        if not attached:  # it has gone meanwhile
+            self._worker_gone(worker, "gone before signal")
+            return False
+        worker.pinned = True
+        self._tg.start_soon(self._watch, worker, name=f"aiotimer-watch-{worker.pid}")
+        return True
+
+    @staticmethod
+    def _out_of_descriptors(pid: int, exc: OSError) -> None:
+        logger.critical(
+            "out of file descriptors (%s) pinning worker %d: its identity cannot be "
+            "proven, so it cannot be signalled until a descriptor is free. Raise the "
+            "open-file limit (ulimit -n; aiotimer serve raises the soft limit to the "
+            "hard one) or run fewer workers per server",
+            exc.strerror,
+            pid,
+        )
 
     async def _watch(self, worker: Worker) -> None:
         if worker.gone:
@@ -397,6 +440,23 @@ class Engine:
     def scope_stats(self) -> tuple[SiteSummary, ...]:
         """The duration statistics of every scope site (see :mod:`aiotimer._stats`)."""
         return tuple(self.stats.summaries())
+
+    def _expire_unpinned(self, timer: Timer, now: float) -> None:
+        """A timer of a worker still unpinned (out of descriptors) expired: report it,
+        signal nothing (a pid alone may name another process by now)."""
+        self.stats.record_expired(timer.scope_id, max(0.0, now - timer.acquired_at))
+        self._emit(
+            TimerExpired(
+                time=self._clock.time(),
+                pid=timer.pid,
+                scope_id=timer.scope_id,
+                signal=timer.signal,
+                late=now - timer.deadline,
+                report_only=True,
+                action="nothing: the server ran out of file descriptors and cannot prove "
+                "the worker's identity (see the log)",
+            )
+        )
 
     # -- expiry -----------------------------------------------------------------------
 
@@ -498,6 +558,10 @@ class Engine:
         """Report ``timer``'s expiry; the reap it begins, if it begins one."""
         self.counts.expired += 1
         worker = self._workers.get(timer.pid)
+        if worker is not None and not worker.pinned and not self._repin(worker):
+            if not worker.gone:
+                self._expire_unpinned(timer, now)
+            return None
         policy = self._policy
         plan: Sequence[Step] = () if worker is None else policy.plan(timer)
         reap: Reap | None = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import logging
 import os
@@ -1011,3 +1012,42 @@ async def test_a_release_waiting_in_a_source_wins_over_its_deadline() -> None:
         await r.advance(1.0)
         assert r.reaper.signals() == [(2, KILL)]  # 1 released in time, 2 did not
         assert held.held == [] and held.drained == 2
+
+
+class _OutOfDescriptors(RecordingReaper):
+    """Attaching fails with EMFILE ``failures`` times, then works."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__()
+        self.failures = failures
+
+    def attach(self, pid: int, *, start_time: int | None = None) -> bool:
+        if self.failures > 0:
+            self.failures -= 1
+            raise OSError(errno.EMFILE, "Too many open files")
+        return super().attach(pid, start_time=start_time)
+
+
+@pytest.mark.asyncio
+async def test_out_of_descriptors_keeps_the_timer_and_pins_again_at_expiry(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async with rig(reaper=_OutOfDescriptors(failures=1)) as r:
+        with caplog.at_level(logging.CRITICAL, logger="aiotimer"):
+            r.acquire(1, "a", at=1.0)
+            await settle()
+        assert "out of file descriptors" in caplog.text
+        assert r.of(WorkerUnknown) == [], "never reported as an unknown worker"
+        assert len(r.server.get_state().timers) == 1
+        await r.advance(1.0)  # a descriptor is free again: pinned, then reaped
+        assert r.reaper.signals() == [(1, KILL)]
+
+
+@pytest.mark.asyncio
+async def test_still_out_of_descriptors_at_expiry_is_reported_never_signalled() -> None:
+    async with rig(reaper=_OutOfDescriptors(failures=2)) as r:
+        r.acquire(1, "a", at=1.0)
+        await r.advance(1.0)
+        assert r.reaper.signals() == []
+        [expired] = r.of(TimerExpired)
+        assert expired.report_only and "file descriptors" in expired.action
