@@ -27,6 +27,8 @@ from aiotimer._logging import queued_logging
 from aiotimer._policy import Escalation, ReapPolicy
 from aiotimer._server_engine import MAX_TIMERS, MAX_TIMERS_PER_WORKER
 from aiotimer._stats import format_summaries
+from aiotimer.cluster._cli import add_node_arguments, node_config, publishing, server_status
+from aiotimer.cluster._publisher import NodePublisher
 from aiotimer.diagnostics import private_dump_dir
 from aiotimer.errors import AiotimerError
 from aiotimer.events import Event, ServerStopped, SourceFailed
@@ -161,6 +163,7 @@ def _configure_serve(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="signal only descendants of the server (what a supervisor wants)",
     )
+    add_node_arguments(parser)
 
 
 def add_reap_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
@@ -323,8 +326,11 @@ async def _serve(args: argparse.Namespace) -> str | None:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     failure: list[str] = []
+    publishers: list[NodePublisher] = []  # with --etcd: this node's, once it runs
 
     def watch(event: Event) -> None:
+        for publisher in publishers:
+            publisher.on_event(event)
         # A server that stops serving must end the process, so a supervisor sees it.
         if isinstance(event, SourceFailed):
             failure.append(f"source {event.source} failed: {event.error}")
@@ -353,7 +359,8 @@ async def _serve(args: argparse.Namespace) -> str | None:
     )
     loop.add_signal_handler(signal.SIGUSR1, log_summary, server)
     try:
-        async with server:
+        async with publishing(node_config(args), lambda: server_status(server)) as node, server:
+            publishers.extend([node] if node is not None else [])
             await stop.wait()
     finally:
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):

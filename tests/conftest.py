@@ -30,6 +30,14 @@ def pytest_asyncio_loop_factories(
     return LOOP_FACTORIES
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that runs a real etcd is an ``etcd`` and a ``process`` test."""
+    for item in items:
+        if "etcd" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.etcd)
+            item.add_marker(pytest.mark.process)
+
+
 @pytest.fixture
 def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
     """A real etcd on free loopback ports, removed (data dir included) afterwards.

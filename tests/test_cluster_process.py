@@ -106,16 +106,17 @@ class Job:
 
     def status(self) -> tuple[int, dict[str, Any]]:
         """``aiotimer status --etcd ... --json``: its exit code and its JSON view."""
-        args = (
-            f"argparse.Namespace(etcd={self.etcd.endpoint!r}, job={self.name!r}, json=True, "
-            "watch=None, timeout=5.0)"
-        )
         done = subprocess.run(
             [
                 sys.executable,
-                "-c",
-                "import argparse, sys; from aiotimer.cluster._cli import run_job_status; "
-                f"sys.exit(run_job_status({args}))",
+                "-m",
+                "aiotimer",
+                "status",
+                "--etcd",
+                self.etcd.endpoint,
+                "--job",
+                self.name,
+                "--json",
             ],
             capture_output=True,
             timeout=30,
@@ -278,3 +279,34 @@ def test_a_late_node_starts_at_the_job_generation(job: Job) -> None:
     late = job.start("b", "--restart-scope", "job")
     assert late.wait(timeout=30) == 0, job.log("b")
     assert job.started() == {"a-0-0", "a-1-0", "a-0-2", "a-1-2", "b-0-2", "b-1-2"}
+
+
+def test_a_standalone_server_publishes_its_workers_and_timers(job: Job) -> None:
+    fifo = job.tmp / "timer.fifo"
+    with (job.tmp / "serve.log").open("ab") as log:
+        serve = subprocess.Popen(
+            [sys.executable, "-m", "aiotimer", "serve", "--fifo", str(fifo), "--etcd",
+             job.etcd.endpoint, "--job", job.name, "--node", "s1", "--etcd-ttl", str(TTL)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    job.nodes["s1"] = serve
+    view = job.wait_status(lambda v: "s1" in nodes(v), timeout=30)
+    assert nodes(view)["s1"]["role"] == "server"
+    worker = subprocess.Popen(
+        [sys.executable, "-c", "import time; from aiotimer import expires\n"
+         "with expires(after=60, scope='long'):\n    time.sleep(60)"],
+        env={**os.environ, "AIOTIMER_FIFO": str(fifo)},
+    )  # fmt: skip
+    try:
+        view = job.wait_status(lambda v: nodes(v)["s1"]["live_timers"] == 1, timeout=15)
+        assert [(w["pid"], w["live_timers"]) for w in nodes(view)["s1"]["workers"]] == [
+            (worker.pid, 1)
+        ]
+    finally:
+        worker.kill()
+        worker.wait()
+    serve.send_signal(signal.SIGTERM)
+    assert serve.wait(timeout=20) == 0
+    code, view = job.status()
+    assert (code, nodes(view)["s1"]["status"]) == (3, "left")

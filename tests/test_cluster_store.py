@@ -17,7 +17,9 @@ from aiotimer.testing import FakeClock, MemoryStore
 pytestmark = pytest.mark.timeout(30)
 
 
-@pytest_asyncio.fixture(params=["memory", pytest.param("etcd", marks=pytest.mark.etcd)])
+@pytest_asyncio.fixture(
+    params=["memory", pytest.param("etcd", marks=[pytest.mark.etcd, pytest.mark.process])]
+)
 async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
     if request.param == "memory":
         yield MemoryStore(FakeClock())
