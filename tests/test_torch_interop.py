@@ -16,6 +16,8 @@ sub-second deadline; what matters is *whether* it is killed, not how fast.
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import math
 import multiprocessing
 import os
@@ -70,6 +72,36 @@ def aiotimer_fifo_server(fifo: str, reaped: list[Event]) -> Iterator[str]:
 
     with TimerServerThread(TimerServer(fifo=fifo, on_event=record)):
         yield fifo
+
+
+# -- the same module paths as torch ----------------------------------------------------------
+
+TORCH_PACKAGE = "torch.distributed.elastic.timer"
+
+
+@pytest.mark.parametrize(
+    "submodule", ["", ".api", ".local_timer", ".file_based_local_timer", ".debug_info_logging"]
+)
+def test_every_torch_module_path_has_its_compat_twin(submodule: str) -> None:
+    """Each torch module's ``__all__``, and every API name it imports from the timer
+    package, is importable from the compat module of the same path (so one line of
+    imports switches), as the same kind of object."""
+    theirs = importlib.import_module(TORCH_PACKAGE + submodule)
+    ours = importlib.import_module("aiotimer.compat.torch" + submodule)
+    api_names = {
+        name
+        for name, value in vars(theirs).items()
+        if not name.startswith("_")
+        and getattr(value, "__module__", "").startswith(TORCH_PACKAGE)
+        and not inspect.ismodule(value)
+    }
+    wanted = set(getattr(theirs, "__all__", ())) | api_names
+    assert wanted <= set(ours.__all__), sorted(wanted - set(ours.__all__))
+    for name in wanted:
+        mine, torchs = getattr(ours, name), getattr(theirs, name)
+        assert inspect.isclass(mine) == inspect.isclass(torchs), name
+        assert callable(mine), name
+        assert mine.__doc__, name
 
 
 # -- requests: the same bytes as torch -----------------------------------------------------

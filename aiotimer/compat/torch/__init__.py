@@ -10,9 +10,11 @@ with::
 
 and keep the rest: ``timer.configure(timer.FileTimerClient(path))``, ``with
 timer.expires(after=60): ...``, ``timer.FileTimerServer(path, run_id).start()``,
-``timer.LocalTimerServer(mp_queue).start()``. Importing this module does not import
-torch; the requests and lines it produces are the ones torch's servers and clients
-expect, in both directions.
+``timer.LocalTimerServer(mp_queue).start()``. torch's submodule paths answer too:
+``aiotimer.compat.torch.api``, ``.local_timer``, ``.file_based_local_timer`` and
+``.debug_info_logging`` export what torch's modules of those names export. Importing
+this module does not import torch; the requests and lines it produces are the ones
+torch's servers and clients expect, in both directions.
 
 What is different (aiotimer's semantics; see docs/migrating-from-torch.md):
 
