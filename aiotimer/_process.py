@@ -41,6 +41,7 @@ from typing import Final, NamedTuple
 import anyio
 
 from aiotimer._kill_policy import ServerIdentity, Target
+from aiotimer._procstat import parse_stat
 from aiotimer.errors import ProcessGoneError, ReapError, RefusedTargetError
 
 __all__ = [
@@ -54,8 +55,6 @@ __all__ = [
 ]
 
 _PROC: Final[str] = "/proc"
-#: 1-based index of ``starttime`` in ``/proc/<pid>/stat`` (see proc(5)).
-_STAT_START_TIME_FIELD: Final[int] = 22
 #: Process states that mean "has exited" (zombie, dead).
 _EXITED_STATES: Final = frozenset({"Z", "X", "x"})
 
@@ -73,11 +72,7 @@ def _read_stat(pid: int) -> tuple[str, int] | None:
         if not os.path.isdir(_PROC):
             raise
         return None
-    # The command name (field 2) is in parentheses and may itself contain ") ", so the
-    # fixed fields start after the *last* closing parenthesis, at field 3.
-    fields = data[data.rindex(b")") + 2 :].split()
-    state = fields[0].decode("ascii")
-    return state, int(fields[_STAT_START_TIME_FIELD - 3])
+    return parse_stat(data)
 
 
 def read_start_time(pid: int) -> int | None:

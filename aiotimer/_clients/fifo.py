@@ -34,6 +34,8 @@ import weakref
 from dataclasses import dataclass
 from typing import Final
 
+import msgspec
+
 from aiotimer._clients._common import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_SIGNAL,
@@ -49,6 +51,7 @@ from aiotimer._clients._common import (
     next_retry,
 )
 from aiotimer._marker import MarkerFile, read_live_marker
+from aiotimer._procstat import own_start_time
 from aiotimer._protocol import BlockEncoder, Request, block_encoder, encode
 from aiotimer.errors import ClientBackpressureError, ServerUnavailableError
 
@@ -143,7 +146,8 @@ class FifoClient:
         self.marker_check_interval = 1.0
         self._lock = threading.Lock()
         self._pid = os.getpid()  # refreshed in a forked child, with the encoder
-        self._encode_block: BlockEncoder = block_encoder(self._pid, self._signal)
+        self._start_time = own_start_time()
+        self._encode_block: BlockEncoder = block_encoder(self._pid, self._signal, self._start_time)
         self._fd: int | None = None  # persistent descriptor (aiotimer server only)
         self._server: MarkerFile | None = None  # whom the persistent descriptor talks to
         self._recheck_at = 0.0  # when the marker is due to be checked again (monotonic)
@@ -253,9 +257,13 @@ class FifoClient:
         ):
             signal = request.signal
             encode_block = (
-                self._encode_block if signal == self._signal else block_encoder(self._pid, signal)
+                self._encode_block
+                if signal == self._signal
+                else block_encoder(self._pid, signal, self._start_time)
             )
             return encode_block(request.scope_id, request.expiration_time, mono)
+        if request.pid == self._pid and request.start_time is None:  # as the fast path does
+            request = msgspec.structs.replace(request, start_time=self._start_time)
         return encode(request), encode(Request(request.pid, request.scope_id, -1, 0))
 
     def _sending(self, request: Request) -> Steps:
@@ -452,7 +460,8 @@ class FifoClient:
     def _after_fork_in_child(self) -> None:
         self._lock = threading.Lock()
         self._pid = os.getpid()
-        self._encode_block = block_encoder(self._pid, self._signal)
+        self._start_time = own_start_time()
+        self._encode_block = block_encoder(self._pid, self._signal, self._start_time)
         fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)
