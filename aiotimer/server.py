@@ -174,7 +174,7 @@ class TimerServer:
             to ``<event_log>.stats.json`` and merged back on the next start, so a crash
             does not lose them.
         fifo_mode: the FIFO's permission bits (the socket's too).
-        socket: also serve the same lines on a Unix stream socket at this path
+        socket: also serve the same lines on a Unix socket at this path
             (:class:`~aiotimer.sources.SocketSource`), where the kernel names each
             client, so a client can only register itself; the FIFO's marker names it
             and clients that know it prefer it.

@@ -20,7 +20,13 @@ from aiotimer._process import read_start_time
 from aiotimer._protocol import MARKER_SUFFIX, Request, encode
 from aiotimer.cli import build_parser, socket_path
 from aiotimer.errors import SourceError
-from aiotimer.events import Event, RequestRejected, WorkerReaped
+from aiotimer.events import (
+    Event,
+    RequestRejected,
+    TimerAcquired,
+    TimerReleased,
+    WorkerReaped,
+)
 from aiotimer.server import TimerServer
 from aiotimer.sources.socket import SocketSource, peer_credentials
 from aiotimer.testing import RecordingSink, running_source, wait_until
@@ -34,7 +40,7 @@ def sock_path(tmp_path: pathlib.Path) -> pathlib.Path:
 
 
 def connect(path: pathlib.Path) -> socket.socket:
-    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     conn.connect(os.fspath(path))
     return conn
 
@@ -73,7 +79,7 @@ async def test_a_client_cannot_name_another_pid(sock_path: pathlib.Path) -> None
         f"""
         import os, socket
         from aiotimer._protocol import MARKER_SUFFIX, Request, encode
-        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         conn.connect({os.fspath(sock_path)!r})
         conn.sendall(encode(Request(os.getppid(), "forged", 1e10, 9)))
         conn.sendall(encode(Request(os.getpid(), "own", 1e10, 9)))
@@ -125,7 +131,7 @@ async def test_connections_do_not_mix_partial_lines(sock_path: pathlib.Path) -> 
 
 
 async def test_claims_only_a_stale_socket_of_its_own(sock_path: pathlib.Path) -> None:
-    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     stale.bind(os.fspath(sock_path))
     stale.close()  # the path stays, nobody listens: replaced
     async with running_source(SocketSource(sock_path), RecordingSink()):
@@ -160,7 +166,7 @@ async def test_a_peer_that_exits_before_it_is_read_is_still_its_own(
         f"""
         import os, socket
         from aiotimer._protocol import MARKER_SUFFIX, Request, encode
-        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         conn.connect({os.fspath(sock_path)!r})
         for i in range({size}):
             conn.sendall(encode(Request(os.getpid(), f"s{{i}}", 1e10, 9)))
@@ -189,7 +195,7 @@ async def test_a_peer_that_exits_before_it_is_read_is_still_its_own(
 SOCKET_WORKER = r"""
 import os, socket, sys, time
 from aiotimer._protocol import MARKER_SUFFIX, Request, encode
-conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
 conn.connect(sys.argv[1])
 deadline = time.time() + 0.2
 conn.sendall(encode(Request(int(sys.argv[2]), "forged", deadline, 9)))
@@ -237,3 +243,46 @@ async def test_serve_socket_option(tmp_path: pathlib.Path) -> None:
     assert socket_path(parse(["serve", "--fifo", fifo, "--socket"])) == fifo + ".sock"
     other = os.fspath(tmp_path / "other.sock")
     assert socket_path(parse(["serve", "--fifo", fifo, "--socket", other])) == other
+
+
+# -- aiotimer's client prefers the socket --------------------------------------------------
+
+CLIENT_WORKER = r"""
+import sys, time
+from aiotimer import FifoClient, expires
+client = FifoClient(sys.argv[1])
+with expires(after=0.2, scope="released", client=client):
+    pass
+print("released", flush=True)
+with expires(after=0.2, scope="hung", client=client):
+    time.sleep(30)
+"""
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("offer_socket", [True, False], ids=["socket", "fifo-fallback"])
+async def test_the_client_prefers_the_offered_socket_and_falls_back_to_the_fifo(
+    tmp_path: pathlib.Path, offer_socket: bool
+) -> None:
+    events: list[Event] = []
+    fifo, sock = tmp_path / "t.fifo", tmp_path / "t.sock"
+    server = TimerServer(fifo=fifo, socket=sock, on_event=events.append, request_events=True)
+    async with server:
+        if not offer_socket:  # the marker names a socket nobody serves any more
+            sock.unlink()
+        env = {**os.environ, "PYTHONPATH": str(pathlib.Path(__file__).parent.parent)}
+        worker = await anyio.open_process(
+            [sys.executable, "-c", CLIENT_WORKER, os.fspath(fifo)], env=env
+        )
+        async with worker:
+            with anyio.fail_after(20):
+                assert await worker.wait() == -signal.SIGKILL
+        await wait_until(lambda: any(isinstance(e, WorkerReaped) for e in events))
+    acquired = [e for e in events if isinstance(e, TimerAcquired)]
+    assert [e.scope_id for e in acquired] == ["released", "hung"]
+    expected = f"socket:{sock}" if offer_socket else f"fifo:{fifo}"
+    assert {e.source for e in acquired} == {expected}
+    released = [e for e in events if isinstance(e, TimerReleased)]
+    assert [(e.scope_id, e.source) for e in released] == [("released", expected)]
+    [reaped] = [e for e in events if isinstance(e, WorkerReaped)]
+    assert reaped.pid == worker.pid

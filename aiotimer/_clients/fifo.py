@@ -8,6 +8,12 @@ How it works:
   sends the ``mono`` extension. Without a marker it opens, writes and closes for every
   request, with torch's exact bytes (torch's server stops reaping while a writer keeps
   the pipe open).
+* **The socket.** When the marker names the server's Unix socket (``aiotimer serve
+  --socket``), the persistent descriptor is a connection to it instead of the FIFO: the
+  kernel tells the server who this process is, so nobody can register timers in its
+  name. It is ``SOCK_SEQPACKET`` (a write is whole or refused, like a FIFO write), so
+  everything below is the same over both; a socket that cannot be reached falls back
+  to the FIFO.
 * **The fast path** (:meth:`FifoClient.send_nowait`): with the descriptor open and room
   in the pipe, a request is one ``os.write`` under a lock. An acquire of this process
   encodes both lines of its block at once (:func:`~aiotimer._protocol.block_encoder`),
@@ -62,6 +68,8 @@ log = logging.getLogger("aiotimer.client")
 #: How many times in a row a broken pipe (server gone) triggers an immediate reopen.
 _MAX_REOPENS: Final[int] = 3
 _NO_READER_ERRNOS: Final = frozenset({errno.ENXIO, errno.ENOENT})
+#: A persistent descriptor whose reader left: the FIFO (EPIPE) or the socket (ECONNRESET).
+_BROKEN_ERRNOS: Final = frozenset({errno.EPIPE, errno.ECONNRESET})
 _monotonic: Final = time.monotonic
 _live_fifo_clients: weakref.WeakSet[FifoClient] = weakref.WeakSet()
 
@@ -337,7 +345,7 @@ class FifoClient:
         except BlockingIOError:
             return _Full(os.dup(fd))
         except OSError as exc:
-            if exc.errno != errno.EPIPE:
+            if exc.errno not in _BROKEN_ERRNOS:
                 raise ServerUnavailableError(
                     f"cannot write to the timer server's FIFO {self._path!r}: {exc.strerror}"
                 ) from exc
@@ -412,6 +420,10 @@ class FifoClient:
                     "the server recreates its FIFO once the path is free"
                 )
             if server is not None:
+                sock = None if server.marker.socket is None else _connect(server.marker.socket)
+                if sock is not None:  # the server's socket names this process: prefer it
+                    os.close(fd)
+                    fd = sock
                 self._fd, self._server = fd, server
                 self._recheck_at = time.monotonic() + self.marker_check_interval
                 if self._connected_before:
@@ -470,6 +482,25 @@ class FifoClient:
         self._flusher = None  # threads do not survive a fork
         self._open_scopes = {}  # the parent's blocks are not the child's
         self._connected_before = False
+
+
+def _connect(path: str) -> int | None:
+    """A non-blocking descriptor connected to the server's Unix socket, or ``None``.
+
+    The socket is ``SOCK_SEQPACKET``: a write is one message, whole or refused with
+    ``EAGAIN`` like a FIFO write, so the rest of the client is the same over both.
+    """
+    import socket  # noqa: PLC0415 (only clients of a server that offers a socket pay for it)
+
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+    try:
+        sock.connect(path)
+        sock.setblocking(False)
+    except OSError as exc:
+        sock.close()
+        log.info("cannot connect to the timer server's socket %s (%s); using its FIFO", path, exc)
+        return None
+    return sock.detach()
 
 
 def _torch_request(request: Request) -> Request:

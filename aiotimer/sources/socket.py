@@ -1,5 +1,5 @@
-"""The Unix-socket source: the FIFO's request lines over a stream socket whose peers the
-kernel names.
+"""The Unix-socket source: the FIFO's request lines over a socket whose peers the kernel
+names.
 
 Over a FIFO a request says which pid it is for, and the server has to believe it: a
 client can name any process. Over this socket the kernel tells the server who connected
@@ -8,6 +8,10 @@ itself; a line naming another pid is rejected.
 
 How it works:
 
+* **Messages, not a byte stream.** The socket is ``SOCK_SEQPACKET``: each write is one
+  message, delivered whole or refused with ``EAGAIN`` when there is no room, never cut,
+  exactly as a FIFO write of at most ``PIPE_BUF`` bytes. So a client writes one line per
+  message without ever handling a partial write, and the line format is the FIFO's.
 * **Claiming the path.** A missing path gets a new socket, chmod-ed to exactly ``mode``.
   An existing path is replaced only if it is a socket owned by this user that nobody
   accepts on (a connection attempt is refused); anything else is refused and left alone.
@@ -76,7 +80,7 @@ class Peer:
 
 
 def peer_credentials(conn: socket.socket) -> Peer:
-    """The connected peer of Unix stream socket ``conn``.
+    """The connected peer of Unix socket ``conn``.
 
     Raises:
         ProcessGoneError: the peer has already exited.
@@ -151,7 +155,7 @@ class _Listener:
         self.path = path
         self.inode: tuple[int, int] | None = None
         _clear_stale(path)
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
         try:
             self.sock.bind(os.fspath(path))
             st = os.lstat(path)
@@ -195,7 +199,7 @@ def _clear_stale(path: pathlib.Path) -> None:
         raise SourceError(
             f"socket {path} belongs to uid {st.st_uid}, not to this user; refusing to take it"
         )
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as probe:
         probe.setblocking(False)
         try:
             probe.connect(os.fspath(path))
@@ -212,7 +216,8 @@ def _clear_stale(path: pathlib.Path) -> None:
 
 
 class SocketSource:
-    """Serve request lines on a Unix stream socket at ``path`` (see the module docstring).
+    """Serve request lines on a Unix ``SOCK_SEQPACKET`` socket at ``path`` (see the module
+    docstring).
 
     Args:
         path: where to bind the socket.
@@ -297,7 +302,7 @@ class SocketSource:
                 if batch.requests or batch.rejections:
                     sink.submit(_bind_to_peer(batch, peer), self._name)
                 ended = not chunk
-                return len(chunk) == _CHUNK
+                return not ended  # one message read: more may be queued
 
             with draining(sink, drain):
                 while not ended:
