@@ -19,7 +19,7 @@ import sys
 from types import CodeType, FrameType
 from typing import Final
 
-__all__ = ["current_pid", "default_scope", "scope_site"]
+__all__ = ["current_pid", "default_scope", "scope_at_site", "scope_site"]
 
 _counter: Final = itertools.count(1)  # next() on it is atomic under the GIL
 #: Call site (id of the code object, instruction offset) -> ("basename:lineno#", the code
@@ -41,6 +41,12 @@ def default_scope(depth: int = 1) -> str:
     entry = _sites.get((id(frame.f_code), frame.f_lasti))
     site = _new_site(frame) if entry is None else entry[0]
     return f"{site}{next(_counter)}"
+
+
+def scope_at_site(site: str) -> str:
+    """A fresh default scope id at ``site`` (as :func:`scope_site` returns it): each
+    call of a decorated function gets its own id at the decorator's line."""
+    return f"{site}#{next(_counter)}"
 
 
 def _new_site(frame: FrameType) -> str:

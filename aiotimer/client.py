@@ -6,8 +6,12 @@
 ...     await fetch()
 
 Entering a block sends an *acquire* (deadline ``after`` seconds from now) to the timer
-server; leaving it sends a *release*. If the block is still running at its deadline, the
-server reaps this process (SIGKILL by default).
+server; leaving it sends a *release*. If a ``with`` block is still running at its
+deadline, the server reaps this process (SIGKILL by default). An ``async with`` block
+has two tiers: at the deadline its own task is cancelled and ``TimeoutError`` comes out
+of the block (``asyncio.timeout`` semantics); the server reaps the process only if the
+block has not ended ``kill_after`` seconds later (the loop is blocked, or the task
+swallowed its cancellation).
 
 Which client: the one given to ``expires(client=...)``; else the context-local one
 (:func:`use_client`); else the process-wide one (:func:`configure`); else one discovered
@@ -16,10 +20,13 @@ from the environment (``AIOTIMER_FIFO``, then torch's ``TORCHELASTIC_TIMER_FILE`
 
 from __future__ import annotations
 
+import functools
+import inspect
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import Final
+from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypeVar, overload
 
 from aiotimer._clients import (
     DEFAULT_CONNECT_TIMEOUT,
@@ -38,10 +45,15 @@ from aiotimer._clients import (
     use_client,
 )
 from aiotimer._protocol import Request, number_problem, scope_id_problem, signal_problem
-from aiotimer._scope import current_pid, default_scope, scope_site
+from aiotimer._scope import current_pid, default_scope, scope_at_site, scope_site
+from aiotimer._task_deadline import TaskDeadline
+
+if TYPE_CHECKING:
+    import asyncio
 
 __all__ = [
     "DEFAULT_CONNECT_TIMEOUT",
+    "DEFAULT_KILL_AFTER",
     "DEFAULT_SIGNAL",
     "DEFAULT_WRITE_TIMEOUT",
     "MAX_DEADLINE_AHEAD",
@@ -67,6 +79,11 @@ _CREATED, _ACTIVE, _EXITED = 0, 1, 2
 _STATE_NAMES: Final = ("created", "active", "exited")
 _monotonic: Final = time.monotonic
 _wall: Final = time.time
+#: How long after an ``async with`` block's deadline (when its task is cancelled) the
+#: server reaps the process if the block has still not ended.
+DEFAULT_KILL_AFTER: Final[float] = 5.0
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 #: An ``expires_at`` deadline further ahead than this (on ``time.monotonic()``) is taken
 #: for what it almost surely is, an epoch time (``time.time()``, ~56 years ahead).
 MAX_DEADLINE_AHEAD: Final[float] = 10 * 365.25 * 86400.0
@@ -86,21 +103,37 @@ def _deadline_problem(deadline: float) -> str | None:
 
 
 class Expires:
-    """A timed block: usable once, as ``with`` or as ``async with`` (see :func:`expires`).
+    """A timed block: usable once, as ``with`` or as ``async with``, or as a decorator
+    (see :func:`expires`).
 
     Attributes:
         scope: the scope id sent to the server.
-        deadline: the deadline on ``time.monotonic()`` (set on entry for ``expires``).
+        deadline: the block's deadline on ``time.monotonic()`` (set on entry for
+            ``expires``); in ``async with``, when the block's task is cancelled.
     """
 
-    __slots__ = ("_after", "_client", "_send_nowait", "_signal", "_state", "deadline", "scope")
+    __slots__ = (
+        "_after",
+        "_client",
+        "_kill_after",
+        "_per_call_scope",
+        "_send_nowait",
+        "_signal",
+        "_state",
+        "_timeout",
+        "deadline",
+        "scope",
+    )
     scope: str
     deadline: float | None
     _after: float | None
     _client: TimerClient | None
+    _kill_after: float | None
+    _per_call_scope: bool
     _send_nowait: Callable[[Request], bool] | None
     _signal: int | None
     _state: int
+    _timeout: TaskDeadline | None
 
     def __init__(
         self,
@@ -109,6 +142,8 @@ class Expires:
         deadline: float | None,
         client: TimerClient | None,
         signal: int | None,
+        *,
+        kill_after: float | None = None,
     ) -> None:
         # Refused here, at entry, whatever the server would reject: such a block would
         # otherwise run with no timer at all.
@@ -121,6 +156,8 @@ class Expires:
         problem = problem or scope_id_problem(scope)
         if signal is not None:
             problem = problem or signal_problem(signal)
+        if kill_after is not None:
+            problem = problem or number_problem("kill_after", kill_after, minimum=0)
         if problem is not None:
             raise ValueError(problem)
         self.scope = scope
@@ -128,13 +165,17 @@ class Expires:
         self.deadline = deadline
         self._client = client
         self._signal = signal
+        self._kill_after = kill_after
         self._state = _CREATED
         self._send_nowait = None
+        self._timeout = None
+        self._per_call_scope = False
 
     # -- the one place requests are built --------------------------------------------
 
-    def _acquire(self) -> Request:
-        """Enter: fix the client and the deadline; the acquire to send."""
+    def _acquire(self, kill_after: float = 0.0) -> Request:
+        """Enter: fix the client and the deadline; the acquire to send, whose deadline is
+        ``kill_after`` seconds past the block's (the async face's second tier)."""
         if self._state != _CREATED:
             raise RuntimeError(f"{self!r} can be entered only once")
         client = self._client
@@ -149,8 +190,9 @@ class Expires:
         self.deadline = deadline
         self._state = _ACTIVE
         signal = client.signal if self._signal is None else self._signal
+        reap_at = deadline + kill_after
         # Positional: pid, scope_id, expiration_time (epoch), signal, version, mono.
-        return Request(current_pid(), self.scope, wall + (deadline - mono), signal, None, deadline)
+        return Request(current_pid(), self.scope, wall + (reap_at - mono), signal, None, reap_at)
 
     def _release(self) -> Request:
         """Exit: the release to send."""
@@ -185,7 +227,11 @@ class Expires:
             release_undelivered(self.scope, release_exc, exc)
 
     async def __aenter__(self) -> Expires:
-        request = self._acquire()
+        kill_after = DEFAULT_KILL_AFTER if self._kill_after is None else self._kill_after
+        task = _current_asyncio_task() if kill_after > 0 else None
+        if task is None:
+            kill_after = 0.0  # one tier: the server reaps at the deadline
+        request = self._acquire(kill_after)
         try:
             send_nowait = self._send_nowait
             if send_nowait is None or not send_nowait(request):
@@ -193,6 +239,10 @@ class Expires:
         except BaseException:
             self._state = _EXITED
             raise
+        if kill_after > 0 and task is not None:
+            assert self.deadline is not None
+            when = task.get_loop().time() + (self.deadline - _monotonic())
+            self._timeout = TaskDeadline(task, when)
         return self
 
     async def __aexit__(
@@ -208,6 +258,61 @@ class Expires:
                 await self._sender().send_async(request)
         except Exception as release_exc:
             release_undelivered(self.scope, release_exc, exc)
+        timeout = self._timeout
+        if timeout is not None:
+            self._timeout = None
+            # A cancellation the deadline caused becomes TimeoutError; any other (an
+            # outer cancellation) propagates untouched.
+            timeout.leave(exc_type, exc)
+
+    # -- as a decorator ----------------------------------------------------------------
+
+    @overload
+    def __call__(
+        self, func: Callable[_P, Awaitable[_R]]
+    ) -> Callable[_P, Awaitable[_R]]: ...  # pragma: no cover
+
+    @overload
+    def __call__(self, func: Callable[_P, _R]) -> Callable[_P, _R]: ...  # pragma: no cover
+
+    def __call__(self, func: Callable[_P, Any]) -> Callable[_P, Any]:
+        """Time every call of ``func`` as a block with these settings (a decorator).
+
+        Each call is a new block: with a default scope each gets its own id at the
+        decorated line; an explicit scope is shared by all calls (one timer, as in
+        torch). Coroutine functions get the ``async with`` face.
+        """
+        if self._state != _CREATED:
+            raise RuntimeError(f"{self!r} was entered: decorate with a fresh expires()")
+        self._state = _EXITED  # this object is a template from now on, never entered
+        new_block = self._template()
+        if inspect.iscoroutinefunction(func):
+
+            @functools.wraps(func)
+            async def timed_coroutine(*args: _P.args, **kwargs: _P.kwargs) -> Any:
+                async with new_block():
+                    return await func(*args, **kwargs)
+
+            return timed_coroutine
+
+        @functools.wraps(func)
+        def timed(*args: _P.args, **kwargs: _P.kwargs) -> Any:
+            with new_block():
+                return func(*args, **kwargs)
+
+        return timed
+
+    def _template(self) -> Callable[[], Expires]:
+        """A maker of fresh blocks with this block's settings."""
+        scope, after, deadline = self.scope, self._after, self.deadline
+        client, signal, kill_after = self._client, self._signal, self._kill_after
+        site = scope_site(scope) if self._per_call_scope else None
+
+        def new_block() -> Expires:
+            block_scope = scope if site is None else scope_at_site(site)
+            return Expires(block_scope, after, deadline, client, signal, kill_after=kill_after)
+
+        return new_block
 
     def _sender(self) -> TimerClient:
         client = self._client
@@ -230,11 +335,22 @@ def expires(
     scope: str | None = None,
     client: TimerClient | None = None,
     signal: int | None = None,
+    kill_after: float | None = None,
 ) -> Expires:
     """A block that must finish within ``after`` seconds of entering it, or be reaped.
 
-    Use as ``with expires(after=10): ...`` or ``async with expires(after=10): ...``.
-    A block is used once; nested and concurrent blocks are independent timers.
+    Use as ``with expires(after=10): ...``, ``async with expires(after=10): ...``, or
+    as a decorator, ``@expires(after=10)``, on a function or a coroutine function (each
+    call is then a block). A block is used once; nested and concurrent blocks are
+    independent timers.
+
+    ``with`` (synchronous code): the server reaps the process at the deadline.
+    ``async with``: two tiers. At the deadline the block's task is cancelled and
+    ``TimeoutError`` comes out of the block, with ``asyncio.timeout``'s semantics
+    (nesting; an outer cancellation stays a cancellation). The server is told a deadline
+    ``kill_after`` seconds later and reaps the process only if the block has not ended by
+    then: the loop is blocked, or the task swallowed its cancellation. Outside an asyncio
+    task (e.g. under trio) the async face reaps at the deadline, as ``with`` does.
 
     Args:
         after: seconds from entering the block to its deadline (>= 0).
@@ -243,22 +359,36 @@ def expires(
             share an explicit scope share one timer (torch's behaviour).
         client: the transport; by default :func:`current_client` on entry.
         signal: the signal to reap with (``<= 0``: report only); default: the client's.
+        kill_after: ``async with`` only: seconds between the task's cancellation at the
+            deadline and the server's reaping (default :data:`DEFAULT_KILL_AFTER`);
+            ``0`` asks for one tier: no cancellation, the server reaps at the deadline.
 
     Raises:
         ValueError: at once, for a block the server would reject (the message names
             the limit): an empty, too long or invalid scope, a signal outside
-            ``1..MAX_SIGNAL`` (and not ``<= 0``), an ``after`` not finite or negative.
+            ``1..MAX_SIGNAL`` (and not ``<= 0``), an ``after`` or ``kill_after`` not
+            finite or negative.
         NotConfiguredError: on entry: no client given, set or discoverable.
         ServerUnavailableError: on entry: no server within the client's
             ``connect_timeout`` (the block is forgotten and its body does not run).
         ClientBackpressureError: on entry: the server's pipe stayed full for
             ``write_timeout``.
+        TimeoutError: from ``async with``: the deadline passed and the task was cancelled.
 
     Leaving never raises for the release: a failed release is logged (and retried where
     the client can, see docs/clients.md), the block's own exception propagates
     untouched, and a cancelled task still sends its release.
     """
-    return Expires(default_scope() if scope is None else scope, after, None, client, signal)
+    block = Expires(
+        default_scope() if scope is None else scope,
+        after,
+        None,
+        client,
+        signal,
+        kill_after=kill_after,
+    )
+    block._per_call_scope = scope is None
+    return block
 
 
 def expires_at(
@@ -267,6 +397,7 @@ def expires_at(
     scope: str | None = None,
     client: TimerClient | None = None,
     signal: int | None = None,
+    kill_after: float | None = None,
 ) -> Expires:
     """Like :func:`expires`, with an absolute ``deadline`` on the ``time.monotonic()`` clock.
 
@@ -275,4 +406,25 @@ def expires_at(
     A deadline already past is sent as "expire now"; one more than
     :data:`MAX_DEADLINE_AHEAD` ahead is refused with ``ValueError`` (an epoch time).
     """
-    return Expires(default_scope() if scope is None else scope, None, deadline, client, signal)
+    block = Expires(
+        default_scope() if scope is None else scope,
+        None,
+        deadline,
+        client,
+        signal,
+        kill_after=kill_after,
+    )
+    block._per_call_scope = scope is None
+    return block
+
+
+def _current_asyncio_task() -> asyncio.Task[Any] | None:
+    """The running asyncio task, or ``None`` (no asyncio loop runs in this thread)."""
+    loaded = sys.modules.get("asyncio")  # loaded by any program that runs its loop
+    if loaded is None:
+        return None
+    try:
+        task: asyncio.Task[Any] | None = loaded.current_task()
+    except RuntimeError:  # no running loop: trio, or no loop at all
+        return None
+    return task

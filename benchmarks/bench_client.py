@@ -18,6 +18,8 @@ Cases (each block is an acquire line plus a release line):
 * ``raw os.write x2`` — two ``os.write`` of pre-encoded lines: the physical floor;
 * aiotimer ``with expires()`` sync and ``async with expires()`` (asyncio loop), with an
   explicit scope and with the default ``file:line#n`` scope;
+* the async default-scope block with ``kill_after=0`` (one tier: no task cancellation at
+  the deadline), the reference for what the cancellation tier costs;
 * the same sync default-scope block with no ``client=``: through the process-wide client
   (``configure()``) and through env discovery (``AIOTIMER_FIFO``, no setup at all);
 * ``default_scope()`` alone (``sys._getframe``; torch uses ``inspect.stack()``);
@@ -70,6 +72,10 @@ VERDICTS = (
     "aiotimer: with expires(), default scope",
     "aiotimer: async with expires(), default scope",
 )
+ONE_TIER = "aiotimer: async with expires(kill_after=0), default scope"
+#: The async block with its cancellation tier may cost at most this much more than the
+#: same block with one tier (no task cancellation: what async blocks cost before).
+TIERS_SLACK = 1.5
 CONFIGURED = "aiotimer: with expires(), default scope, configure()"
 DISCOVERED = "aiotimer: with expires(), default scope, env discovery"
 #: The zero-setup path (the client found through the environment) may cost at most this
@@ -180,15 +186,15 @@ def aiotimer_cases(fifo: Path, blocks: int, runner: asyncio.Runner) -> list[Case
                 pass
         return _now() - start
 
-    async def async_blocks(n: int, scoped: bool) -> float:
+    async def async_blocks(n: int, scoped: bool, kill_after: float | None = None) -> float:
         start = _now()
         if scoped:
             for _ in range(n):
-                async with expires(after=30, scope="bench", client=client):
+                async with expires(after=30, scope="bench", client=client, kill_after=kill_after):
                     pass
         else:
             for _ in range(n):
-                async with expires(after=30, client=client):
+                async with expires(after=30, client=client, kill_after=kill_after):
                     pass
         return _now() - start
 
@@ -245,6 +251,7 @@ def aiotimer_cases(fifo: Path, blocks: int, runner: asyncio.Runner) -> list[Case
             blocks,
             lambda n: runner.run(async_blocks(n, False)),
         ),
+        Case(ONE_TIER, blocks, lambda n: runner.run(async_blocks(n, False, 0.0))),
         Case(CONFIGURED, blocks, sync_configured),
         Case(DISCOVERED, blocks, sync_discovered),
         Case("aiotimer: default_scope() alone", blocks, scope_only),
@@ -328,6 +335,14 @@ def report(cases: Sequence[Case]) -> str:
                 f"{torch_default.best_us() / best:.0f}x with its default scope"
             )
         lines.append(line)
+    one_tier = by_name[ONE_TIER].best_us()
+    two_tiers = by_name["aiotimer: async with expires(), default scope"].best_us()
+    verdict = "meets" if two_tiers <= one_tier * TIERS_SLACK else "MISSES"
+    lines.append(
+        f"async block with its cancellation tier: {two_tiers:.2f} us best, "
+        f"{two_tiers / one_tier:.2f}x the one-tier block ({verdict} the <= "
+        f"{TIERS_SLACK:.1f}x target)"
+    )
     configured, discovered = by_name[CONFIGURED].best_us(), by_name[DISCOVERED].best_us()
     verdict = "meets" if discovered <= configured * DISCOVERY_SLACK else "MISSES"
     lines.append(

@@ -450,3 +450,59 @@ def test_blocks_the_server_would_reject_are_refused_at_entry(harness: Harness) -
     assert len(lines) == 5 and all(line.startswith("refused: ") for line in lines), out
     state = harness.thread.server.get_state()
     assert state.timers == () and state.counters.acquired == 0
+
+
+# -- async blocks: cancel the stuck task first, reap only when the loop cannot -----------
+
+PIPELINE_WORKER = """
+    import asyncio
+    from aiotimer.client import expires
+    async def item(n, never):
+        try:
+            async with expires(after=1.0):
+                if n in (17, 133):
+                    await never.wait()  # an event that never comes
+                await asyncio.sleep(0.01)
+            return "ok"
+        except TimeoutError:
+            return "timeout"
+    async def main():
+        never = asyncio.Event()
+        results = await asyncio.gather(*(item(n, never) for n in range(202)))
+        print(results.count("ok"), results.count("timeout"), flush=True)
+    asyncio.run(main())
+"""
+
+
+@pytest.mark.timeout(60)
+def test_two_stuck_tasks_time_out_and_two_hundred_healthy_ones_finish(
+    harness: Harness,
+) -> None:
+    worker = harness.spawn(PIPELINE_WORKER)
+    code, out, err = harness.wait(worker)
+    assert (code, out) == (0, "200 2\n"), err
+    assert worker.pid not in harness.reaped_pids()
+
+
+BLOCKED_LOOP_WORKER = """
+    import asyncio, time
+    from aiotimer.client import expires
+    async def main():
+        async with expires(after=0.5, kill_after=1.0, scope="blocks-the-loop") as block:
+            print(block.deadline, flush=True)  # CLOCK_MONOTONIC: the same in every process
+            time.sleep(60)  # a blocking call: the loop cannot cancel anything
+    asyncio.run(main())
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_blocked_loop_is_reaped_kill_after_past_the_deadline(harness: Harness) -> None:
+    worker = harness.spawn(BLOCKED_LOOP_WORKER)
+    deadline = float(read_line(worker))
+    code, _, err = harness.wait(worker)
+    died = time.monotonic() - deadline  # an upper bound of the time of death
+    assert code == KILLED, err
+    assert 1.0 <= died < 1.0 + 2.0  # kill_after past the deadline; slack for the load
+    assert harness.was_reaped(worker.pid)
+    [reaped] = [e for e in harness.events if isinstance(e, WorkerReaped)]
+    assert "blocks-the-loop" in reaped.scopes

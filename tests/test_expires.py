@@ -324,6 +324,7 @@ async def test_async_body_exception_is_not_masked(client: RecordingClient) -> No
 
 @pytest.mark.asyncio
 async def test_cancellation_propagates_untouched_and_still_releases() -> None:
+    """An outer cancellation stays a cancellation (it is not the block's timeout)."""
     client = RecordingClient()
     entered = asyncio.Event()
 

@@ -1,0 +1,191 @@
+"""The async face's two tiers (cancel the task at the deadline, reap ``kill_after``
+later) and ``expires`` as a decorator. The unit layer: a recording client stands in for
+the transport; every async test runs on asyncio and on uvloop (conftest)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import anyio
+import pytest
+
+from aiotimer._protocol import Request
+from aiotimer._scope import scope_site
+from aiotimer.client import DEFAULT_KILL_AFTER, Expires, expires, expires_at
+
+#: Upper bound for "the task was cancelled at its deadline": generous for a loaded
+#: 2-core machine, far below the never-cancelled alternative (the body's hour).
+LATE = 2.0
+
+
+class RecordingClient:
+    """A fake transport: records requests."""
+
+    signal = 9
+
+    def __init__(self) -> None:
+        self.requests: list[Request] = []
+
+    def send(self, request: Request) -> None:
+        self.requests.append(request)
+
+    async def send_async(self, request: Request) -> None:
+        self.requests.append(request)
+
+
+@pytest.fixture
+def client() -> RecordingClient:
+    return RecordingClient()
+
+
+@pytest.mark.asyncio
+async def test_the_task_is_cancelled_at_the_deadline_and_the_server_told_later(
+    client: RecordingClient,
+) -> None:
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        async with expires(0.05, client=client) as block:
+            await asyncio.sleep(3600)
+    elapsed = time.monotonic() - started
+    assert 0.05 <= elapsed < 0.05 + LATE
+    acquire, release = client.requests
+    assert block.deadline is not None
+    assert acquire.mono == block.deadline + DEFAULT_KILL_AFTER
+    assert release.is_release and release.scope_id == acquire.scope_id
+
+
+@pytest.mark.asyncio
+async def test_kill_after_sets_the_second_tier(client: RecordingClient) -> None:
+    with pytest.raises(TimeoutError):
+        async with expires_at(time.monotonic() + 0.01, client=client, kill_after=1.5) as b:
+            await asyncio.sleep(3600)
+    assert b.deadline is not None and client.requests[0].mono == b.deadline + 1.5
+
+
+@pytest.mark.asyncio
+async def test_kill_after_zero_is_one_tier_reaped_at_the_deadline(
+    client: RecordingClient,
+) -> None:
+    async with expires(0.01, client=client, kill_after=0) as block:
+        await asyncio.sleep(0.05)  # past the deadline: no cancellation
+    assert client.requests[0].mono == block.deadline
+
+
+@pytest.mark.asyncio
+async def test_a_block_that_ends_in_time_is_not_cancelled_later(client: RecordingClient) -> None:
+    async with expires(0.05, client=client):
+        pass
+    await asyncio.sleep(0.1)  # the deadline passes after the block: nothing happens
+    assert [r.is_release for r in client.requests] == [False, True]
+
+
+@pytest.mark.asyncio
+async def test_nested_blocks_each_time_out_on_their_own(client: RecordingClient) -> None:
+    inner_timed_out = False
+    with pytest.raises(TimeoutError):
+        async with expires(0.3, client=client):
+            try:
+                async with expires(0.01, client=client):
+                    await asyncio.sleep(3600)
+            except TimeoutError:
+                inner_timed_out = True
+            await asyncio.sleep(3600)  # the outer block's own deadline ends this
+    assert inner_timed_out
+    assert [r.is_release for r in client.requests] == [False, False, True, True]
+
+
+@pytest.mark.asyncio
+async def test_an_outer_timeout_is_the_outer_blocks(client: RecordingClient) -> None:
+    """The outer deadline passes first: the inner block sees a cancellation, not a
+    timeout of its own, and the outer block raises the TimeoutError."""
+    inner_saw: list[type[BaseException]] = []
+    with pytest.raises(TimeoutError):
+        async with expires(0.01, client=client):
+            try:
+                async with expires(3600, client=client):
+                    await asyncio.sleep(3600)
+            except BaseException as exc:
+                inner_saw.append(type(exc))
+                raise
+    assert inner_saw == [asyncio.CancelledError]
+
+
+@pytest.mark.asyncio
+async def test_inside_an_anyio_task_group_only_the_late_task_times_out(
+    client: RecordingClient,
+) -> None:
+    done: list[str] = []
+
+    async def item(name: str, seconds: float) -> None:
+        try:
+            async with expires(0.05, client=client):
+                await anyio.sleep(seconds)
+            done.append(name)
+        except TimeoutError:
+            done.append(f"{name} timed out")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(item, "quick", 0)
+        tg.start_soon(item, "stuck", 3600)
+        tg.start_soon(item, "quick too", 0.001)
+    assert sorted(done) == ["quick", "quick too", "stuck timed out"]
+
+
+def test_the_sync_face_has_one_tier(client: RecordingClient) -> None:
+    with expires(5, client=client, kill_after=2) as block:
+        pass
+    assert client.requests[0].mono == block.deadline
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf")])
+def test_kill_after_must_be_a_finite_number_at_least_zero(bad: float) -> None:
+    with pytest.raises(ValueError, match="kill_after"):
+        expires(1, kill_after=bad)
+
+
+# -- as a decorator ------------------------------------------------------------------
+
+
+def test_a_decorated_function_is_a_block_per_call(client: RecordingClient) -> None:
+    @expires(5, client=client)
+    def work(x: int) -> int:
+        """Doubles."""
+        return 2 * x
+
+    assert (work(2), work(3)) == (4, 6)
+    assert work.__name__ == "work" and work.__doc__ == "Doubles."
+    scopes = [r.scope_id for r in client.requests if not r.is_release]
+    assert len(scopes) == 2 and scopes[0] != scopes[1]
+    assert {scope_site(s) for s in scopes} == {scope_site(scopes[0])}
+    assert scope_site(scopes[0]).startswith("test_async_tiers.py:")
+
+
+@pytest.mark.asyncio
+async def test_a_decorated_coroutine_function_gets_the_async_face(
+    client: RecordingClient,
+) -> None:
+    @expires(0.05, scope="fetch", client=client)
+    async def fetch(seconds: float) -> str:
+        await asyncio.sleep(seconds)
+        return "ok"
+
+    assert await fetch(0) == "ok"
+    with pytest.raises(TimeoutError):
+        await fetch(3600)
+    assert [r.scope_id for r in client.requests] == ["fetch"] * 4  # shared, as in torch
+
+
+def test_a_template_cannot_be_entered_and_an_entered_block_cannot_decorate(
+    client: RecordingClient,
+) -> None:
+    template = expires(1, client=client)
+    template(lambda: None)
+    with pytest.raises(RuntimeError, match="only once"), template:
+        pass
+    block = expires(1, client=client)
+    with block:
+        pass
+    with pytest.raises(RuntimeError, match="fresh expires"):
+        block(lambda: None)
+    assert isinstance(block, Expires)
