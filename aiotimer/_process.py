@@ -318,17 +318,21 @@ class WorkerProcess:
             return False
         return self._start_time is None or stat[1] == self._start_time
 
-    def target(self, server_pid: int) -> Target:
+    def target(self, server_pid: int, *, ancestry: bool = True) -> Target:
         """The facts a kill policy judges this worker by (read now, from ``/proc``).
 
-        ``server_pid`` is the process whose descendants count as descendants.
+        ``server_pid`` is the process whose descendants count as descendants; with
+        ``ancestry=False`` that walk up the process tree (a ``/proc`` read per
+        ancestor) is skipped and ``descendant`` is ``None`` (unknown).
         """
         pid = self._pid
+        descendant: bool | None = None
         try:
             status = read_status(pid)
-            descendant: bool | None = server_pid in ancestors(pid)
+            if ancestry:
+                descendant = server_pid in ancestors(pid)
         except FileNotFoundError:  # no /proc: unknown
-            status, descendant = None, None
+            status = None
         try:
             pgid: int | None = os.getpgid(pid)
         except OSError:

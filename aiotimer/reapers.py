@@ -22,7 +22,7 @@ from typing import Protocol, runtime_checkable
 import anyio
 
 from aiotimer._dump_collect import collect_dump, py_spy_dump
-from aiotimer._kill_policy import KillPolicy
+from aiotimer._kill_policy import KillPolicy, ServerIdentity
 from aiotimer._process import WorkerProcess, server_identity
 from aiotimer.errors import ProcessGoneError, RefusedTargetError
 
@@ -98,7 +98,7 @@ class SignalReaper:
             is installed.
     """
 
-    __slots__ = ("_dump_dir", "_kill_policy", "_procs", "_py_spy", "_waiting")
+    __slots__ = ("_dump_dir", "_kill_policy", "_procs", "_py_spy", "_server", "_waiting")
 
     def __init__(
         self,
@@ -108,11 +108,21 @@ class SignalReaper:
         kill_policy: KillPolicy | None = None,
     ) -> None:
         self._kill_policy = kill_policy if kill_policy is not None else KillPolicy()
+        self._server: tuple[tuple[int, int], ServerIdentity] | None = None
         self._dump_dir = dump_dir
         self._py_spy = py_spy
         self._procs: dict[int, WorkerProcess] = {}
         # Handles a wait_exit is waiting on: detach() leaves closing them to that wait.
         self._waiting: set[WorkerProcess] = set()
+
+    def _server_identity(self) -> ServerIdentity:
+        """The server as the kill policy sees it; read again only when this process's
+        pid or parent changed (a fork, a reparenting), as walking ``/proc`` up to the
+        root costs a read per ancestor."""
+        key = (os.getpid(), os.getppid())
+        if self._server is None or self._server[0] != key:
+            self._server = (key, server_identity())
+        return self._server[1]
 
     @property
     def kill_policy(self) -> KillPolicy:
@@ -158,8 +168,9 @@ class SignalReaper:
             )
         if not proc.is_alive():  # identity first: the facts below must be this process's
             raise ProcessGoneError(f"process {pid} has exited (or its pid was recycled)")
-        server = server_identity()
-        refusal = self._kill_policy.refusal(server, proc.target(server.pid), signum, group=group)
+        server, policy = self._server_identity(), self._kill_policy
+        target = proc.target(server.pid, ancestry=policy.descendants_only)
+        refusal = policy.refusal(server, target, signum, group=group)
         if refusal is not None:
             raise RefusedTargetError(f"kill policy: {refusal}")
         proc.send_signal(signum, group=group)
