@@ -11,15 +11,15 @@ import threading
 import time
 import types
 from collections.abc import Iterator
-from typing import TypeAlias
+from typing import Any, TypeAlias, cast
 
 import anyio
 import pytest
 
 from aiotimer._clients import QueueRequest
-from aiotimer._protocol import Request
+from aiotimer._protocol import Decoded, Request
 from aiotimer.errors import SourceError
-from aiotimer.sources.mpqueue import QueueSource
+from aiotimer.sources.mpqueue import QueueSource, _Bridge
 from aiotimer.testing import RecordingSink, running_source, wait_until
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(30)]
@@ -290,3 +290,17 @@ def test_rejects_bad_arguments(mpq: MpQueue) -> None:
     with pytest.raises(ValueError):
         QueueSource(mpq, max_batch=0)
     assert repr(QueueSource(mpq)) == "<QueueSource max_batch=1024 default_signal=9>"
+
+
+def test_batches_the_bridge_queued_are_submitted_by_a_drain_in_order() -> None:
+    """What the bridge thread took off the queue but the loop has not submitted yet is
+    submitted by the server's drain before an expiry, oldest first, exactly once."""
+    sink = RecordingSink()
+    bridge = _Bridge(QueueSource(queue.Queue()), sink, cast(Any, None), cast(Any, None))
+    first, second = Request(1, "a", -1, 0), Request(2, "b", -1, 0)
+    bridge.pending.extend([Decoded([first], []), Decoded([second], [])])
+    assert bridge.drain() is True
+    assert sink.requests == [first]
+    bridge.flush()  # what the thread's own hand-over does: the rest, once
+    assert sink.requests == [first, second]
+    assert bridge.drain() is False

@@ -2,9 +2,10 @@
 
 How it works: one bridge thread blocks in ``queue.get()`` (an idle server makes no
 wake-ups), then drains up to ``max_batch`` more items with ``get_nowait()``, converts
-them to requests or rejections (off the event loop), and hands the batch to the sink in
-the loop's thread with one ``anyio.from_thread.run_sync`` call, which also paces the
-thread to the loop. To stop, :meth:`QueueSource.serve` puts a private stop token on the
+them to requests or rejections (off the event loop), queues the batch and has the loop
+submit it with one ``anyio.from_thread.run_sync`` call, which also paces the thread to
+the loop. A batch the thread has queued is also submitted by the server's drain before an
+expiry, so it is applied before a deadline that fell while the loop was busy. To stop, :meth:`QueueSource.serve` puts a private stop token on the
 queue and waits for the thread to end; the token is unique to that run, so a stale one
 never stops a later run.
 
@@ -39,6 +40,7 @@ import queue as queue_mod
 import signal
 import threading
 import uuid
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from multiprocessing.reduction import ForkingPickler
@@ -52,7 +54,7 @@ import msgspec
 
 from aiotimer._protocol import Decoded, Rejection, Request, validate
 from aiotimer.errors import SourceError
-from aiotimer.sources._base import RequestSink
+from aiotimer.sources._base import RequestSink, draining
 
 __all__ = ["MAX_ITEM_BYTES", "QueueSource"]
 
@@ -258,7 +260,8 @@ class QueueSource:
         thread.start()
         try:
             task_status.started()
-            await bridge.ended.wait()
+            with draining(sink, bridge.drain):
+                await bridge.ended.wait()
         finally:
             if thread.is_alive():
                 bridge.request_stop()
@@ -290,6 +293,9 @@ class _Bridge:
         self.stop = _Stop(uuid.uuid4().hex)
         self.stopping = threading.Event()
         self.error: BaseException | None = None
+        # Batches taken off the queue, not yet submitted: the loop submits them when the
+        # thread asks it to (flush), or earlier, when the server drains before an expiry.
+        self.pending: deque[Decoded] = deque()
 
     def request_stop(self) -> None:
         """Ask the thread to end (from the loop; never blocks)."""
@@ -310,7 +316,8 @@ class _Bridge:
                 items, stop = self._next_batch()
                 batch = self._decode(items)
                 if batch.requests or batch.rejections:
-                    anyio.from_thread.run_sync(self.sink.submit, batch, _NAME, token=self.token)
+                    self.pending.append(batch)
+                    anyio.from_thread.run_sync(self.flush, token=self.token)
                 if stop:
                     break
         except (OSError, EOFError, ValueError) as exc:
@@ -319,6 +326,20 @@ class _Bridge:
             self.error = exc
         finally:
             self._notify_ended()
+
+    def flush(self) -> None:
+        """In the loop: submit every pending batch, oldest first."""
+        while self.drain():
+            pass
+
+    def drain(self) -> bool:
+        """In the loop: submit the oldest pending batch; ``True`` if one was submitted."""
+        try:
+            batch = self.pending.popleft()
+        except IndexError:
+            return False
+        self.sink.submit(batch, _NAME)
+        return True
 
     def _next_batch(self) -> tuple[list[object], bool]:
         """Block for one item, then take what is already there, up to ``max_batch``.
