@@ -5,9 +5,9 @@ wake-ups), then drains up to ``max_batch`` more items with ``get_nowait()``, con
 them to requests or rejections (off the event loop), queues the batch and has the loop
 submit it with one ``anyio.from_thread.run_sync`` call, which also paces the thread to
 the loop. A batch the thread has queued is also submitted by the server's drain before an
-expiry, so it is applied before a deadline that fell while the loop was busy. To stop, :meth:`QueueSource.serve` puts a private stop token on the
-queue and waits for the thread to end; the token is unique to that run, so a stale one
-never stops a later run.
+expiry, so it is applied before a deadline that fell while the loop was busy. To stop,
+:meth:`QueueSource.serve` puts a private stop token on the queue and waits for the thread
+to end; the token is unique to that run, so a stale one never stops a later run.
 
 Accepted items:
 
