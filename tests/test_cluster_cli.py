@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
+import subprocess
 import sys
 
 import anyio
@@ -135,3 +137,33 @@ async def test_server_status_reports_live_timers_per_worker() -> None:
     assert status.live_timers == 2
     assert [(w.rank, w.pid, w.live_timers) for w in status.workers] == [(None, os.getpid(), 2)]
     assert status.counters["acquired"] == 2
+
+
+def test_status_watch_refreshes_until_interrupted(etcd: EtcdServer) -> None:
+    watch = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "aiotimer",
+            "status",
+            "--etcd",
+            etcd.endpoint,
+            "--job",
+            "j",
+            "--watch",
+            "0.1",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert watch.stdout is not None
+        lines = [watch.stdout.readline() for _ in range(6)]  # 3 views of 2 lines each
+        assert [line.startswith("job j: 0 nodes") for line in lines] == [True, False] * 3
+        watch.send_signal(signal.SIGINT)
+        assert watch.wait(timeout=10) == 0
+    finally:
+        watch.kill()
+        watch.wait()
+        if watch.stdout is not None:
+            watch.stdout.close()

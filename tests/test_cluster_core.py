@@ -176,7 +176,17 @@ def test_view_judges_running_stale_lost_and_left_nodes() -> None:
     ]
     members = [
         MemberRecord(node=n, host=f"host-{n}", pid=1, joined_at=NOW - 60) for n in "abcd"
-    ] + [MemberRecord(node="e", host="h", pid=2, joined_at=0, left_at=NOW, outcome="succeeded")]
+    ] + [
+        MemberRecord(
+            node="e",
+            host="h",
+            pid=2,
+            joined_at=0,
+            left_at=NOW,
+            outcome="succeeded",
+            last_reaps=(ReapRecord(at=NOW - 1, pid=20, rank=1, signal="SIGKILL"),),
+        )
+    ]
     view = build_view("j", records, members, GenerationRecord(generation=1), NOW)
     assert {r.node: r.status for r in view.nodes} == {
         "a": "running",
@@ -189,7 +199,7 @@ def test_view_judges_running_stale_lost_and_left_nodes() -> None:
     assert view.totals["live_timers"] == 2
     assert (view.totals["lost"], view.totals["stale"], view.totals["left"]) == (1, 1, 1)
     assert view.worker_states == {"healthy": 2}
-    assert [(r.node, r.reap.rank) for r in view.recent_reaps] == [("a", 0)]
+    assert [(r.node, r.reap.rank) for r in view.recent_reaps] == [("e", 1), ("a", 0)]
     as_json = view.to_json()
     nodes = as_json["nodes"]
     assert isinstance(nodes, list)

@@ -325,6 +325,7 @@ class NodePublisher:
             joined_at=self._started_at,
             left_at=self._clock.time(),
             outcome=self.outcome,
+            last_reaps=tuple(self._reaps),
         )
         try:
             await self.store.put(member_key(self.job, self.node), encode(member))

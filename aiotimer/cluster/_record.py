@@ -102,7 +102,10 @@ class NodeRecord(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class MemberRecord(msgspec.Struct, frozen=True, kw_only=True):
-    """That a node joined the job, and whether it left cleanly (``left_at``)."""
+    """That a node joined the job, and whether it left cleanly (``left_at``).
+
+    A node that leaves keeps its last reaps here, so the job view still shows them.
+    """
 
     node: str
     host: str
@@ -110,6 +113,7 @@ class MemberRecord(msgspec.Struct, frozen=True, kw_only=True):
     joined_at: float
     left_at: float | None = None
     outcome: str | None = None
+    last_reaps: tuple[ReapRecord, ...] = ()
 
 
 _R = TypeVar("_R", bound=msgspec.Struct)

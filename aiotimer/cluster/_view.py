@@ -108,9 +108,11 @@ def build_view(
             age=age,
             record=rec,
         )
+    reaps: list[JobReap] = []
     for member in members:
         if member.node in rows:
             continue
+        reaps.extend(JobReap(node=member.node, reap=r) for r in member.last_reaps)
         left = member.left_at is not None
         rows[member.node] = NodeRow(
             node=member.node,
@@ -122,7 +124,6 @@ def build_view(
     ordered = tuple(rows[name] for name in sorted(rows))
     statuses = Counter(row.status for row in ordered)
     states: Counter[str] = Counter()
-    reaps: list[JobReap] = []
     totals = Counter(
         nodes=len(ordered),
         running=statuses["running"],
