@@ -72,11 +72,18 @@ def _processes() -> Iterator[ProcInfo]:
     for name in names:
         if not name.isdigit():
             continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                data = f.read()
+        try:  # os.open/os.read: half the cost of open() here (no buffered file object)
+            fd = os.open(f"/proc/{name}/stat", os.O_RDONLY)
         except OSError:
             continue  # it exited meanwhile
+        try:
+            data = os.read(fd, 4096)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+        if not data:
+            continue
         fields = data[data.rindex(b")") + 2 :].split()
         yield ProcInfo(
             int(name), fields[0].decode("ascii"), int(fields[1]), int(fields[2]), int(fields[3])
