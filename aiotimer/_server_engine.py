@@ -67,6 +67,7 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 
+from aiotimer._batch import APPLY, PAIRED_ACQUIRE, PAIRED_RELEASE, fold
 from aiotimer._clock import Clock
 from aiotimer._journal import Journal
 from aiotimer._latency import LatencyHistogram
@@ -214,8 +215,12 @@ class Engine:
         clock = self._clock
         mono, wall = clock.monotonic(), clock.time()
         self.last_progress = mono
-        for req in batch.requests:
-            self._apply(req, source, mono, wall)
+        requests = batch.requests
+        if len(requests) > 1 and not self._request_events:
+            self._apply_folded(requests, source, mono, wall)
+        else:
+            for req in requests:
+                self._apply(req, source, mono, wall)
         for rej in batch.rejections:
             self.counts.rejected += 1
             text = rej.line.decode("ascii", "backslashreplace")
@@ -231,6 +236,39 @@ class Engine:
         for req in requests:
             if self.table.get(req.pid, req.scope_id) is not None:
                 self._restored.setdefault(req.pid, set()).add(req.scope_id)
+
+    def _apply_folded(
+        self, requests: Sequence[Request], source: str, mono: float, wall: float
+    ) -> None:
+        """Apply a batch in order; a block whose acquire and release are both in it
+        never reaches the table (see :mod:`aiotimer._batch`): it is counted, and its
+        duration (zero: both arrived now) recorded once per scope for the batch."""
+        counts, table, journal = self.counts, self.table, self._journal
+        folded_releases: dict[str, int] = {}
+        for req, fate in zip(requests, fold(requests), strict=True):
+            if fate == APPLY:
+                self._apply(req, source, mono, wall)
+                continue
+            counts.requests += 1
+            if self._restored and req.pid in self._restored:
+                self._drop_restored(req.pid)
+            if fate == PAIRED_RELEASE:
+                counts.released += 1
+                folded_releases[req.scope_id] = folded_releases.get(req.scope_id, 0) + 1
+                continue
+            counts.acquired += 1  # a paired or superseded acquire
+            if self.overdue:
+                self.overdue.pop((req.pid, req.scope_id))
+            # A timer of this key live before the batch: the paired acquire replaces it
+            # and its release ends it.
+            if (
+                fate == PAIRED_ACQUIRE
+                and table.release(req.pid, req.scope_id) is not None
+                and journal is not None
+            ):
+                journal.released(req.pid, req.scope_id)
+        for scope_id, count in folded_releases.items():
+            self.stats.record_many(scope_id, 0.0, count)
 
     def _apply(self, req: Request, source: str, mono: float, wall: float) -> None:
         self.counts.requests += 1

@@ -65,6 +65,8 @@ __all__ = [
 MIN_TRACKED: Final[float] = 1e-6
 #: The smallest timeout ever suggested, in seconds.
 MIN_SUGGESTION: Final[float] = 0.01
+#: How many scope ids :class:`DurationStats` remembers the site of (then it starts over).
+_SCOPE_CACHE_SIZE: Final = 4096
 #: The site that pools samples of new sites once ``max_sites`` is reached.
 OTHER_SITE: Final[str] = "<other sites>"
 _INF: Final = math.inf
@@ -133,6 +135,23 @@ class DurationSketch:
         i = _ceil(_log(duration) / self._log_gamma)
         buckets = self._buckets
         buckets[i] = buckets.get(i, 0) + 1
+
+    def add_many(self, duration: float, count: int) -> None:
+        """Record ``count`` equal durations (as ``count`` calls of :meth:`add`)."""
+        if count <= 0:
+            return
+        if not 0 <= duration < _INF:
+            raise ValueError(f"a duration must be a finite number >= 0, got {duration!r}")
+        self.count += count
+        if duration > self.max:  # noqa: PLR1730
+            self.max = duration
+        if duration < self.min:  # noqa: PLR1730
+            self.min = duration
+        if duration < MIN_TRACKED:
+            self._zero += count
+            return
+        i = _ceil(_log(duration) / self._log_gamma)
+        self._buckets[i] = self._buckets.get(i, 0) + count
 
     def to_state(self) -> SketchState:
         """Everything this sketch knows, as plain data (see :meth:`merge_state`)."""
@@ -250,7 +269,7 @@ class DurationStats:
     one); read it with :meth:`summary` / :meth:`summaries`. Not thread-safe.
     """
 
-    __slots__ = ("_max_sites", "_relative_error", "_sites")
+    __slots__ = ("_by_scope", "_max_sites", "_relative_error", "_sites")
 
     def __init__(self, *, relative_error: float = 0.01, max_sites: int = 10_000) -> None:
         if max_sites < 1:
@@ -259,6 +278,9 @@ class DurationStats:
         self._relative_error = relative_error
         self._max_sites = max_sites
         self._sites: dict[str, _Site] = {}
+        # scope id -> its site, so a busy scope's id is parsed once, not per sample;
+        # sites are never removed, and the cache is dropped whenever it grows too big.
+        self._by_scope: dict[str, _Site] = {}
 
     @property
     def relative_error(self) -> float:
@@ -266,10 +288,16 @@ class DurationStats:
         return self._relative_error
 
     def _site(self, scope_id: str) -> _Site:
+        site = self._by_scope.get(scope_id)
+        if site is not None:
+            return site
         name = scope_site(scope_id)
         site = self._sites.get(name)
         if site is None:
             site = self._new_site(name)
+        if len(self._by_scope) >= _SCOPE_CACHE_SIZE:
+            self._by_scope.clear()
+        self._by_scope[scope_id] = site
         return site
 
     def _new_site(self, name: str) -> _Site:
@@ -284,6 +312,10 @@ class DurationStats:
     def record(self, scope_id: str, duration: float) -> None:
         """Record that a block of ``scope_id`` ran for ``duration`` seconds (>= 0)."""
         self._site(scope_id).sketch.add(duration)
+
+    def record_many(self, scope_id: str, duration: float, count: int) -> None:
+        """Record ``count`` blocks of ``scope_id`` that each ran ``duration`` seconds."""
+        self._site(scope_id).sketch.add_many(duration, count)
 
     def record_expired(self, scope_id: str, elapsed: float) -> None:
         """Record that a timer of ``scope_id`` expired after running ``elapsed`` seconds."""

@@ -203,3 +203,23 @@ def test_overdue_remembers_until_release_and_is_bounded() -> None:
     assert list(map(overdue.__contains__, [(1, "b"), (2, "c")])) == [False, True]
     with pytest.raises(ValueError, match="capacity"):
         Overdue(0)
+
+
+@given(st.floats(0, 100), st.integers(0, 50))
+def test_add_many_is_count_adds(duration: float, count: int) -> None:
+    one, many = DurationSketch(), DurationSketch()
+    for _ in range(count):
+        one.add(duration)
+    many.add_many(duration, count)
+    assert (many.count, many.max, many.min) == (one.count, one.max, one.min)
+    assert many.quantile(0.5) == one.quantile(0.5)
+
+
+def test_record_many_and_the_scope_cache_keep_sites_apart() -> None:
+    stats = DurationStats()
+    for i in range(3 * 4096):  # past the scope id cache, which then starts over
+        stats.record(f"a.py:{i % 2}#{i}", 1.0)
+    stats.record_many("a.py:0#99999", 0.0, 10)
+    a0, a1 = stats.summary("a.py:0"), stats.summary("a.py:1")
+    assert a0 is not None and a1 is not None
+    assert (a0.count, a1.count) == (3 * 2048 + 10, 3 * 2048)

@@ -1,0 +1,55 @@
+"""Which requests of one batch need the timer table: pure, no I/O, no clock.
+
+How this works
+--------------
+A source hands the engine its input a batch at a time (one read of the pipe), and
+nothing expires in the middle of a batch. So when a block's acquire *and* its release
+arrive in the same batch, the timer they describe is set and gone before anyone could
+look: applying both to the table (a heap push, a tombstone, an index entry, a journal
+record) changes nothing but the counters and the block's duration. :func:`fold` finds
+those requests in one pass, keyed by ``(pid, scope_id)``:
+
+* an acquire followed, with no other acquire of its key in between, by a release of
+  its key is a *paired acquire*, and that release a *paired release*;
+* an acquire followed by another acquire of its key before any release is
+  *superseded*: the later acquire replaces its timer anyway;
+* everything else is *applied* as usual, in order.
+
+The engine then applies the batch in order, doing only the bookkeeping for the folded
+requests (counts, the block's duration, and ending a timer of the key that was live
+before the batch: the paired acquire would have replaced it, its release ended it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+from aiotimer._protocol import Request
+
+__all__ = ["APPLY", "PAIRED_ACQUIRE", "PAIRED_RELEASE", "SUPERSEDED", "fold"]
+
+#: What to do with each request of a batch (the values :func:`fold` returns).
+APPLY: Final = 0
+PAIRED_ACQUIRE: Final = 1
+PAIRED_RELEASE: Final = 2
+SUPERSEDED: Final = 3
+
+
+def fold(requests: Sequence[Request]) -> bytearray:
+    """One fate per request of ``requests`` (see the module docs)."""
+    fates = bytearray(len(requests))
+    open_acquires: dict[tuple[int, str], int] = {}  # key -> index of its latest acquire
+    for i, req in enumerate(requests):
+        key = (req.pid, req.scope_id)
+        if req.is_release:
+            j = open_acquires.pop(key, -1)
+            if j >= 0:
+                fates[j] = PAIRED_ACQUIRE
+                fates[i] = PAIRED_RELEASE
+        else:
+            j = open_acquires.get(key, -1)
+            if j >= 0:
+                fates[j] = SUPERSEDED
+            open_acquires[key] = i
+    return fates

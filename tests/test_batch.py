@@ -1,0 +1,127 @@
+"""Folding a batch: pure core against a naive model, and the engine's use of it."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from aiotimer import Request
+from aiotimer._batch import APPLY, PAIRED_ACQUIRE, PAIRED_RELEASE, SUPERSEDED, fold
+from aiotimer.server import TimerServer
+from aiotimer.testing import FakeClock, MemorySource, RecordingReaper
+
+KILL = int(signal.SIGKILL)
+FAR = 4e9  # an epoch deadline in 2096
+
+requests = st.lists(
+    st.builds(
+        lambda pid, scope, release, t: Request(pid, scope, -1.0 if release else t, KILL),
+        st.sampled_from([1, 2]),
+        st.sampled_from(["a", "b"]),
+        st.booleans(),
+        st.floats(0, 100),
+    ),
+    max_size=12,
+)
+
+
+def naive(batch: list[Request]) -> tuple[dict[tuple[int, str], float], int]:
+    """Every request applied in order: live timers, and releases that ended one."""
+    live: dict[tuple[int, str], float] = {}
+    ended = 0
+    for r in batch:
+        key = (r.pid, r.scope_id)
+        if r.is_release:
+            ended += live.pop(key, None) is not None
+        else:
+            live[key] = r.expiration_time
+    return live, ended
+
+
+def folded(
+    batch: list[Request], live: dict[tuple[int, str], float]
+) -> tuple[dict[tuple[int, str], float], int]:
+    """``batch`` applied to ``live`` as the engine applies it with :func:`fold`."""
+    live = dict(live)
+    ended = 0
+    for r, fate in zip(batch, fold(batch), strict=True):
+        key = (r.pid, r.scope_id)
+        if fate == APPLY:
+            if r.is_release:
+                ended += live.pop(key, None) is not None
+            else:
+                live[key] = r.expiration_time
+        elif fate == PAIRED_ACQUIRE:
+            live.pop(key, None)  # replaced, then ended by its release
+        elif fate == PAIRED_RELEASE:
+            ended += 1  # a block, recorded with its duration
+    return live, ended
+
+
+keys = st.tuples(st.sampled_from([1, 2]), st.sampled_from(["a", "b"]))
+
+
+@given(st.dictionaries(keys, st.floats(0, 9)), requests)
+def test_fold_applies_like_every_request_in_order(
+    before: dict[tuple[int, str], float], batch: list[Request]
+) -> None:
+    """Same live timers after the batch, and as many blocks recorded as ended."""
+    prior = [Request(pid, scope, t, KILL) for (pid, scope), t in before.items()]
+    live, ended = naive(prior)
+    want_live, want_ended = naive(prior + batch)
+    got_live, got_ended = folded(batch, live)
+    assert got_live == want_live
+    assert ended + got_ended == want_ended
+
+
+@given(requests)
+def test_paired_requests_pair_up_in_order(batch: list[Request]) -> None:
+    fates = fold(batch)
+    for i, fate in enumerate(fates):
+        if fate == PAIRED_ACQUIRE:
+            key = (batch[i].pid, batch[i].scope_id)
+            j = next(
+                j for j in range(i + 1, len(batch)) if (batch[j].pid, batch[j].scope_id) == key
+            )
+            assert batch[j].is_release and fates[j] == PAIRED_RELEASE
+        if fate == SUPERSEDED:
+            assert not batch[i].is_release
+
+
+def test_fold_examples() -> None:
+    a, r = Request(1, "s", 5.0, KILL), Request(1, "s", -1, 0)
+    other = Request(2, "s", 5.0, KILL)
+    assert list(fold([a, r])) == [PAIRED_ACQUIRE, PAIRED_RELEASE]
+    assert list(fold([a, other, r])) == [PAIRED_ACQUIRE, APPLY, PAIRED_RELEASE]
+    assert list(fold([a, a, r])) == [SUPERSEDED, PAIRED_ACQUIRE, PAIRED_RELEASE]
+    assert list(fold([a, a])) == [SUPERSEDED, APPLY]
+    assert list(fold([r, a])) == [APPLY, APPLY]
+
+
+@pytest.mark.asyncio
+async def test_a_block_begun_and_ended_in_one_batch_never_reaches_the_table() -> None:
+    source, reaper = MemorySource(), RecordingReaper()
+    async with TimerServer(sources=[source], clock=FakeClock(), reaper=reaper) as server:
+        source.push(Request(100, "x.py:1#1", FAR, KILL), Request(100, "x.py:1#1", -1, 0))
+        state = server.get_state()
+        assert state.timers == ()
+        assert (state.counters.acquired, state.counters.released) == (1, 1)
+        assert reaper.calls == []  # not even attached: nothing of it was kept
+        [site] = server.scope_stats()
+        assert (site.site, site.count, site.max) == ("x.py:1", 1, 0.0)
+
+
+@pytest.mark.asyncio
+async def test_a_folded_block_still_replaces_and_ends_a_live_timer() -> None:
+    source = MemorySource()
+    async with TimerServer(sources=[source], clock=FakeClock(), reaper=RecordingReaper()) as srv:
+        source.push(Request(100, "s", FAR, KILL))
+        [first] = srv.get_state().timers
+        source.push(Request(100, "s", FAR + 50, KILL), Request(100, "s", -1, 0))
+        assert srv.get_state().timers == ()
+        source.push(Request(100, "s", FAR, KILL), Request(100, "s", FAR + 50, KILL))
+        [timer] = srv.get_state().timers  # the later acquire replaced the superseded one
+        assert timer.deadline == pytest.approx(first.deadline + 50)
