@@ -78,4 +78,4 @@ def test_bench_ingest_quick_measures_the_whole_server(capsys: pytest.CaptureFixt
     assert "(b) aiotimer serve #1" in out
     assert "incomplete" in out and "/8,000" not in out  # every line was applied
     assert "ratio (b)/(a): median of 1 paired rounds" in out
-    assert "reap latency while ingest is saturated: " in out
+    assert "reap latency while ingest is saturated, deadline -> signal received: " in out
