@@ -221,3 +221,17 @@ def test_ten_writers_flooding_garbage_never_delay_a_reap_nor_lose_a_kill_record(
     late = sorted(s.reap_latency(records) for s in sentinels)
     p99 = late[math.ceil(0.99 * len(late)) - 1]
     assert p99 < 0.05, f"reap latency p99 {p99:.3f} s; the worst: {late[-5:]}"
+
+
+def test_a_source_failing_while_serving_ends_serve_with_exit_1(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from aiotimer.sources.fifo import FifoSource  # noqa: PLC0415
+
+    async def broken(self: FifoSource, *args: object) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(FifoSource, "_read_loop", broken)
+    assert main(["serve", "--fifo", str(tmp_path / "t.fifo"), "--loop", "asyncio"]) == 1
+    err = capsys.readouterr().err
+    assert "aiotimer serve: error: source fifo:" in err and "Input/output error" in err
