@@ -30,6 +30,7 @@ import asyncio
 import logging
 import os
 import random
+import re
 import shutil
 import tempfile
 import uuid
@@ -344,7 +345,8 @@ class Supervisor:
         parent = self._runtime_parent or os.environ.get("XDG_RUNTIME_DIR") or None
         if parent is not None and not os.path.isdir(parent):
             parent = None
-        self._dir = Path(tempfile.mkdtemp(prefix=f"aiotimer-{self.run_id}-", dir=parent))
+        tag = re.sub(r"[^A-Za-z0-9_.-]", "_", self.run_id)[:24]  # any run id, a safe name
+        self._dir = Path(tempfile.mkdtemp(prefix=f"aiotimer-{tag}-", dir=parent))
         self._fifo = self._dir / "timer.fifo"
         self._server = TimerServer(
             fifo=self._fifo,

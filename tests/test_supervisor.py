@@ -69,7 +69,10 @@ def test_constructed_outside_a_loop() -> None:
 async def test_snapshot_and_operator_actions(tmp_path: Path) -> None:
     events: list[Event] = []
     log = tmp_path / "events.jsonl"
-    sup = Supervisor(SLEEPER, nproc=2, stop_timeout=2, on_event=events.append, event_log=log)
+    sup = Supervisor(
+        SLEEPER, nproc=2, stop_timeout=2, on_event=events.append, event_log=log,
+        run_id="job/with a slash and a long name " * 3,
+    )  # fmt: skip
     with anyio.fail_after(20):
         async with sup:
             fifo = sup.fifo
