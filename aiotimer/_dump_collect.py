@@ -43,12 +43,31 @@ logger = logging.getLogger("aiotimer")
 
 __all__ = [
     "HookInfo",
+    "NoDump",
     "collect_dump",
+    "collect_dump_or_why",
     "hook_info",
     "py_spy_dump",
+    "py_spy_dump_or_why",
     "py_spy_executable",
     "read_dump",
 ]
+
+
+@dataclass(frozen=True, slots=True)
+class NoDump:
+    """Why no stack dump came: what a reaper's ``dump_stacks`` returns instead of text,
+    so the ``stacks_dumped`` event can say it (no hook, no py-spy, timed out ...)."""
+
+    reason: str
+
+
+#: How a worker gets the hook, for the reason a dump did not come.
+_HOOK_HINT = (
+    "the worker installs it with aiotimer.configure(), with its first block in the main "
+    "thread when it finds its server through the environment, or with "
+    "aiotimer.diagnostics.install_dump_handler()"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,15 +229,40 @@ async def collect_dump(
 
     The worker is signalled only when its dump file's header proves the hook is there,
     installed by this very process (same pid and start time).
+    :func:`collect_dump_or_why` says why when no dump comes.
     """
+    result = await collect_dump_or_why(
+        pid, send_signal=send_signal, signum=signum, dump_dir=dump_dir, timeout=timeout
+    )
+    return result if isinstance(result, str) else None
+
+
+async def collect_dump_or_why(
+    pid: int,
+    *,
+    send_signal: Callable[[int], None],
+    signum: int = DEFAULT_DUMP_SIGNAL,
+    dump_dir: str | os.PathLike[str] | None = None,
+    timeout: float = 2.0,
+) -> str | NoDump:
+    """:func:`collect_dump`, with the reason instead of ``None`` when no dump came."""
     info = await anyio.to_thread.run_sync(hook_info, pid, dump_dir)
-    if info is None or info.signum != signum:
-        return None
+    if info is None:
+        where = dump_path_for(pid, dump_dir)
+        return NoDump(f"no dump hook in the worker (no valid {where}; {_HOOK_HINT})")
+    if info.signum != signum:
+        return NoDump(
+            f"the worker's dump hook listens to signal {info.signum}, not {signum}: "
+            "it is not signalled"
+        )
     offset = await anyio.to_thread.run_sync(_size, info.path)
     if offset is None:
-        return None
+        return NoDump(f"the worker's dump file {info.path} vanished")
     send_signal(signum)
-    return await read_dump(info.path, offset=offset, timeout=timeout)
+    text = await read_dump(info.path, offset=offset, timeout=timeout)
+    if text is None:
+        return NoDump(f"the worker's dump hook wrote nothing within {timeout:g}s")
+    return text
 
 
 def py_spy_executable() -> str | None:
@@ -235,13 +279,24 @@ async def py_spy_dump(pid: int, *, timeout: float = 10.0) -> str | None:
 
     py-spy reads the process from outside (ptrace), so it needs no hook in the worker,
     but it needs the permission to trace it (same user and ``ptrace_scope`` 0, or
-    ``CAP_SYS_PTRACE``).
+    ``CAP_SYS_PTRACE``). :func:`py_spy_dump_or_why` says why when no dump comes.
     """
+    result = await py_spy_dump_or_why(pid, timeout=timeout)
+    return result if isinstance(result, str) else None
+
+
+async def py_spy_dump_or_why(pid: int, *, timeout: float = 10.0) -> str | NoDump:
+    """:func:`py_spy_dump`, with the reason instead of ``None`` when no dump came."""
     exe = py_spy_executable()
     if exe is None:
-        return None
+        return NoDump("py-spy is not installed")
     with anyio.move_on_after(timeout):
         result = await anyio.run_process([exe, "dump", "--pid", str(pid)], check=False)
         if result.returncode == 0:
             return result.stdout.decode("utf-8", "replace")
-    return None
+        err = result.stderr.decode("utf-8", "replace").strip().splitlines()
+        return NoDump(
+            f"py-spy failed (exit status {result.returncode}"
+            + (f": {err[-1][:200]})" if err else ")")
+        )
+    return NoDump(f"py-spy timed out after {timeout:g}s")

@@ -328,20 +328,32 @@ class Reaps:
         :data:`DUMP_SLACK` is cut off, so a dump can never hold up the kill.
         """
         text: str | None = None
+        reason = f"the reaper overran its timeout ({step.timeout:g}s) and was cut off"
 
         async def dump() -> None:
-            nonlocal text
+            nonlocal text, reason
             try:
-                text = await self._reaper.dump_stacks(worker.pid, step.timeout)
-            except Exception:
+                result = await self._reaper.dump_stacks(worker.pid, step.timeout)
+            except Exception as exc:
                 logger.exception("reaper.dump_stacks(%d) raised", worker.pid)
+                reason = f"the reaper raised {type(exc).__name__}: {exc}"
+                return
+            if isinstance(result, str):
+                text = result
+            else:
+                reason = "the reaper gave none" if result is None else result.reason
 
         deadline = self._clock.monotonic() + step.timeout + DUMP_SLACK
         if not await self._until(deadline, dump):
             logger.error("reaper.dump_stacks(%d) overran its timeout; cut off", worker.pid)
         self._emit(
             StacksDumped(
-                time=self._clock.time(), pid=worker.pid, text=text, step=number, steps=steps
+                time=self._clock.time(),
+                pid=worker.pid,
+                text=text,
+                step=number,
+                steps=steps,
+                reason=None if text is not None else reason,
             )
         )
         return text

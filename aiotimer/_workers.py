@@ -27,7 +27,7 @@ from aiotimer._launch import (
 from aiotimer._protocol import ENV_FIFO, TORCH_ENV_FIFO
 from aiotimer._restart import ExitReason, classify_exit
 from aiotimer.events import TimerExpired, WorkerReaped
-from aiotimer.reapers import Reaper
+from aiotimer.reapers import NoDump, Reaper
 
 __all__ = [
     "WORKER_ENV",
@@ -151,7 +151,7 @@ class ObservedReaper:
         """The inner reaper's."""
         self.inner.signal(pid, signum, group=group)
 
-    async def dump_stacks(self, pid: int, timeout: float) -> str | None:
+    async def dump_stacks(self, pid: int, timeout: float) -> str | NoDump | None:
         """The inner reaper's."""
         return await self.inner.dump_stacks(pid, timeout)
 

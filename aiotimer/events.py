@@ -362,7 +362,8 @@ class WorkerSurvived(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StacksDumped(Event):
-    """A stack dump was requested from the worker; ``text`` is ``None`` if none came."""
+    """A stack dump was requested from the worker; ``text`` is ``None`` if none came,
+    and then ``reason`` says why (no hook in the worker, no py-spy, timed out ...)."""
 
     kind: ClassVar[str] = "stacks_dumped"
     level: ClassVar[int] = logging.WARNING
@@ -370,11 +371,13 @@ class StacksDumped(Event):
     text: str | None
     step: int
     steps: int
+    reason: str | None = None
 
     def describe(self) -> str:
         """One human-readable line."""
         if self.text is None:
-            return f"no stack dump from worker {self.pid} (step {self.step}/{self.steps})"
+            why = f": {self.reason}" if self.reason else ""
+            return f"no stack dump from worker {self.pid} (step {self.step}/{self.steps}){why}"
         where = f"worker {self.pid} (step {self.step}/{self.steps})"
         return f"stacks of {where}:\n{clip_text(self.text)}"
 

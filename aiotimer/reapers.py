@@ -21,12 +21,12 @@ from typing import Protocol, runtime_checkable
 
 import anyio
 
-from aiotimer._dump_collect import collect_dump, py_spy_dump
+from aiotimer._dump_collect import NoDump, collect_dump_or_why, py_spy_dump_or_why
 from aiotimer._kill_policy import KillPolicy, ServerIdentity
 from aiotimer._process import WorkerProcess, server_identity
 from aiotimer.errors import ProcessGoneError, RefusedTargetError
 
-__all__ = ["Reaper", "SignalReaper"]
+__all__ = ["NoDump", "Reaper", "SignalReaper"]
 
 
 @runtime_checkable
@@ -64,8 +64,12 @@ class Reaper(Protocol):
         """
         ...
 
-    async def dump_stacks(self, pid: int, timeout: float) -> str | None:
-        """Ask the worker for a dump of its stacks; ``None`` if none came within ``timeout``."""
+    async def dump_stacks(self, pid: int, timeout: float) -> str | NoDump | None:
+        """Ask the worker for a dump of its stacks, within about ``timeout`` seconds.
+
+        Returns the dump's text, or a :class:`NoDump` saying why none came (reported on
+        the ``stacks_dumped`` event); ``None`` means no dump, with no reason given.
+        """
         ...
 
     def detach(self, pid: int) -> None:
@@ -175,36 +179,46 @@ class SignalReaper:
             raise RefusedTargetError(f"kill policy: {refusal}")
         proc.send_signal(signum, group=group)
 
-    async def dump_stacks(self, pid: int, timeout: float) -> str | None:
-        """The worker's stack dump, or ``None``; takes about ``timeout`` seconds at most.
+    async def dump_stacks(self, pid: int, timeout: float) -> str | NoDump:
+        """The worker's stack dump, or why none came; takes about ``timeout`` seconds at most.
 
         A worker with the dump hook (:func:`aiotimer.diagnostics.install_dump_handler`)
         is signalled through its pinned handle and its dump file read
         (:func:`~aiotimer.diagnostics.collect_dump`); a worker without it is never
         signalled, and is read from outside with ``py-spy dump`` instead (if enabled and
-        installed, in the time left). ``None`` for a worker that has exited, was never
-        pinned, or gave nothing.
+        installed, in the time left). No dump for a worker that has exited, was never
+        pinned, or gave nothing: the :class:`NoDump` names which.
         """
         proc = self._procs.get(pid)
-        if proc is None or not proc.is_alive():
-            return None
+        if proc is None:
+            return NoDump("the worker was never pinned")
+        if not proc.is_alive():
+            return NoDump("the worker has exited")
         started = anyio.current_time()
         try:
-            text = await collect_dump(
+            result = await collect_dump_or_why(
                 pid,
                 send_signal=lambda signum: self.signal(pid, signum),
                 dump_dir=self._dump_dir,
                 timeout=timeout,
             )
         except ProcessGoneError:
-            return None  # it exited (or its pid was recycled) meanwhile
-        except RefusedTargetError:
-            return None  # the kill policy refuses even the dump signal
-        if text is None and self._py_spy and proc.is_alive():
-            left = timeout - (anyio.current_time() - started)
-            if left > 0:
-                text = await py_spy_dump(pid, timeout=left)
-        return text
+            return NoDump("the worker exited meanwhile")
+        except RefusedTargetError as exc:
+            return NoDump(f"the dump signal is refused: {exc}")
+        if isinstance(result, str):
+            return result
+        if not self._py_spy:
+            return NoDump(f"{result.reason}; the py-spy fallback is off")
+        if not proc.is_alive():
+            return NoDump(f"{result.reason}; the worker exited meanwhile")
+        left = timeout - (anyio.current_time() - started)
+        if left <= 0:
+            return NoDump(f"{result.reason}; no time left for py-spy")
+        spied = await py_spy_dump_or_why(pid, timeout=left)
+        if isinstance(spied, str):
+            return spied
+        return NoDump(f"{result.reason}; {spied.reason}")
 
     def detach(self, pid: int) -> None:
         """Close the worker's pidfd."""

@@ -722,7 +722,8 @@ class TimerServer:
         if engine is None or pid not in engine.workers():
             raise ValueError(f"pid {pid} is not a worker of this server")
         with anyio.move_on_after(timeout + DUMP_SLACK):
-            return await self._reaper.dump_stacks(pid, timeout)
+            result = await self._reaper.dump_stacks(pid, timeout)
+            return result if isinstance(result, str) else None
         return None
 
     def get_state(self) -> ServerState:

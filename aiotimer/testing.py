@@ -26,6 +26,7 @@ import anyio.abc
 from aiotimer._protocol import Decoded, LineDecoder, Request
 from aiotimer.cluster._memory import MemoryStore
 from aiotimer.errors import ProcessGoneError, ReapError
+from aiotimer.reapers import NoDump
 from aiotimer.sources._base import RequestSink, Source
 
 __all__ = [
@@ -121,7 +122,7 @@ class RecordingReaper:
         *,
         nonexistent: Iterable[int] = (),
         exit_on: Iterable[int] = (signal.SIGKILL,),
-        stack_dump: str | None = None,
+        stack_dump: str | NoDump | None = None,
     ) -> None:
         self.calls: list[ReaperCall] = []
         self.nonexistent: set[int] = set(nonexistent)
@@ -186,7 +187,7 @@ class RecordingReaper:
         if signum in self.exit_on:
             self.exit(pid)
 
-    async def dump_stacks(self, pid: int, timeout: float) -> str | None:
+    async def dump_stacks(self, pid: int, timeout: float) -> str | NoDump | None:
         """Record; return ``stack_dump``."""
         self.calls.append(ReaperCall("dump_stacks", pid))
         return self.stack_dump

@@ -9,10 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import os
 from collections.abc import Callable, Iterator, Mapping
 
 import pytest
 from _etcd import EtcdNotFoundError, EtcdServer
+
+# The test process (and the workers it starts) must not take SIGUSR1 for a stack-dump
+# hook just because a test finds a server through the environment; the tests of that
+# hook remove this variable in their workers.
+os.environ.setdefault("AIOTIMER_DUMP_HOOK", "0")
 
 LOOP_FACTORIES: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
     "asyncio": asyncio.new_event_loop,

@@ -43,7 +43,7 @@ from aiotimer.events import (
     WorkerReaped,
     WorkerSurvived,
 )
-from aiotimer.reapers import SignalReaper
+from aiotimer.reapers import NoDump, SignalReaper
 from aiotimer.server import TimerServer
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(30)]
@@ -310,6 +310,63 @@ async def test_a_worker_without_the_hook_is_dumped_by_py_spy_never_by_signal(
     assert dumped.text is not None and "spinning_in_plain_python" in dumped.text
 
 
+@pytest.mark.asyncio
+async def test_a_reap_without_a_dump_says_why(tmp_path: Path) -> None:
+    """No hook in the worker and the py-spy fallback off: the kill still happens and the
+    ``stacks_dumped`` event names both reasons."""
+    policy = ReapPolicy(Escalation(dump=True, dump_timeout=2.0, soft_signal=None))
+    reaper = SignalReaper(dump_dir=tmp_path, py_spy=False)
+    async with serving(tmp_path, policy, reaper=reaper) as (_, fifo, events):
+        worker = start(tmp_path, fifo, NO_HOOK)
+        try:
+            assert read_line(worker) == "ready"
+            assert await wait_exit(worker) == -KILL
+        finally:
+            stop(worker)
+        [dumped] = await wait_for(events, StacksDumped)
+    assert dumped.text is None and dumped.reason is not None
+    assert "no dump hook in the worker" in dumped.reason
+    assert "install_dump_handler" in dumped.reason
+    assert "py-spy fallback is off" in dumped.reason
+    assert dumped.reason in dumped.describe()
+
+
+ZERO_SETUP = r"""
+os.environ["AIOTIMER_FIFO"] = FIFO
+os.environ.pop("AIOTIMER_DUMP_HOOK", None)
+from aiotimer import expires
+
+def stuck_without_any_setup():
+    with expires(after=0.3):
+        say("ready")
+        time.sleep(60)
+
+stuck_without_any_setup()
+"""
+
+
+@pytest.mark.asyncio
+async def test_a_worker_found_through_the_environment_has_the_dump_hook(
+    tmp_path: Path,
+) -> None:
+    """No configure(), no install_dump_handler(): the first block (in the main thread)
+    installs the hook, so the dump comes from the worker itself (py-spy is off)."""
+    policy = ReapPolicy(Escalation(dump=True, dump_timeout=10.0, soft_signal=None))
+    reaper = SignalReaper(dump_dir=tmp_path, py_spy=False)
+    async with serving(tmp_path, policy, reaper=reaper) as (_, fifo, events):
+        worker = start(
+            tmp_path, fifo, f"os.environ['AIOTIMER_DUMP_DIR'] = {str(tmp_path)!r}\n" + ZERO_SETUP
+        )
+        try:
+            assert read_line(worker) == "ready"
+            assert await wait_exit(worker) == -KILL
+        finally:
+            stop(worker)
+        [dumped] = await wait_for(events, StacksDumped)
+    assert dumped.text is not None, dumped.reason
+    assert "stuck_without_any_setup" in dumped.text
+
+
 # -- exits on its own -------------------------------------------------------------------------
 
 LEAVES = r"""
@@ -481,14 +538,14 @@ def test_a_pid_whose_process_was_replaced_is_never_signalled(tmp_path: Path) -> 
         assert read_line(successor) == "ready"
         assert read_start_time(pid) != start_time  # a different process, same pid
 
-        async def attempts() -> str | None:
+        async def attempts() -> str | NoDump:
             with pytest.raises(ProcessGoneError):
                 reaper.signal(pid, KILL)  # the pidfd still names the first process
             with pytest.raises(ProcessGoneError):
                 reaper.signal(pid, KILL, group=True)
             return await reaper.dump_stacks(pid, 1.0)
 
-        assert anyio.run(attempts) is None
+        assert anyio.run(attempts) == NoDump("the worker has exited")
         # The start-time identity (the path without pidfds) refuses it just the same.
         with (
             WorkerProcess._from_identity(pid, start_time) as stale,

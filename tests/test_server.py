@@ -43,6 +43,7 @@ from aiotimer.events import (
     WorkerSurvived,
     WorkerUnknown,
 )
+from aiotimer.reapers import NoDump
 from aiotimer.server import Lifecycle, ReapRetry, TimerServer, TimerServerThread
 from aiotimer.sources import RequestSink
 from aiotimer.sources._base import draining
@@ -867,6 +868,20 @@ async def test_a_dump_that_overruns_is_cut_off_and_the_kill_still_happens() -> N
         await r.advance(0.1)
         [dumped] = r.of(StacksDumped)
         assert dumped.text is None
+        assert dumped.reason is not None and "cut off" in dumped.reason
+        assert r.reaper.signals() == [(1, KILL)]
+
+
+@pytest.mark.asyncio
+async def test_a_reaper_without_a_dump_says_why_on_the_event() -> None:
+    policy = ReapPolicy(Escalation(dump=True, dump_timeout=2.0, soft_signal=None))
+    reaper = RecordingReaper(stack_dump=NoDump("no dump hook in the worker"))
+    async with rig(policy=policy, reaper=reaper) as r:
+        r.acquire(1, "a", at=1.0)
+        await r.advance(1.0)
+        [dumped] = r.of(StacksDumped)
+        assert (dumped.text, dumped.reason) == (None, "no dump hook in the worker")
+        assert "no dump hook in the worker" in dumped.describe()
         assert r.reaper.signals() == [(1, KILL)]
 
 

@@ -1,6 +1,11 @@
 """Which client a block uses when it names none: context-local, process-wide, or the
 server the environment names.
 
+A worker that finds its server through the environment also gets the stack-dump hook
+(:func:`aiotimer.diagnostics.ensure_dump_handler`), installed by its first block in the
+main thread, as :func:`configure` installs it; ``AIOTIMER_DUMP_HOOK=0`` leaves
+``SIGUSR1`` alone.
+
 The environment is read once: the FIFO path from ``AIOTIMER_FIFO`` (then torch's
 ``TORCHELASTIC_TIMER_FILE``) and its :class:`~aiotimer.FifoClient` are cached, and read
 again only when one of the two variables changes (``os.environ[...] = ...``,
@@ -27,7 +32,11 @@ from aiotimer._clients.fifo import FifoClient
 from aiotimer._protocol import ENV_FIFO, TORCH_ENV_FIFO
 from aiotimer.errors import NotConfiguredError
 
-__all__ = ["configure", "current_client", "under_timer_server", "use_client"]
+__all__ = ["ENV_DUMP_HOOK", "configure", "current_client", "under_timer_server", "use_client"]
+
+#: Set to ``0`` to keep a worker that finds its server through the environment from
+#: installing the stack-dump hook.
+ENV_DUMP_HOOK: Final[str] = "AIOTIMER_DUMP_HOOK"
 
 _configured: TimerClient | None = None
 _context_client: Final[contextvars.ContextVar[TimerClient | None]] = contextvars.ContextVar(
@@ -50,10 +59,19 @@ def configure(client: TimerClient | None, *, dump_hook: bool = True) -> None:
     global _configured
     _configured = client
     if client is not None and dump_hook:
-        # Imported on use: a worker that never configures does not load the dump code.
-        from aiotimer.diagnostics import ensure_dump_handler  # noqa: PLC0415
+        _ensure_dump_hook()
 
-        ensure_dump_handler()
+
+def _ensure_dump_hook() -> bool:
+    """Install the dump hook unless one is there; whether this thread could (the main
+    thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    # Imported on use: a worker that never times a block does not load the dump code.
+    from aiotimer.diagnostics import ensure_dump_handler  # noqa: PLC0415
+
+    ensure_dump_handler()
+    return True
 
 
 @contextmanager
@@ -137,13 +155,24 @@ class _Environment:
         self._lock = threading.Lock()
         self._clients: dict[str, FifoClient] = {}  # one per path, for the process's life
         self.reading: _Reading | None = None
+        #: The dump hook is still to be installed (by the first block in the main thread).
+        self.hook_pending = True
 
     def client(self) -> FifoClient | None:
         """The client for the FIFO the environment names, or ``None``."""
         reading = self.reading
-        if reading is not None and reading.current():
-            return reading.client
-        return self._read()[1]
+        current = reading is not None and reading.current()
+        client = reading.client if current and reading is not None else self._read()[1]
+        if self.hook_pending and client is not None:
+            self._hook()
+        return client
+
+    def _hook(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # cheap: a worker timing blocks only in threads pays this check
+        off = os.environ.get(ENV_DUMP_HOOK, "1").strip().lower() in ("0", "false", "no", "off")
+        if off or _ensure_dump_hook():
+            self.hook_pending = False
 
     def path(self) -> str | None:
         """The FIFO path the environment names, or ``None``."""
