@@ -13,7 +13,7 @@ import anyio
 import pytest
 
 from aiotimer.errors import ProcessGoneError, ReapError, RefusedTargetError
-from aiotimer.reapers import Reaper, SignalReaper
+from aiotimer.reapers import NoDump, Reaper, SignalReaper
 from aiotimer.testing import ReaperCall, RecordingReaper
 
 
@@ -88,7 +88,7 @@ async def test_signal_reaper_kills_pinned_child_and_sees_it_exit(
     assert child.wait(5) == -signal.SIGKILL
     with pytest.raises(ProcessGoneError):
         reaper.signal(child.pid, signal.SIGKILL)
-    assert await reaper.dump_stacks(child.pid, 0.1) is None
+    assert await reaper.dump_stacks(child.pid, 0.1) == NoDump("the worker has exited")
     reaper.detach(child.pid)
     reaper.detach(child.pid)  # idempotent
 
@@ -154,8 +154,11 @@ async def test_signal_reaper_never_signals_a_worker_without_the_dump_hook(
 ) -> None:
     reaper = SignalReaper(dump_dir=tmp_path, py_spy=False)
     assert reaper.attach(child.pid)
-    assert await reaper.dump_stacks(child.pid, 0.5) is None
+    no_hook = await reaper.dump_stacks(child.pid, 0.5)
+    assert isinstance(no_hook, NoDump)
+    assert no_hook.reason.startswith("no dump hook in the worker")
+    assert no_hook.reason.endswith("the py-spy fallback is off")
     await anyio.sleep(0.1)
     assert child.poll() is None  # SIGUSR1 would have killed it
-    assert await reaper.dump_stacks(4_000_000, 0.5) is None  # never attached
+    assert await reaper.dump_stacks(4_000_000, 0.5) == NoDump("the worker was never pinned")
     reaper.close()
