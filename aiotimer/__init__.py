@@ -97,7 +97,7 @@ __version__ = "0.1.0"
 # Eager, unlike the rest: the function ``watchdog`` shares its name with the submodule
 # ``aiotimer.watchdog``, and importing a submodule sets the package's attribute to it;
 # bound here, after that import, the name is the function whatever is imported later.
-from aiotimer.watchdog import Watchdog, watchdog
+from aiotimer.watchdog import LoopWatchdog, Watchdog, loop_watchdog, watchdog
 
 # Library etiquette: a program that configures no logging sees no lines from aiotimer.
 logging.getLogger("aiotimer").addHandler(logging.NullHandler())
@@ -219,6 +219,7 @@ __all__ = [
     "LeaseLostError",
     "Lifecycle",
     "LineDecoder",
+    "LoopWatchdog",
     "MissingExtraError",
     "MonotonicClock",
     "NodeNameTakenError",
@@ -266,6 +267,7 @@ __all__ = [
     "expires",
     "expires_at",
     "launched",
+    "loop_watchdog",
     "under_timer_server",
     "use_client",
     "watchdog",

@@ -10,6 +10,10 @@ the first kick). Kicks are rate-limited on the client side: a kick less than
 ``min_kick_interval`` after the last one *sent* only records the time locally, so a tight
 loop costs a clock read per kick, not a server request.
 
+:func:`loop_watchdog` watches an event loop instead of a block: a tiny task kicks while
+the loop runs, so a loop that stops running (a blocking call, a GIL-holding extension)
+is reaped, inside a timed block or not.
+
 Guarantee: the server's deadline is never earlier than
 ``last_kick + timeout - min_kick_interval``, and never later than
 ``last_kick + timeout``. So a loop that stops kicking is reaped between
@@ -21,17 +25,20 @@ Guarantee: the server's deadline is never earlier than
 from __future__ import annotations
 
 import math
+import sys
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aiotimer._clients import TimerClient, current_client, release_undelivered
 from aiotimer._protocol import Request
 from aiotimer._scope import current_pid, default_scope
 
 if TYPE_CHECKING:
+    import asyncio
+
     from aiotimer._clock import Clock
 
-__all__ = ["Watchdog", "watchdog"]
+__all__ = ["LoopWatchdog", "Watchdog", "loop_watchdog", "watchdog"]
 
 
 def _system_clock() -> Clock:
@@ -225,4 +232,102 @@ def watchdog(
         min_kick_interval=min_kick_interval,
         signal=signal,
         clock=clock,
+    )
+
+
+class LoopWatchdog:
+    """A watchdog on the running event loop (see :func:`loop_watchdog`); use once, as
+    ``async with``."""
+
+    __slots__ = ("_kicker", "_watchdog", "period", "stall_after")
+
+    def __init__(
+        self,
+        stall_after: float,
+        *,
+        scope: str,
+        client: TimerClient | None = None,
+        signal: int | None = None,
+    ) -> None:
+        if not (math.isfinite(stall_after) and stall_after > 0):
+            raise ValueError(f"stall_after must be a finite number > 0, got {stall_after!r}")
+        self.stall_after = float(stall_after)
+        #: Seconds between two kicks while the loop runs.
+        self.period = self.stall_after / 4
+        # Every kick is sent (they come every period): the server's deadline is always
+        # the last kick + stall_after + period.
+        self._watchdog = Watchdog(
+            self.stall_after + self.period,
+            scope=scope,
+            client=client,
+            min_kick_interval=0.0,
+            signal=signal,
+        )
+        self._kicker: asyncio.Task[None] | None = None
+
+    @property
+    def scope(self) -> str:
+        """The scope id of the loop's timer."""
+        return self._watchdog.scope
+
+    async def _kick_while_running(self) -> None:
+        sleep = sys.modules["asyncio"].sleep
+        while True:
+            await sleep(self.period)
+            await self._watchdog.akick()
+
+    async def __aenter__(self) -> LoopWatchdog:
+        if self._kicker is not None:
+            raise RuntimeError(f"{self!r} can be entered only once")
+        await self._watchdog.__aenter__()
+        # asyncio is loaded: its loop runs this coroutine (this module does not import
+        # it, so a worker that never runs a loop never loads it).
+        self._kicker = sys.modules["asyncio"].ensure_future(self._kick_while_running())
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        kicker: Any = self._kicker
+        kicker.cancel()  # it ends at the loop's next turn; nothing waits for it
+        await self._watchdog.__aexit__(exc_type, exc, tb)
+
+    def __repr__(self) -> str:
+        return (
+            f"<LoopWatchdog stall_after={self.stall_after:g}s scope={self.scope!r} "
+            f"kicks sent={self._watchdog.sent}>"
+        )
+
+
+def loop_watchdog(
+    stall_after: float,
+    *,
+    scope: str | None = None,
+    client: TimerClient | None = None,
+    signal: int | None = None,
+) -> LoopWatchdog:
+    """Reap this process if its asyncio event loop stops running for ``stall_after`` s.
+
+    ``async with loop_watchdog(stall_after=10): ...`` runs a tiny task on the loop that
+    kicks a heartbeat timer every ``stall_after / 4`` seconds. While the loop runs, the
+    server's deadline stays ahead; when the loop stops (a blocking call, a GIL-holding
+    extension, a deadlock), the kicks stop and the server reaps the process (dumping
+    its stacks first when the server is told to), between ``stall_after`` and
+    ``1.25 * stall_after`` seconds after the loop last ran, inside a timed block or not.
+    A healthy loop pays one wake-up and one request per period.
+
+    Args:
+        stall_after: seconds the loop may stop running before the process is reaped.
+        scope: the timer's scope id (default: ``"file.py:LINE#N"`` of the caller).
+        client: the transport (default: :func:`~aiotimer.client.current_client`).
+        signal: the signal to reap with; default: the client's.
+    """
+    return LoopWatchdog(
+        stall_after,
+        scope=default_scope() if scope is None else scope,
+        client=client,
+        signal=signal,
     )

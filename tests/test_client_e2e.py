@@ -506,3 +506,30 @@ def test_a_blocked_loop_is_reaped_kill_after_past_the_deadline(harness: Harness)
     assert harness.was_reaped(worker.pid)
     [reaped] = [e for e in harness.events if isinstance(e, WorkerReaped)]
     assert "blocks-the-loop" in reaped.scopes
+
+
+LOOP_WATCHDOG_WORKER = """
+    import asyncio, time
+    from aiotimer import loop_watchdog
+    async def main():
+        async with loop_watchdog(stall_after=0.5, scope="the-loop"):
+            await asyncio.sleep(1.5)  # a healthy loop: three times stall_after, kept alive
+            print(time.monotonic(), flush=True)  # CLOCK_MONOTONIC: the same everywhere
+            time.sleep(60)  # the loop stops, outside any timed block
+    asyncio.run(main())
+"""
+
+
+@pytest.mark.timeout(60)
+def test_the_loop_watchdog_reaps_a_loop_that_stops_outside_any_block(
+    harness: Harness,
+) -> None:
+    worker = harness.spawn(LOOP_WATCHDOG_WORKER)
+    stopped = float(read_line(worker))
+    code, _, err = harness.wait(worker)
+    died = time.monotonic() - stopped  # an upper bound of the time of death
+    assert code == KILLED, err
+    assert 0.5 <= died < 0.625 + 2.0  # stall_after .. 1.25 x stall_after; slack for load
+    assert harness.was_reaped(worker.pid)
+    [reaped] = [e for e in harness.events if isinstance(e, WorkerReaped)]
+    assert "the-loop" in reaped.scopes

@@ -41,6 +41,7 @@ EXPECTED_TOP_LEVEL = {
     "Launch",
     "Launcher",
     "launched",
+    "loop_watchdog",
     "Backoff",
     "ExitKind",
     "ExitReason",
@@ -73,6 +74,7 @@ EXPECTED_TOP_LEVEL = {
     "KillPolicy",
     "Lifecycle",
     "LineDecoder",
+    "LoopWatchdog",
     "MonotonicClock",
     "NotConfiguredError",
     "ProcessGoneError",
@@ -156,7 +158,7 @@ def test_lazy_names_agree_with_all_and_resolve() -> None:
     """Every public name is either bound eagerly or listed in the lazy table, and each
     resolves to the object its defining module exports."""
     lazy = aiotimer._LAZY
-    eager = {"Watchdog", "watchdog", "__version__"}
+    eager = {"LoopWatchdog", "Watchdog", "loop_watchdog", "watchdog", "__version__"}
     assert set(lazy) | eager == set(aiotimer.__all__)
     assert not set(lazy) & eager
     for name, module_name in lazy.items():

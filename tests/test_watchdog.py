@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import anyio
 import pytest
 from hypothesis import given
@@ -10,7 +13,7 @@ from hypothesis import strategies as st
 from aiotimer._protocol import Request
 from aiotimer.errors import ServerUnavailableError
 from aiotimer.testing import FakeClock
-from aiotimer.watchdog import Watchdog, watchdog
+from aiotimer.watchdog import LoopWatchdog, Watchdog, loop_watchdog, watchdog
 
 
 class RecordingClient:
@@ -121,3 +124,31 @@ def test_the_server_deadline_stays_within_the_guarantee(
             slack = 1e-9 * max(1.0, abs(deadline))
             assert wd.last_kick + timeout - interval - slack <= deadline
             assert deadline <= wd.last_kick + timeout + slack
+
+
+# -- the loop watchdog ------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_the_loop_watchdog_keeps_the_deadline_ahead_while_the_loop_runs() -> None:
+    client = RecordingClient()
+    async with loop_watchdog(0.2, client=client, scope="loop") as lw:
+        assert isinstance(lw, LoopWatchdog) and lw.period == pytest.approx(0.05)
+        entered = time.monotonic()
+        [first] = client.requests
+        assert first.mono is not None
+        assert entered - 0.25 <= first.mono - 0.25 <= entered  # stall_after + period ahead
+        while len(client.acquires()) < 3:  # the kicker runs on the loop
+            await asyncio.sleep(0.01)
+        for kick in client.acquires():
+            assert kick.scope_id == "loop" and kick.signal == 9
+    count = len(client.requests)
+    assert client.requests[-1].is_release
+    await asyncio.sleep(0.2)  # four periods: the kicker is gone
+    assert len(client.requests) == count
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("inf"), float("nan")])
+def test_stall_after_must_be_a_finite_number_above_zero(bad: float) -> None:
+    with pytest.raises(ValueError, match="stall_after"):
+        loop_watchdog(bad, client=RecordingClient())
