@@ -405,7 +405,7 @@ class Engine:
         logger.critical(
             "out of file descriptors (%s) pinning worker %d: its identity cannot be "
             "proven, so it cannot be signalled until a descriptor is free. Raise the "
-            "open-file limit (ulimit -n; aiotimer serve raises the soft limit to the "
+            "open-file limit (ulimit -n; the server raises the soft limit to the "
             "hard one) or run fewer workers per server",
             exc.strerror,
             pid,

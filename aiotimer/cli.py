@@ -22,7 +22,6 @@ from aiotimer import _cli_run, demo
 from aiotimer._cli_status import configure_parser as status_args
 from aiotimer._cli_status import log_summary, run_status
 from aiotimer._kill_policy import KillPolicy
-from aiotimer._limits import raise_open_file_limit
 from aiotimer._logging import queued_logging
 from aiotimer._policy import Escalation, ReapPolicy
 from aiotimer._server_engine import MAX_TIMERS, MAX_TIMERS_PER_WORKER
@@ -381,7 +380,6 @@ def run_serve(args: argparse.Namespace) -> int:
         factory = loop_factory(args.loop)
     except ImportError as exc:
         return _fail(f"--loop {args.loop}: {exc}; install it or use --loop asyncio")
-    raise_open_file_limit()  # one pidfd per watched worker
     if args.dump or args.dump_dir:
         try:  # the workers' dump files go in a private directory, made now if missing
             private_dump_dir(args.dump_dir)

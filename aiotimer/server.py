@@ -39,6 +39,7 @@ from aiotimer._eventlog import EventLog
 from aiotimer._handoff import Handoff
 from aiotimer._journal import JOURNAL_SUFFIX, Journal
 from aiotimer._kill_policy import fifo_mode_warning
+from aiotimer._limits import raise_open_file_limit
 from aiotimer._logging import EventLogger
 from aiotimer._policy import ReapPolicy
 from aiotimer._protocol import Decoded, Rejection, Request, validate
@@ -308,6 +309,9 @@ class TimerServer:
     async def start(self) -> None:
         """Start serving; return once every source accepts requests.
 
+        The process's soft ``RLIMIT_NOFILE`` is raised to its hard limit first: the
+        server holds a descriptor (pidfd) per watched worker.
+
         Raises:
             ServerStateError: the server is not ``created`` or ``stopped``.
             SourceError: a source could not be opened (the server is then ``stopped``).
@@ -315,6 +319,7 @@ class TimerServer:
         if self._state not in (Lifecycle.CREATED, Lifecycle.STOPPED):
             raise ServerStateError(f"cannot start a {self._state.value} server")
         self._state = Lifecycle.STARTING
+        raise_open_file_limit()
         loop = asyncio.get_running_loop()
         run = self._run = _Run(loop, threading.get_ident(), anyio.Event(), Handoff(loop))
         ready: asyncio.Future[None] = loop.create_future()
