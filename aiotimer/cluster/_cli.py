@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import collections
-import dataclasses
 import json
 import os
 import socket
@@ -36,6 +34,8 @@ __all__ = [
     "server_status",
 ]
 
+#: The most workers a node record lists (the totals count them all).
+MAX_RECORD_WORKERS = 256
 #: ``aiotimer status --etcd``: etcd unreachable, or no node of the job runs.
 EXIT_NOT_RUNNING = 3
 #: ``aiotimer status --etcd``: bad arguments.
@@ -130,20 +130,21 @@ async def publishing(
 
 
 def server_status(server: TimerServer) -> NodeStatus:
-    """A standalone server's :class:`NodeStatus`: its workers (by pid) and timers.
+    """A standalone server's :class:`NodeStatus`: its workers (by pid) and timer counts.
 
-    Costs a copy of the timer table (O(timers)), at most once per publish interval.
+    Built from :meth:`TimerServer.status`, whose cost is bounded (it lists at most
+    :data:`MAX_RECORD_WORKERS` workers; the totals stay exact), so publishing never
+    copies the timer table.
     """
-    state = server.get_state()
-    per_pid = collections.Counter(t.pid for t in state.timers)
+    snap = server.status(limit=MAX_RECORD_WORKERS)
     return NodeStatus(
         role="server",
         workers=tuple(
-            WorkerRecord(pid=pid, state="running", live_timers=per_pid[pid])
-            for pid in sorted({*state.workers, *per_pid})
+            WorkerRecord(pid=w.pid, state=w.state, live_timers=w.timers) for w in snap.workers
         ),
-        live_timers=len(state.timers),
-        counters=dataclasses.asdict(state.counters),
+        workers_total=snap.workers_total,
+        live_timers=snap.timers_total,
+        counters=snap.counters,
     )
 
 

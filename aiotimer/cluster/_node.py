@@ -15,9 +15,7 @@ supervisor's record and, with ``--restart-scope job``, is the supervisor's
 
 from __future__ import annotations
 
-import collections
 import contextlib
-import dataclasses
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -28,7 +26,7 @@ import anyio.abc
 
 from aiotimer._restart import RestartPolicy
 from aiotimer.cluster import connect
-from aiotimer.cluster._cli import NodeConfig
+from aiotimer.cluster._cli import MAX_RECORD_WORKERS, NodeConfig
 from aiotimer.cluster._job import JobRestarts
 from aiotimer.cluster._publisher import NodePublisher, NodeStatus
 from aiotimer.cluster._record import WorkerRecord
@@ -47,11 +45,15 @@ GIVE_UP_TIMEOUT = 5.0
 
 
 def supervisor_status(supervisor: Supervisor, generation: int | None = None) -> NodeStatus:
-    """A supervisor's :class:`~aiotimer.cluster.NodeStatus` (its workers and their timers)."""
-    state = supervisor.get_state()
-    timers = () if state.server is None else state.server.timers
-    per_pid = collections.Counter(t.pid for t in timers)
-    counters = {} if state.server is None else dataclasses.asdict(state.server.counters)
+    """A supervisor's :class:`~aiotimer.cluster.NodeStatus`: its worker slots, and their
+    timer counts from the embedded server's bounded :meth:`~aiotimer.TimerServer.status`
+    (the timer table is never copied)."""
+    state = supervisor.get_state(server=False)
+    server = supervisor.server
+    snap = None
+    if server is not None and server.state in (Lifecycle.RUNNING, Lifecycle.STOPPING):
+        snap = server.status(limit=MAX_RECORD_WORKERS)
+    timers = {} if snap is None else {w.pid: w.timers for w in snap.workers}
     return NodeStatus(
         role="supervisor",
         workers=tuple(
@@ -60,13 +62,13 @@ def supervisor_status(supervisor: Supervisor, generation: int | None = None) -> 
                 pid=w.pid,
                 state=w.state.value,
                 restarts=w.restarts,
-                live_timers=0 if w.pid is None else per_pid[w.pid],
+                live_timers=timers.get(w.pid, 0) if w.pid is not None else 0,
             )
             for w in state.workers
         ),
         restarts=sum(max(0, w.attempts - 1) for w in state.workers),
-        live_timers=len(timers),
-        counters=counters,
+        live_timers=0 if snap is None else snap.timers_total,
+        counters={} if snap is None else snap.counters,
         generation=generation,
     )
 

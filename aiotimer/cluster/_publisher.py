@@ -54,12 +54,14 @@ RETRY_INTERVAL = 1.0
 class NodeStatus:
     """What a node reports about itself right now (built by its supervisor or server).
 
-    ``generation`` is the job-wide restart generation its workers run under (job
-    scope only).
+    ``workers`` may be a bounded selection: ``workers_total`` counts them all (0: as
+    many as listed). ``generation`` is the job-wide restart generation its workers run
+    under (job scope only).
     """
 
     role: str = "server"
     workers: tuple[WorkerRecord, ...] = ()
+    workers_total: int = 0
     restarts: int = 0
     live_timers: int = 0
     counters: Mapping[str, int] = field(default_factory=dict)
@@ -266,6 +268,7 @@ class NodePublisher:
             heartbeat=self._schedule.heartbeat,
             generation=status.generation,
             workers=status.workers,
+            workers_total=max(status.workers_total, len(status.workers)),
             restarts=status.restarts,
             live_timers=status.live_timers,
             counters=dict(status.counters),

@@ -82,7 +82,8 @@ class NodeRecord(msgspec.Struct, frozen=True, kw_only=True):
     """Everything a node publishes about itself (times are epoch seconds).
 
     ``heartbeat`` is how often the node rewrites the record at the latest: a record
-    older than a few heartbeats belongs to a stalled node.
+    older than a few heartbeats belongs to a stalled node. ``workers`` may list only
+    some of a server's workers; ``workers_total`` counts them all.
     """
 
     node: str
@@ -95,6 +96,7 @@ class NodeRecord(msgspec.Struct, frozen=True, kw_only=True):
     heartbeat: float
     generation: int | None = None
     workers: tuple[WorkerRecord, ...] = ()
+    workers_total: int = 0
     restarts: int = 0
     live_timers: int = 0
     counters: dict[str, int] = msgspec.field(default_factory=dict)

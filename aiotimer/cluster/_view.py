@@ -135,7 +135,7 @@ def build_view(
         if row.record is None:
             continue
         rec = row.record
-        totals["workers"] += len(rec.workers)
+        totals["workers"] += max(rec.workers_total, len(rec.workers))
         totals["live_timers"] += rec.live_timers
         totals["restarts"] += rec.restarts
         totals["reaped"] += rec.counters.get("reaped", 0)
@@ -180,7 +180,8 @@ def format_view(view: JobView) -> str:
         if rec is None:
             detail = f"outcome {row.outcome}" if row.outcome else "record gone (lease expired)"
         else:
-            detail = f"{rec.role}, {len(rec.workers)} workers, {rec.live_timers} timers"
+            count = max(rec.workers_total, len(rec.workers))
+            detail = f"{rec.role}, {count} workers, {rec.live_timers} timers"
         lines.append(
             f"{row.node:<16} {row.status:<8} {row.host:<20} {row.pid:>8} {age:>7}  {detail}"
         )
