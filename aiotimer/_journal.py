@@ -30,7 +30,10 @@ the blocks it still has open, so the journal only speaks for workers that stay s
 Limits: the journal lags the table by up to ``interval``; a block that ended in that lag
 before a crash, or during the downtime, and whose worker then says nothing until the
 restored deadline (plus ``grace``) has passed, is reaped as if it had hung. Only timers
-that would signal (``signal > 0``) are journaled.
+that would signal (``signal > 0``) are journaled, and a worker holding more than
+:data:`MAX_SCAN` timers drops out when its earliest one goes, until its next acquire
+(then journaled by that timer, which may not be its earliest: a later deadline, never a
+false one).
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ from aiotimer._protocol import Request
 from aiotimer._table import ReapOptions, Timer, TimerTable
 from aiotimer.errors import ProcessGoneError
 
-__all__ = ["JOURNAL_SUFFIX", "Journal", "JournalEntry", "boot_id"]
+__all__ = ["JOURNAL_SUFFIX", "MAX_SCAN", "Journal", "JournalEntry", "boot_id"]
 
 logger = logging.getLogger("aiotimer")
 
@@ -62,6 +65,10 @@ logger = logging.getLogger("aiotimer")
 JOURNAL_SUFFIX: Final[str] = ".journal"
 _FORMAT: Final[str] = "aiotimer-journal-1"
 _BOOT_ID: Final[str] = "/proc/sys/kernel/random/boot_id"
+#: A worker with more timers than this is left out of the journal when its earliest
+#: timer goes (finding the next one would scan them all in the loop), until its next
+#: acquire.
+MAX_SCAN: Final[int] = 10_000
 #: Bytes per entry a reader accepts at most (an entry is ~150 bytes plus its scope id).
 _MAX_ENTRY_BYTES: Final[int] = 1024
 
@@ -302,6 +309,9 @@ class Journal:
     def _update(self, table: TimerTable, mono_to_wall: float) -> None:
         earliest, self._earliest = self._earliest, {}
         for pid in self._recompute:  # O(timers of the worker), only when its earliest went
+            if table.worker_size(pid) > MAX_SCAN:
+                self._entries.pop(pid, None)  # too many to scan in the loop: left out
+                continue
             timer = _earliest_signalling(table.worker_timers(pid))
             if timer is None:
                 self._entries.pop(pid, None)

@@ -107,3 +107,27 @@ def test_a_recycled_pid_a_past_deadline_and_foreign_files(tmp_path: Path, sleepe
     path.unlink()
     os.symlink(tmp_path / "elsewhere", path)
     assert Journal(path).load(now) == []
+
+
+@pytest.mark.asyncio
+async def test_a_huge_worker_is_left_out_rather_than_scanned_in_the_loop(
+    tmp_path: Path, sleeper: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("aiotimer._journal.MAX_SCAN", 3)
+    path, table = tmp_path / "j", TimerTable()
+    journal = Journal(path, interval=0.01)
+    for i in range(5):
+        timer = Timer(sleeper, f"s{i}", 100.0 + i, 9)
+        table.acquire(timer)
+        journal.acquired(timer)
+    async with anyio.create_task_group() as tg:
+        await tg.start(journal.run, table, lambda: 0.0)
+        await wait_until(lambda: path.exists() and _written(path)[0]["scope_id"] == "s0")
+        table.release(sleeper, "s0")
+        journal.released(sleeper, "s0")
+        await wait_until(lambda: _written(path) == [])
+        earlier = Timer(sleeper, "early", 50.0, 9)
+        table.acquire(earlier)
+        journal.acquired(earlier)
+        await wait_until(lambda: _written(path) != [] and _written(path)[0]["scope_id"] == "early")
+        tg.cancel_scope.cancel()
