@@ -325,6 +325,29 @@ def test_default_scopes_are_unique_and_name_the_caller() -> None:
     assert scopes[0].rpartition("#")[0] == scopes[1].rpartition("#")[0]
 
 
+def test_expires_is_a_decorator_as_torchs_contextmanager_is() -> None:
+    """torch's ``@timer.expires(after=5)`` works: every call is a block."""
+    client = RecordingClient()
+
+    @timer.expires(after=5, client=client)
+    def step(x: int) -> int:
+        return x + 1
+
+    @timer.expires(after=5, scope="shared", client=client)
+    def shared() -> None:
+        pass
+
+    assert (step(1), step(2)) == (2, 3)
+    shared()
+    shared()
+    kinds = [c[0] for c in client.calls]
+    assert kinds == ["acquire", "release"] * 4
+    scopes = [c[1] for c in client.calls if c[0] == "acquire"]
+    assert scopes[0] != scopes[1]  # a default scope: one id per call, at the same line
+    assert scopes[0].rpartition("#")[0] == scopes[1].rpartition("#")[0]
+    assert scopes[2:] == ["shared", "shared"]
+
+
 def test_a_block_is_entered_once() -> None:
     block = timer.expires(after=1, client=RecordingClient())
     with block:

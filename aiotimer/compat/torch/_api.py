@@ -4,6 +4,7 @@ and ``configure``/``expires``."""
 from __future__ import annotations
 
 import abc
+import contextlib
 import logging
 import threading
 import time
@@ -11,7 +12,7 @@ from types import TracebackType
 from typing import Any
 
 from aiotimer._clients import release_failed
-from aiotimer._scope import default_scope
+from aiotimer._scope import default_scope, scope_at_site, scope_site
 from aiotimer.compat.torch._requests import TimerNotConfiguredError, TimerRequest
 from aiotimer.errors import ServerStateError
 
@@ -152,16 +153,26 @@ def configure(timer_client: TimerClient | None) -> None:
     logger.debug("timer client configured: %s", type(timer_client).__name__)
 
 
-class _Expires:
-    """The context manager :func:`expires` returns (usable once)."""
+class _Expires(contextlib.ContextDecorator):
+    """The context manager :func:`expires` returns (usable once), and, as torch's
+    ``@contextmanager`` is, a decorator: ``@expires(after=5)`` times every call."""
 
-    __slots__ = ("_after", "_client", "_entered", "scope")
+    __slots__ = ("_after", "_client", "_entered", "_per_call_scope", "scope")
 
-    def __init__(self, after: float, scope: str, client: TimerClient | None) -> None:
+    def __init__(
+        self, after: float, scope: str, client: TimerClient | None, *, per_call_scope: bool
+    ) -> None:
         self._after = after
         self.scope = scope
         self._client = client
         self._entered = False
+        self._per_call_scope = per_call_scope
+
+    def _recreate_cm(self) -> _Expires:
+        # ContextDecorator's hook: a fresh block per call (a default scope gets a new id
+        # at the decorator's line, an explicit one is shared, as in torch).
+        scope = scope_at_site(scope_site(self.scope)) if self._per_call_scope else self.scope
+        return _Expires(self._after, scope, self._client, per_call_scope=False)
 
     def __enter__(self) -> None:
         if self._entered:
@@ -207,5 +218,8 @@ def expires(after: float, scope: str | None = None, client: TimerClient | None =
         TimerServerUnavailableError: (on entry or exit) no server reads the FIFO.
 
     A failing release never hides the block's own exception (it is logged instead).
+    Like torch's, it is also a decorator: ``@expires(after=5)`` times every call.
     """
-    return _Expires(after, default_scope() if scope is None else scope, client)
+    return _Expires(
+        after, default_scope() if scope is None else scope, client, per_call_scope=scope is None
+    )
