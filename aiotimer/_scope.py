@@ -2,7 +2,8 @@
 
 A default scope id is ``"{basename}:{lineno}#{n}"``: the caller's file and line, for a
 human reading events, plus ``n`` from one process-wide counter, so every block gets its
-own id and concurrent tasks (or threads) on the same line never collide. The reaping
+own id and concurrent tasks (or threads) on the same line never collide. An async
+block adds the name of its asyncio task: ``"{basename}:{lineno}#{n}@{task}"``. The reaping
 side groups statistics by stripping the ``#n`` suffix (:func:`scope_site`).
 
 Cost: one ``sys._getframe`` (no ``inspect.stack()``, which builds every frame's source
@@ -15,11 +16,12 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import sys
 from types import CodeType, FrameType
 from typing import Final
 
-__all__ = ["current_pid", "default_scope", "scope_at_site", "scope_site"]
+__all__ = ["current_pid", "default_scope", "scope_at_site", "scope_site", "with_task"]
 
 _counter: Final = itertools.count(1)  # next() on it is atomic under the GIL
 #: Call site (id of the code object, instruction offset) -> ("basename:lineno#", the code
@@ -62,12 +64,32 @@ def _new_site(frame: FrameType) -> str:
 
 
 def scope_site(scope_id: str) -> str:
-    """The call site of a default scope id (``"a.py:12#7"`` → ``"a.py:12"``).
+    """The call site of a default scope id (``"a.py:12#7"`` → ``"a.py:12"``; an async
+    block's ``"a.py:12#7@Task-3"`` → ``"a.py:12"`` too).
 
     Other ids are returned unchanged.
     """
+    if "@" in scope_id:  # maybe an async block's: the task name may hold any character
+        found = _DEFAULT_SCOPE.match(scope_id)
+        return scope_id if found is None else found[1]
     site, sep, n = scope_id.rpartition("#")
     return site if sep and n.isdigit() and ":" in site else scope_id
+
+
+#: ``site#n`` or ``site#n@task``, ``site`` being ``name:line`` (the first such prefix).
+_DEFAULT_SCOPE: Final = re.compile(r"(.*?:\d+)#\d+(?:@.*)?\Z", re.DOTALL)
+#: The longest task name a default scope carries (the scope must stay within the
+#: protocol's ``MAX_SCOPE_ID_LENGTH``).
+MAX_TASK_NAME: Final[int] = 200
+
+
+def with_task(scope_id: str, task_name: str) -> str:
+    """A default scope id naming the asyncio task it belongs to (``"a.py:12#7@Task-3"``),
+    so events say which task held a block."""
+    name = task_name[:MAX_TASK_NAME]
+    if not name.isascii():  # keep the id valid Unicode (no lone surrogates)
+        name = name.encode("utf-8", "backslashreplace").decode("utf-8")
+    return f"{scope_id}@{name}"
 
 
 def current_pid() -> int:

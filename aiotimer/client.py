@@ -45,7 +45,7 @@ from aiotimer._clients import (
     use_client,
 )
 from aiotimer._protocol import Request, number_problem, scope_id_problem, signal_problem
-from aiotimer._scope import current_pid, default_scope, scope_at_site, scope_site
+from aiotimer._scope import current_pid, default_scope, scope_at_site, scope_site, with_task
 from aiotimer._task_deadline import TaskDeadline
 
 if TYPE_CHECKING:
@@ -228,9 +228,11 @@ class Expires:
 
     async def __aenter__(self) -> Expires:
         kill_after = DEFAULT_KILL_AFTER if self._kill_after is None else self._kill_after
-        task = _current_asyncio_task() if kill_after > 0 else None
-        if task is None:
+        task = _current_asyncio_task() if kill_after > 0 or self._per_call_scope else None
+        if task is None or kill_after == 0:
             kill_after = 0.0  # one tier: the server reaps at the deadline
+        if task is not None and self._per_call_scope and self._state == _CREATED:
+            self.scope = with_task(self.scope, task.get_name())  # events name the task
         request = self._acquire(kill_after)
         try:
             send_nowait = self._send_nowait
@@ -239,8 +241,8 @@ class Expires:
         except BaseException:
             self._state = _EXITED
             raise
-        if kill_after > 0 and task is not None:
-            assert self.deadline is not None
+        if kill_after > 0:
+            assert self.deadline is not None and task is not None
             when = task.get_loop().time() + (self.deadline - _monotonic())
             self._timeout = TaskDeadline(task, when)
         return self

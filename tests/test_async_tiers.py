@@ -10,7 +10,7 @@ import time
 import anyio
 import pytest
 
-from aiotimer._protocol import Request
+from aiotimer._protocol import Request, scope_id_problem
 from aiotimer._scope import scope_site
 from aiotimer.client import DEFAULT_KILL_AFTER, Expires, expires, expires_at
 
@@ -189,3 +189,48 @@ def test_a_template_cannot_be_entered_and_an_entered_block_cannot_decorate(
     with pytest.raises(RuntimeError, match="fresh expires"):
         block(lambda: None)
     assert isinstance(block, Expires)
+
+
+# -- async default scopes name their task ------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_an_async_default_scope_names_its_task(client: RecordingClient) -> None:
+    async def fetch() -> str:
+        async with expires(5, client=client) as block:
+            return block.scope
+
+    scope = await asyncio.create_task(fetch(), name="fetch-3")
+    assert scope.endswith("@fetch-3") and scope_site(scope).startswith("test_async_tiers.py:")
+    assert [r.scope_id for r in client.requests] == [scope, scope]
+    async with expires(5, scope="mine", client=client) as named:
+        pass
+    assert named.scope == "mine"  # an explicit scope is the user's, untouched
+
+
+@pytest.mark.asyncio
+async def test_any_task_name_keeps_the_scope_valid(client: RecordingClient) -> None:
+    async def block() -> str:
+        async with expires(5, client=client) as b:
+            return b.scope
+
+    odd = await asyncio.create_task(block(), name="lone \udcff #1:2#3 " + "x" * 5000)
+    assert scope_id_problem(odd) is None and len(odd) < 400
+    assert scope_site(odd).startswith("test_async_tiers.py:")
+
+
+@pytest.mark.parametrize(
+    ("scope", "site"),
+    [
+        ("a.py:12#7", "a.py:12"),
+        ("a.py:12#7@Task-3", "a.py:12"),
+        ("a.py:12#7@we#ird:1#2", "a.py:12"),
+        ("m@v2.py:3#4", "m@v2.py:3"),
+        ("m@v2.py:3#4@T#1", "m@v2.py:3"),
+        ("load#3", "load#3"),
+        ("me@host", "me@host"),
+        ("x:1#abc@t", "x:1#abc@t"),
+    ],
+)
+def test_scope_site_strips_the_counter_and_the_task(scope: str, site: str) -> None:
+    assert scope_site(scope) == site
