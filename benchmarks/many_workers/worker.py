@@ -151,10 +151,11 @@ def run_worker(
     heapq.heapify(events)
     open_deadlines: dict[int, float] = {}
 
-    def sent(ok: bool) -> None:
+    def sent(ok: bool) -> bool:
         slots.add(slot, REQUESTS)
         if not ok:
             slots.add(slot, FAILED)
+        return ok
 
     def release(k: int) -> None:
         # A release sent in time no longer counts as open when a kill is judged; one
@@ -190,7 +191,10 @@ def run_worker(
         deadline = t0 + block.start + timeout
         open_deadlines[k] = deadline
         slots.set(slot, MIN_OPEN_DEADLINE, min(open_deadlines.values()))
-        sent(sender.acquire(f"b{k}", deadline))
-        heapq.heappush(events, (t0 + block.start + block.work, 0, k))
+        if sent(sender.acquire(f"b{k}", deadline)):
+            heapq.heappush(events, (t0 + block.start + block.work, 0, k))
+        else:  # not delivered: the server holds no timer for it, nothing to release
+            del open_deadlines[k]
+            slots.set(slot, MIN_OPEN_DEADLINE, min(open_deadlines.values(), default=math.inf))
     sender.finish()
     slots.set(slot, DONE, 1.0)
