@@ -1029,6 +1029,50 @@ async def test_a_release_waiting_in_a_source_wins_over_its_deadline() -> None:
         assert held.held == [] and held.drained == 2
 
 
+class SlowHeldSource(HeldSource):
+    """A :class:`HeldSource` whose drain waits ``pause`` seconds per call without using
+    the CPU, as a drain does when the host gives the server's process no CPU."""
+
+    def __init__(self, pause: float) -> None:
+        super().__init__()
+        self.pause = pause
+
+    async def serve(
+        self,
+        sink: RequestSink,
+        *,
+        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        def drain() -> bool:
+            time.sleep(self.pause)  # wall time passes, the thread's CPU time does not
+            self.drained += 1
+            if self.held:
+                sink.submit(Decoded([self.held.pop(0)], []), self.name)
+            return bool(self.held)
+
+        with draining(sink, drain):
+            task_status.started()
+            await anyio.sleep_forever()
+
+
+@pytest.mark.asyncio
+async def test_a_server_starved_of_cpu_still_drains_every_waiting_release() -> None:
+    """The drain budget counts the server's CPU time: 20 drains of 1 ms of wall time
+    each (4 times the budget in wall time) all run before the expiry is acted on."""
+    held = SlowHeldSource(pause=0.001)
+    reaper = RecordingReaper()
+    async with TimerServer(sources=[held], reaper=reaper, clock=MonotonicClock()) as server:
+        deadline = time.monotonic() + 0.2
+        pids = range(1, 21)
+        submit = server.submit
+        for pid in pids:
+            submit(Request(pid, "a", 0.0, KILL, mono=deadline))
+        held.held += [Request(pid, "a", -1, 0) for pid in pids]
+        await anyio.sleep(deadline + 0.2 - time.monotonic())
+        assert reaper.signals() == []
+        assert held.held == [] and server.get_state().timers == ()
+
+
 class _OutOfDescriptors(RecordingReaper):
     """Attaching fails with EMFILE ``failures`` times, then works."""
 
