@@ -21,19 +21,26 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import asyncio
 
-__all__ = ["TaskDeadline"]
+__all__ = ["TaskDeadline", "open_blocks"]
+
+#: Every block between entry and :meth:`TaskDeadline.leave`, in any thread: what a stack
+#: dump lists per task (a set: ~0.3 us per block to add and discard, no weak references).
+_open: set[TaskDeadline] = set()
 
 
 class TaskDeadline:
-    """Cancel ``task`` at loop time ``when`` unless :meth:`leave` comes first."""
+    """Cancel ``task`` at loop time ``when`` unless :meth:`leave` comes first; ``scope``
+    names the block (for :func:`open_blocks`)."""
 
-    __slots__ = ("_cancelling", "_expired", "_handle", "_task")
+    __slots__ = ("_cancelling", "_expired", "_handle", "_task", "scope")
 
-    def __init__(self, task: asyncio.Task[Any], when: float) -> None:
+    def __init__(self, task: asyncio.Task[Any], when: float, scope: str) -> None:
         self._task = task
+        self.scope = scope
         self._cancelling = task.cancelling()
         self._expired = False
         self._handle = task.get_loop().call_at(when, self._expire)
+        _open.add(self)
 
     def _expire(self) -> None:
         self._expired = True
@@ -48,6 +55,7 @@ class TaskDeadline:
         """The block ends with ``exc``: stop the timer; raise ``TimeoutError`` if the
         deadline's cancellation is what ends it."""
         self._handle.cancel()
+        _open.discard(self)
         if (
             self._expired
             and self._task.uncancel() <= self._cancelling
@@ -56,3 +64,12 @@ class TaskDeadline:
             and exc_type is sys.modules["asyncio"].CancelledError
         ):
             raise TimeoutError from exc
+
+
+def open_blocks() -> dict[asyncio.Task[Any], list[str]]:
+    """The scope ids of the ``async with`` blocks open now (with a cancellation tier),
+    by task. Safe from a signal handler: it copies the set in one step."""
+    found: dict[asyncio.Task[Any], list[str]] = {}
+    for deadline in list(_open):
+        found.setdefault(deadline._task, []).append(deadline.scope)
+    return found

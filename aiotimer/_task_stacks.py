@@ -7,7 +7,9 @@ it only reads task and coroutine objects, never runs loop code.
 from __future__ import annotations
 
 import asyncio
+import sys
 import types
+from collections.abc import Mapping
 from typing import Final
 
 __all__ = ["format_tasks"]
@@ -109,7 +111,10 @@ def format_tasks(
     handler's ``frame``); the task running it is shown down to that frame.
     """
     tasks = sorted(asyncio.all_tasks(loop), key=lambda t: t.get_name())
+    blocks = _open_blocks()
     lines = [f"{len(tasks)} task(s) in {_short(loop, 100)}"]
+    held = False
+    body: list[str] = []
     for task in tasks:
         coro = task.get_coro()
         waiter: object = getattr(task, "_fut_waiter", None)  # what a pending task awaits
@@ -119,6 +124,34 @@ def format_tasks(
             state = "running"
         else:
             state = "pending"
-        lines.append(f"Task {task.get_name()!r} ({state}):")
-        lines.extend(f"    {line}" for line in _await_chain(coro, current_frame, waiter))
-    return "\n".join(lines) + "\n"
+        scopes = blocks.get(task, ())
+        if state == "running":
+            # The task executing when the dump was asked for: the one holding the loop
+            # (a blocked loop's culprit, whatever block's deadline led to the reap).
+            held = True
+            lines.append(
+                f"The loop is held by task {task.get_name()!r}"
+                + (f", in aiotimer block(s) {', '.join(scopes)}" if scopes else "")
+            )
+        body.append(f"Task {task.get_name()!r} ({state}):")
+        if scopes:
+            body.append(f"    open aiotimer block(s): {', '.join(scopes)}")
+        body.extend(f"    {line}" for line in _await_chain(coro, current_frame, waiter))
+    if not held and tasks:
+        lines.append(
+            "No task is running (the loop is idle, or blocked in a plain callback: see the"
+            " thread stacks)"
+        )
+    return "\n".join(lines + body) + "\n"
+
+
+def _open_blocks() -> Mapping[object, list[str]]:
+    """The open ``async with expires()`` blocks by task, if the client is loaded."""
+    module = sys.modules.get("aiotimer._task_deadline")
+    if module is None:
+        return {}
+    try:
+        found: Mapping[object, list[str]] = module.open_blocks()
+    except Exception:  # a dump must come out whatever state the client is in
+        return {}
+    return found

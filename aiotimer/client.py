@@ -244,7 +244,7 @@ class Expires:
         if kill_after > 0:
             assert self.deadline is not None and task is not None
             when = task.get_loop().time() + (self.deadline - _monotonic())
-            self._timeout = TaskDeadline(task, when)
+            self._timeout = TaskDeadline(task, when, self.scope)
         return self
 
     async def __aexit__(
@@ -312,7 +312,9 @@ class Expires:
 
         def new_block() -> Expires:
             block_scope = scope if site is None else scope_at_site(site)
-            return Expires(block_scope, after, deadline, client, signal, kill_after=kill_after)
+            block = Expires(block_scope, after, deadline, client, signal, kill_after=kill_after)
+            block._per_call_scope = site is not None  # a default scope: names its task
+            return block
 
         return new_block
 

@@ -2,6 +2,8 @@
 
 * :class:`FakeClock` — a :class:`~aiotimer.Clock` that moves only when told to.
 * :class:`RecordingReaper` — a reaper that records every call and kills nothing.
+* :class:`RecordingClient` — a client (transport) that records the requests of the
+  blocks given it, instead of sending them to a server.
 * :class:`MemorySource` — a request source tests push requests or raw lines into.
 * :class:`MemoryStore` — an in-memory etcd-like store for the cluster layer, with
   leases on an injected clock and a switch to simulate etcd going down.
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 import anyio
 import anyio.abc
 
+from aiotimer._clients import DEFAULT_SIGNAL
 from aiotimer._protocol import Decoded, LineDecoder, Request
 from aiotimer.cluster._memory import MemoryStore
 from aiotimer.errors import ProcessGoneError, ReapError
@@ -34,11 +37,48 @@ __all__ = [
     "MemorySource",
     "MemoryStore",
     "ReaperCall",
+    "RecordingClient",
     "RecordingReaper",
     "RecordingSink",
     "running_source",
     "wait_until",
 ]
+
+
+class RecordingClient:
+    """A :class:`~aiotimer.client.TimerClient` that records requests and sends nothing.
+
+    ``expires(after, client=RecordingClient())`` (or ``use_client(...)``) times a block
+    with no server: ``requests`` lists every acquire and release in order. Set
+    ``fail_release`` to an exception to make every release raise it (and not record it).
+    """
+
+    def __init__(self, *, signal: int = DEFAULT_SIGNAL) -> None:
+        self._signal = signal
+        self.requests: list[Request] = []
+        self.fail_release: Exception | None = None
+
+    @property
+    def signal(self) -> int:
+        """The default signal of the timers acquired through this client."""
+        return self._signal
+
+    def send(self, request: Request) -> None:
+        """Record ``request`` (or raise :attr:`fail_release` for a release)."""
+        if request.is_release and self.fail_release is not None:
+            raise self.fail_release
+        self.requests.append(request)
+
+    async def send_async(self, request: Request) -> None:
+        """As :meth:`send`."""
+        self.send(request)
+
+    def acquires(self) -> list[Request]:
+        """The acquires recorded, in order."""
+        return [r for r in self.requests if not r.is_release]
+
+    def __repr__(self) -> str:
+        return f"<RecordingClient {len(self.requests)} requests>"
 
 
 class FakeClock:

@@ -10,28 +10,14 @@ import time
 import anyio
 import pytest
 
-from aiotimer._protocol import Request, scope_id_problem
+from aiotimer._protocol import scope_id_problem
 from aiotimer._scope import scope_site
 from aiotimer.client import DEFAULT_KILL_AFTER, Expires, expires, expires_at
+from aiotimer.testing import RecordingClient
 
 #: Upper bound for "the task was cancelled at its deadline": generous for a loaded
 #: 2-core machine, far below the never-cancelled alternative (the body's hour).
 LATE = 2.0
-
-
-class RecordingClient:
-    """A fake transport: records requests."""
-
-    signal = 9
-
-    def __init__(self) -> None:
-        self.requests: list[Request] = []
-
-    def send(self, request: Request) -> None:
-        self.requests.append(request)
-
-    async def send_async(self, request: Request) -> None:
-        self.requests.append(request)
 
 
 @pytest.fixture

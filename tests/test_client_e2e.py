@@ -454,35 +454,8 @@ def test_blocks_the_server_would_reject_are_refused_at_entry(harness: Harness) -
 
 # -- async blocks: cancel the stuck task first, reap only when the loop cannot -----------
 
-PIPELINE_WORKER = """
-    import asyncio
-    from aiotimer.client import expires
-    async def item(n, never):
-        try:
-            async with expires(after=1.0):
-                if n in (17, 133):
-                    await never.wait()  # an event that never comes
-                await asyncio.sleep(0.01)
-            return "ok"
-        except TimeoutError:
-            return "timeout"
-    async def main():
-        never = asyncio.Event()
-        results = await asyncio.gather(*(item(n, never) for n in range(202)))
-        print(results.count("ok"), results.count("timeout"), flush=True)
-    asyncio.run(main())
-"""
-
-
-@pytest.mark.timeout(60)
-def test_two_stuck_tasks_time_out_and_two_hundred_healthy_ones_finish(
-    harness: Harness,
-) -> None:
-    worker = harness.spawn(PIPELINE_WORKER)
-    code, out, err = harness.wait(worker)
-    assert (code, out) == (0, "200 2\n"), err
-    assert worker.pid not in harness.reaped_pids()
-
+# The pipeline case (200 healthy tasks, 2 stuck) runs against `aiotimer serve` on both
+# loops in test_async_tiers_serve.py.
 
 BLOCKED_LOOP_WORKER = """
     import asyncio, time

@@ -10,31 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aiotimer._protocol import Request
 from aiotimer.errors import ServerUnavailableError
-from aiotimer.testing import FakeClock
+from aiotimer.testing import FakeClock, RecordingClient
 from aiotimer.watchdog import LoopWatchdog, Watchdog, loop_watchdog, watchdog
-
-
-class RecordingClient:
-    """A fake transport that records requests."""
-
-    signal = 9
-
-    def __init__(self) -> None:
-        self.requests: list[Request] = []
-        self.fail_release: Exception | None = None
-
-    def send(self, request: Request) -> None:
-        if request.is_release and self.fail_release is not None:
-            raise self.fail_release
-        self.requests.append(request)
-
-    async def send_async(self, request: Request) -> None:
-        self.send(request)
-
-    def acquires(self) -> list[Request]:
-        return [r for r in self.requests if not r.is_release]
 
 
 def test_entry_is_the_first_kick_and_exit_releases() -> None:

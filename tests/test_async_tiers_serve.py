@@ -1,0 +1,167 @@
+"""The async face's two tiers against a real ``aiotimer serve``, on asyncio and uvloop.
+
+Workers are fresh Python processes that find the server through the environment only.
+The server runs with ``--dump`` (stack dump, then SIGKILL) and ``--event-log``; each
+test reads the log after a SIGTERM has flushed it.
+
+Tolerances: deadlines are 0.5-1.5 s, healthy items last ~10 ms, and every wait is
+bounded (``BOUND``), so a stalled machine fails a test rather than hangs it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _procs import BOUND, env, events, serving
+
+from aiotimer._protocol import ENV_FIFO, TORCH_ENV_FIFO
+
+pytestmark = [pytest.mark.process, pytest.mark.timeout(90)]
+
+LOOPS = ["asyncio", "uvloop"]
+#: Runs ``main()`` on the loop named by argv[1].
+RUN = """
+    import sys
+    if sys.argv[1] == "uvloop":
+        import uvloop
+        runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
+    else:
+        runner = asyncio.Runner()
+    with runner:
+        runner.run(main())
+"""
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
+    """``aiotimer serve --dump`` with an event log: (fifo, log)."""
+    fifo, log = tmp_path / "timer.fifo", tmp_path / "events.jsonl"
+    dumps = tmp_path / "dumps"
+    dumps.mkdir(mode=0o700)
+    os.environ["AIOTIMER_DUMP_DIR"] = str(dumps)  # the server's and the workers'
+    try:
+        with serving(fifo, "--event-log", str(log), "--dump-dir", str(dumps)) as proc:
+            yield fifo, log
+            proc.send_signal(signal.SIGTERM)  # flushes the event log
+            proc.wait(BOUND)
+    finally:
+        del os.environ["AIOTIMER_DUMP_DIR"]
+
+
+def spawn(fifo: Path, code: str, loop: str) -> subprocess.Popen[str]:
+    environ = {k: v for k, v in env().items() if k not in (ENV_FIFO, TORCH_ENV_FIFO)}
+    environ[ENV_FIFO] = str(fifo)
+    environ.pop("AIOTIMER_DUMP_HOOK", None)  # the worker installs its dump hook
+    script = textwrap.dedent(code) + textwrap.dedent(RUN)
+    return subprocess.Popen(
+        [sys.executable, "-c", script, loop],
+        env=environ,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finish(proc: subprocess.Popen[str]) -> tuple[int, str, str]:
+    try:
+        out, err = proc.communicate(timeout=BOUND)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+    return proc.returncode, out, err
+
+
+def reaps(log: Path) -> list[dict[str, Any]]:
+    return [r for r in events(log) if r["event"] == "worker_reaped"]
+
+
+PIPELINE = """
+    import asyncio
+    from aiotimer import expires
+
+    async def item(n, never):
+        try:
+            async with expires(after=1.5):
+                if n in (17, 133):
+                    await never.wait()  # an event that never comes
+                await asyncio.sleep(0.01)
+            return "ok"
+        except TimeoutError:
+            return "timeout"
+
+    async def main():
+        never = asyncio.Event()
+        results = await asyncio.gather(*(item(n, never) for n in range(202)))
+        print(results.count("ok"), results.count("timeout"), flush=True)
+"""
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_two_stuck_tasks_of_two_hundred_and_two_time_out_and_nothing_is_reaped(
+    server: tuple[Path, Path], loop: str
+) -> None:
+    fifo, log = server
+    code, out, err = finish(spawn(fifo, PIPELINE, loop))
+    assert (code, out) == (0, "200 2\n"), err
+    time.sleep(0.2)  # any reap would follow the timeouts within ms; give it time to show
+    assert not reaps(log)
+
+
+HOG = """
+    import asyncio, time
+    from aiotimer import expires
+
+    async def innocent(started):
+        async with expires(after=0.3, kill_after=1.0):  # the earliest deadline
+            started.set()
+            await asyncio.Event().wait()
+
+    async def hog(started):
+        await started.wait()
+        async with expires(after=5.0, kill_after=1.0):
+            time.sleep(60)  # blocks the loop: nothing can be cancelled
+
+    async def main():
+        started = asyncio.Event()
+        print(time.monotonic(), flush=True)
+        await asyncio.gather(
+            asyncio.create_task(innocent(started), name="innocent"),
+            asyncio.create_task(hog(started), name="hog"),
+        )
+"""
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_blocked_loop_is_reaped_and_the_dump_names_the_task_that_holds_it(
+    server: tuple[Path, Path], loop: str
+) -> None:
+    fifo, log = server
+    worker = spawn(fifo, HOG, loop)
+    assert worker.stdout is not None
+    entered = float(worker.stdout.readline())
+    code, _, err = finish(worker)
+    died = time.monotonic() - entered  # an upper bound of the time of death
+    assert code == -signal.SIGKILL, err
+    # The innocent block's deadline (0.3 s) plus kill_after (1 s), then the dump.
+    assert 1.3 <= died < 1.3 + 5.0
+    records = events(log)
+    expired = [r["scope_id"] for r in records if r["event"] == "timer_expired"]
+    # The earliest deadline, whose task could not run, is what the server acted on ...
+    assert [scope.rpartition("@")[2] for scope in expired] == ["innocent"], expired
+    # ... and the reap's stack dump names the task that held the loop, and its block.
+    [reaped] = reaps(log)
+    stacks = reaped["stacks"]
+    assert stacks is not None
+    held = [line for line in stacks.splitlines() if line.startswith("The loop is held by")]
+    assert len(held) == 1, stacks
+    assert held[0].startswith("The loop is held by task 'hog', in aiotimer block(s) ")
+    assert held[0].endswith("@hog"), held[0]
