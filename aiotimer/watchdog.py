@@ -24,6 +24,7 @@ Guarantee: the server's deadline is never earlier than
 
 from __future__ import annotations
 
+import logging
 import math
 import sys
 from types import TracebackType
@@ -37,6 +38,8 @@ if TYPE_CHECKING:
     import asyncio
 
     from aiotimer._clock import Clock
+
+logger = logging.getLogger("aiotimer.client")
 
 __all__ = ["LoopWatchdog", "Watchdog", "loop_watchdog", "watchdog"]
 
@@ -274,7 +277,18 @@ class LoopWatchdog:
         sleep = sys.modules["asyncio"].sleep
         while True:
             await sleep(self.period)
-            await self._watchdog.akick()
+            try:
+                await self._watchdog.akick()
+            except Exception as exc:
+                # The server is away (or its pipe full) for now. Kicking on is the only
+                # safe course: a kicker that stopped would let a healthy loop be reaped
+                # once the server is back and replays this timer.
+                logger.warning(
+                    "loop watchdog %r: a kick was not delivered (%s: %s); kicking on",
+                    self.scope,
+                    type(exc).__name__,
+                    exc,
+                )
 
     async def __aenter__(self) -> LoopWatchdog:
         if self._kicker is not None:

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from aiotimer._protocol import Request
 from aiotimer.errors import ServerUnavailableError
 from aiotimer.testing import FakeClock, RecordingClient
 from aiotimer.watchdog import LoopWatchdog, Watchdog, loop_watchdog, watchdog
@@ -124,6 +125,31 @@ async def test_the_loop_watchdog_keeps_the_deadline_ahead_while_the_loop_runs() 
     assert client.requests[-1].is_release
     await asyncio.sleep(0.2)  # four periods: the kicker is gone
     assert len(client.requests) == count
+
+
+class FlakyClient(RecordingClient):
+    """Fails the second acquire, as a client does while its server is away."""
+
+    def send(self, request: Request) -> None:
+        if not request.is_release and len(self.acquires()) == 1 and not self.failed:
+            self.failed = True
+            raise ServerUnavailableError("no server read the FIFO (test)")
+        super().send(request)
+
+    failed = False
+
+
+@pytest.mark.asyncio
+async def test_a_kick_that_fails_is_logged_and_the_loop_watchdog_kicks_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    client = FlakyClient()
+    async with loop_watchdog(0.2, client=client, scope="loop"):
+        with anyio.fail_after(10):
+            while len(client.acquires()) < 3:  # entry, then kicks after the failed one
+                await asyncio.sleep(0.01)
+    assert client.failed and client.requests[-1].is_release
+    assert "a kick was not delivered (ServerUnavailableError" in caplog.text
 
 
 @pytest.mark.parametrize("bad", [0.0, -1.0, float("inf"), float("nan")])
