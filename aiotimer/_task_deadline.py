@@ -23,13 +23,13 @@ if TYPE_CHECKING:
 
 __all__ = ["TaskDeadline", "open_blocks"]
 
-#: Every block between entry and :meth:`TaskDeadline.leave`, in any thread: what a stack
+#: Every block between entry and :meth:`TaskDeadline.stop`, in any thread: what a stack
 #: dump lists per task (a set: ~0.3 us per block to add and discard, no weak references).
 _open: set[TaskDeadline] = set()
 
 
 class TaskDeadline:
-    """Cancel ``task`` at loop time ``when`` unless :meth:`leave` comes first; ``scope``
+    """Cancel ``task`` at loop time ``when`` unless :meth:`stop` comes first; ``scope``
     names the block (for :func:`open_blocks`)."""
 
     __slots__ = ("_cancelling", "_expired", "_handle", "_task", "scope")
@@ -51,11 +51,16 @@ class TaskDeadline:
         """Whether the deadline passed (and the task was cancelled) inside the block."""
         return self._expired
 
-    def leave(self, exc_type: type[BaseException] | None, exc: BaseException | None) -> None:
-        """The block ends with ``exc``: stop the timer; raise ``TimeoutError`` if the
-        deadline's cancellation is what ends it."""
+    def stop(self) -> None:
+        """The block's body has ended: the deadline can no longer cancel the task (so
+        what the block does on its way out, such as a release that has to wait, runs
+        uninterrupted)."""
         self._handle.cancel()
         _open.discard(self)
+
+    def leave(self, exc_type: type[BaseException] | None, exc: BaseException | None) -> None:
+        """The block ends with ``exc`` (after :meth:`stop`): raise ``TimeoutError`` if
+        the deadline's cancellation is what ends it."""
         if (
             self._expired
             and self._task.uncancel() <= self._cancelling

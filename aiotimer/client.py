@@ -253,6 +253,9 @@ class Expires:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        timeout = self._timeout
+        if timeout is not None:
+            timeout.stop()  # the release below may wait: the deadline must not cut it
         request = self._release()
         try:
             send_nowait = self._send_nowait
@@ -260,7 +263,6 @@ class Expires:
                 await self._sender().send_async(request)
         except Exception as release_exc:
             release_undelivered(self.scope, release_exc, exc)
-        timeout = self._timeout
         if timeout is not None:
             self._timeout = None
             # A cancellation the deadline caused becomes TimeoutError; any other (an

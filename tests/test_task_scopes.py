@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from aiotimer._protocol import Request
 from aiotimer._scope import scope_site
 from aiotimer._task_stacks import format_tasks
 from aiotimer.client import expires
@@ -80,3 +81,28 @@ async def test_a_dump_with_no_running_task_says_so() -> None:
     text = await done
     task.cancel()
     assert "No task is running" in text.splitlines()[1]
+
+
+class SlowReleaseClient(RecordingClient):
+    """A release that has to wait (a full pipe, a reconnect), as long as ``wait``."""
+
+    def __init__(self, wait: float) -> None:
+        super().__init__()
+        self.wait = wait
+
+    async def send_async(self, request: Request) -> None:
+        if request.is_release:
+            await asyncio.sleep(self.wait)
+        self.send(request)
+
+
+@pytest.mark.asyncio
+async def test_a_release_that_waits_past_the_deadline_is_not_cancelled_by_it() -> None:
+    """The body finished in time: the block's deadline must not cancel the release, nor
+    turn the finished block into a cancellation or a timeout."""
+    client = SlowReleaseClient(wait=0.3)
+    async with expires(after=0.1, client=client) as block:
+        pass  # done at once; the release then waits past the deadline
+    assert [r.is_release for r in client.requests] == [False, True]
+    assert block.remaining() is not None and block.remaining() < 0  # it did pass
+    await asyncio.sleep(0)  # no cancellation is pending for this task either
