@@ -84,6 +84,15 @@ def reaps(log: Path) -> list[dict[str, Any]]:
     return [r for r in events(log) if r["event"] == "worker_reaped"]
 
 
+def wait_reaps(log: Path) -> list[dict[str, Any]]:
+    """The reap events, once there is one: the worker may die before the server has
+    written the event of its reap."""
+    deadline = time.monotonic() + BOUND
+    while not (found := reaps(log)) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return found
+
+
 PIPELINE = """
     import asyncio
     from aiotimer import expires
@@ -153,15 +162,84 @@ def test_a_blocked_loop_is_reaped_and_the_dump_names_the_task_that_holds_it(
     assert code == -signal.SIGKILL, err
     # The innocent block's deadline (0.3 s) plus kill_after (1 s), then the dump.
     assert 1.3 <= died < 1.3 + 5.0
+    [reaped] = wait_reaps(log)
     records = events(log)
     expired = [r["scope_id"] for r in records if r["event"] == "timer_expired"]
     # The earliest deadline, whose task could not run, is what the server acted on ...
     assert [scope.rpartition("@")[2] for scope in expired] == ["innocent"], expired
     # ... and the reap's stack dump names the task that held the loop, and its block.
-    [reaped] = reaps(log)
     stacks = reaped["stacks"]
     assert stacks is not None
     held = [line for line in stacks.splitlines() if line.startswith("The loop is held by")]
     assert len(held) == 1, stacks
     assert held[0].startswith("The loop is held by task 'hog', in aiotimer block(s) ")
     assert held[0].endswith("@hog"), held[0]
+
+
+SWALLOWS = """
+    import asyncio, time
+    from aiotimer import expires
+
+    async def stubborn():
+        async with expires(after=0.3, kill_after=1.0, scope="swallows"):
+            while True:
+                try:
+                    await asyncio.sleep(60)
+                except asyncio.CancelledError:
+                    print("cancelled, carrying on", flush=True)
+
+    async def main():
+        print(time.monotonic(), flush=True)
+        await asyncio.create_task(stubborn(), name="stubborn")
+"""
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_task_that_swallows_its_cancellation_is_reaped_kill_after_later(
+    server: tuple[Path, Path], loop: str
+) -> None:
+    fifo, log = server
+    worker = spawn(fifo, SWALLOWS, loop)
+    assert worker.stdout is not None
+    entered = float(worker.stdout.readline())
+    assert worker.stdout.readline() == "cancelled, carrying on\n"  # tier 1 came
+    code, _, err = finish(worker)
+    died = time.monotonic() - entered
+    assert code == -signal.SIGKILL, err
+    assert 1.3 <= died < 1.3 + 5.0  # tier 2: deadline (0.3 s) + kill_after (1 s)
+    [reaped] = wait_reaps(log)
+    assert reaped["scopes"] == ["swallows"]
+
+
+STALLS_OUTSIDE_BLOCKS = """
+    import asyncio, time
+    from aiotimer import loop_watchdog
+
+    async def hog():
+        await asyncio.sleep(0.3)
+        time.sleep(60)  # outside any expires() block
+
+    async def main():
+        async with loop_watchdog(stall_after=0.5):
+            print(time.monotonic(), flush=True)
+            await asyncio.create_task(hog(), name="hog")
+"""
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_the_loop_watchdog_reaps_a_stalled_loop_and_the_dump_names_the_task(
+    server: tuple[Path, Path], loop: str
+) -> None:
+    fifo, log = server
+    worker = spawn(fifo, STALLS_OUTSIDE_BLOCKS, loop)
+    assert worker.stdout is not None
+    entered = float(worker.stdout.readline())
+    code, _, err = finish(worker)
+    died = time.monotonic() - entered
+    assert code == -signal.SIGKILL, err
+    # The stall starts at ~0.3 s; reaped stall_after (0.5 s) to 1.25x that later.
+    assert 0.3 + 0.5 <= died < 0.3 + 0.625 + 5.0
+    [reaped] = wait_reaps(log)
+    [scope] = reaped["scopes"]
+    assert scope.startswith("<string>:")  # the loop_watchdog() line
+    assert "The loop is held by task 'hog'\n" in reaped["stacks"]
