@@ -285,7 +285,18 @@ class Expires:
         Each call is a new block: with a default scope each gets its own id at the
         decorated line; an explicit scope is shared by all calls (one timer, as in
         torch). Coroutine functions get the ``async with`` face.
+
+        Raises:
+            TypeError: ``func`` is a generator or async generator function: a call only
+                creates the generator, so nothing of its work would be timed (time the
+                loop that consumes it, or a block inside it, instead).
         """
+        if inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func):
+            raise TypeError(
+                f"expires() cannot decorate the generator function {func.__qualname__}: "
+                "calling it only creates the generator, so its work would go untimed; "
+                "put the block inside the generator, or around the loop that consumes it"
+            )
         if self._state != _CREATED:
             raise RuntimeError(f"{self!r} was entered: decorate with a fresh expires()")
         self._state = _EXITED  # this object is a template from now on, never entered

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
@@ -106,3 +107,17 @@ async def test_a_release_that_waits_past_the_deadline_is_not_cancelled_by_it() -
     assert [r.is_release for r in client.requests] == [False, True]
     assert block.remaining() is not None and block.remaining() < 0  # it did pass
     await asyncio.sleep(0)  # no cancellation is pending for this task either
+
+
+def test_a_generator_function_cannot_be_decorated() -> None:
+    """Calling it would only create the generator: its work would go untimed."""
+
+    def numbers() -> Iterator[int]:
+        yield 1
+
+    async def stream() -> AsyncIterator[int]:
+        yield 1
+
+    for func in (numbers, stream):
+        with pytest.raises(TypeError, match="generator function"):
+            expires(after=1, client=RecordingClient())(func)
