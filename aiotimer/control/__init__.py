@@ -7,7 +7,8 @@ A :class:`~aiotimer.TimerServer` serves its control socket (by default
   counters, per-scope statistics; lists cut at ``limit`` with exact totals);
 * ``GET /v1/events[?since=N&limit=N]``: an :class:`EventPage` of recent events;
 * ``GET /metrics``: Prometheus text format (see :mod:`aiotimer.control.metrics`);
-* ``POST /v1/workers/<pid>/dump[?timeout=S]``: a stack dump of a worker.
+* ``POST /v1/workers/<pid>/dump[?timeout=S]``: a stack dump of a worker;
+* under a supervisor, ``POST /v1/ranks/<rank>/restart`` and ``.../stop``.
 
 Only the server's own user and root may connect (``SO_PEERCRED``); ``curl
 --unix-socket PATH http://localhost/v1/state`` works. :class:`ControlClient` is the
@@ -25,6 +26,7 @@ from aiotimer.control.snapshot import (
     EventPage,
     ServerInfo,
     StatusSnapshot,
+    SupervisorInfo,
     TimerInfo,
     WorkerInfo,
 )
@@ -37,6 +39,7 @@ __all__ = [
     "Route",
     "ServerInfo",
     "StatusSnapshot",
+    "SupervisorInfo",
     "TimerInfo",
     "WorkerInfo",
     "control_path_for_fifo",
