@@ -220,3 +220,28 @@ async def test_any_task_name_keeps_the_scope_valid(client: RecordingClient) -> N
 )
 def test_scope_site_strips_the_counter_and_the_task(scope: str, site: str) -> None:
     assert scope_site(scope) == site
+
+
+@pytest.mark.asyncio
+async def test_deadlines_of_many_blocks_fire_in_order_after_many_ended_ones(
+    client: RecordingClient,
+) -> None:
+    """Thousands of ended blocks (their entries compacted away) do not disturb the live
+    ones: each times out at its own deadline, the earliest first."""
+    for _ in range(3000):
+        async with expires(3600, scope="ended", client=client):
+            pass
+    order: list[float] = []
+
+    async def item(after: float) -> None:
+        with pytest.raises(TimeoutError):
+            async with expires(after, scope=f"live-{after}", client=client):
+                await asyncio.sleep(3600)
+        order.append(after)
+
+    async def quick() -> None:
+        async with expires(0.01, scope="quick", client=client):
+            pass
+
+    await asyncio.gather(item(0.15), item(0.05), quick(), item(0.1))
+    assert order == [0.05, 0.1, 0.15]
