@@ -11,6 +11,7 @@ import asyncio
 import importlib.util
 import os
 from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import pytest
 from _etcd import EtcdNotFoundError, EtcdServer
@@ -26,7 +27,27 @@ LOOP_FACTORIES: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
 if importlib.util.find_spec("uvloop") is not None:
     import uvloop
 
-    LOOP_FACTORIES["uvloop"] = uvloop.new_event_loop
+    def _uvloop_that_times_out() -> asyncio.AbstractEventLoop:
+        """A uvloop loop on which pytest-timeout can fail a test that hangs.
+
+        uvloop runs Python signal handlers in a callback of its own and only logs what
+        they raise unless it is SystemExit or KeyboardInterrupt, so pytest-timeout's
+        failure (a BaseException raised by its SIGALRM handler) would be logged and the
+        hung test would hang the whole run. Such an exception stops the loop instead:
+        the test then fails ("Event loop stopped before Future completed").
+        """
+        loop = uvloop.new_event_loop()
+
+        def handle(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+            exc = context.get("exception")
+            if isinstance(exc, BaseException) and not isinstance(exc, Exception):
+                loop.stop()
+            loop.default_exception_handler(context)
+
+        loop.set_exception_handler(handle)
+        return loop
+
+    LOOP_FACTORIES["uvloop"] = _uvloop_that_times_out
 
 
 def pytest_asyncio_loop_factories(
