@@ -1,0 +1,1 @@
+"""The event records, by family; :mod:`aiotimer.events` is their public face."""
