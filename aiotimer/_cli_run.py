@@ -10,12 +10,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import math
 import signal
 import sys
-from types import ModuleType
 
+from aiotimer._cli_args import (
+    add_log_level_argument,
+    add_reap_arguments,
+    event_log_path,
+    policy_from_args,
+    seconds,
+)
 from aiotimer._logging import queued_logging
 from aiotimer._restart import DEFAULT_NO_RESTART_EXIT_CODES, Backoff, RestartPolicy, RestartScope
 from aiotimer.cluster._cli import add_node_arguments, node_config
@@ -31,13 +36,8 @@ __all__ = ["configure_run", "run_run"]
 EXIT_CANNOT_START = 5
 
 
-def _cli() -> ModuleType:
-    # aiotimer.cli registers this command, so it is imported when needed, not before.
-    return importlib.import_module("aiotimer.cli")
-
-
 def _window(text: str) -> float:
-    return math.inf if text in ("inf", "none") else _cli()._seconds(text)
+    return math.inf if text in ("inf", "none") else seconds(text)
 
 
 def _count(text: str) -> int:
@@ -55,8 +55,8 @@ def _backoff(text: str) -> Backoff:
     parts = text.split(":")
     if not 1 <= len(parts) <= 3:
         raise argparse.ArgumentTypeError(f"expected INITIAL[:CAP[:FACTOR]], got {text!r}")
-    initial = _cli()._seconds(parts[0])
-    cap = _cli()._seconds(parts[1]) if len(parts) > 1 else max(30.0, initial)
+    initial = seconds(parts[0])
+    cap = seconds(parts[1]) if len(parts) > 1 else max(30.0, initial)
     try:
         factor = float(parts[2]) if len(parts) > 2 else 2.0
         return Backoff(initial=initial, cap=cap, factor=factor)
@@ -104,7 +104,7 @@ def configure_run(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--min-uptime",
-        type=_cli()._seconds,
+        type=seconds,
         default=1.0,
         metavar="SECONDS",
         help="a worker that dies sooner, without having sent a timer request, is "
@@ -119,7 +119,7 @@ def configure_run(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--stop-timeout",
-        type=_cli()._seconds,
+        type=seconds,
         default=10.0,
         metavar="SECONDS",
         help="seconds between SIGTERM and SIGKILL when stopping workers (default 10)",
@@ -127,22 +127,17 @@ def configure_run(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run-id", help="exported as AIOTIMER_RUN_ID (default: random)")
     parser.add_argument(
         "--event-log",
-        type=lambda text: _cli()._event_log_path(text),
+        type=event_log_path,
         help="append every event (the server's and the supervisor's) as a JSON line to this file",
     )
-    parser.add_argument(
-        "--log-level",
-        default="INFO",
-        choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
-        help="lowest level of events printed to stderr (default: INFO)",
-    )
+    add_log_level_argument(parser)
     parser.add_argument(
         "--control",
         metavar="PATH",
         help="serve the control socket here (default: beside the private FIFO); "
         "`aiotimer status --control PATH` shows the workers, and restarts or stops one",
     )
-    _cli().add_reap_arguments(parser)
+    add_reap_arguments(parser)
     add_node_arguments(parser)
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
 
@@ -176,7 +171,7 @@ async def _supervise(
         policy=policy,
         stop_timeout=args.stop_timeout,
         run_id=args.run_id or (args.job if cluster.config is not None else None),
-        reap_policy=_cli().policy_from_args(args),
+        reap_policy=policy_from_args(args),
         reaper=SignalReaper(dump_dir=args.dump_dir),
         event_log=args.event_log,
         subreaper=True,

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from aiotimer._cli_serve import kill_policy_from_args
 from aiotimer._kill_policy import (
     DEFAULT_SIGNALS,
     JOB_CONTROL_SIGNALS,
@@ -19,7 +20,7 @@ from aiotimer._kill_policy import (
     fifo_mode_warning,
 )
 from aiotimer._protocol import MAX_SIGNAL
-from aiotimer.cli import build_parser, kill_policy_from_args
+from aiotimer.cli import build_parser
 
 SERVER = ServerIdentity(pid=100, uid=1000, pgid=90, ancestors=frozenset({90, 50, 1}))
 ROOT = ServerIdentity(pid=100, uid=0, pgid=90, ancestors=frozenset({90, 50, 1}))

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from aiotimer._cli_args import policy_from_args
 from aiotimer._policy import (
     DumpStacks,
     Escalation,
@@ -23,7 +24,7 @@ from aiotimer._policy import (
     format_plan,
 )
 from aiotimer._table import ReapOptions, Timer
-from aiotimer.cli import build_parser, policy_from_args
+from aiotimer.cli import build_parser
 from aiotimer.testing import FakeClock
 
 TERM = int(signal.SIGTERM)
