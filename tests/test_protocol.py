@@ -23,13 +23,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from aiotimer._decoder import REJECTED_BYTES_KEPT
 from aiotimer._protocol import (
     MAX_LINE_BYTES,
     MAX_SCOPE_ID_LENGTH,
     MAX_SIGNAL,
     MAX_START_TIME,
     PIPE_BUF,
-    REJECTED_BYTES_KEPT,
     Decoded,
     LineDecoder,
     Rejection,
