@@ -25,7 +25,7 @@ from aiotimer._cli_status import log_summary
 from aiotimer._kill_policy import KillPolicy
 from aiotimer._logging import queued_logging
 from aiotimer._server_engine import MAX_TIMERS, MAX_TIMERS_PER_WORKER
-from aiotimer._stats import format_summaries
+from aiotimer._stats_format import format_summaries
 from aiotimer.cluster._cli import add_node_arguments, node_config, publishing, server_status
 from aiotimer.cluster._publisher import NodePublisher
 from aiotimer.diagnostics import private_dump_dir

@@ -8,11 +8,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from aiotimer._sketch import MIN_TRACKED, DurationSketch
 from aiotimer._stats import (
     MIN_SUGGESTION,
-    MIN_TRACKED,
     OTHER_SITE,
-    DurationSketch,
     DurationStats,
     Overdue,
     nice_ceil,

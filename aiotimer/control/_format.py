@@ -7,7 +7,7 @@ summary ``aiotimer serve`` logs on SIGUSR1.
 
 from __future__ import annotations
 
-from aiotimer._stats import format_seconds
+from aiotimer._stats_format import format_seconds
 from aiotimer.control.snapshot import StatusSnapshot
 
 __all__ = ["format_status"]
