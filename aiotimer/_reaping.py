@@ -1,17 +1,17 @@
 """Carrying out reaps: one per worker, through the policy's Escalator.
 
 :meth:`Reaps.begin` starts a reap in the expiry handler: it makes the reap's
-:class:`~aiotimer._policy.Escalator` and takes its first action at once, so a first
+:class:`~aiotimer._escalator.Escalator` and takes its first action at once, so a first
 signal leaves at the deadline (signals never block: :meth:`Reaper.signal` is
 synchronous). :meth:`Reaps.proceed`, once the expiry is reported, reports that signal's
 outcome and runs the rest of the plan in a task of its own, so a slow reap (a grace
 wait, a retry back-off, a stack dump) never delays another expiry. Every action is
 performed the same way, in one short loop: perform it, tell the escalator the
-:class:`~aiotimer._policy.Result`, report what it decided, take the next.
+:class:`~aiotimer._escalator.Result`, report what it decided, take the next.
 
 A failed signal is reported (:class:`~aiotimer.events.ReapFailed`) and retried with
 back-off, and finally reported as abandoned (:class:`~aiotimer.events.ReapAbandoned`);
-it is never reported as success. A :class:`~aiotimer._policy.DumpStacks` step's text
+it is never reported as success. A :class:`~aiotimer._steps.DumpStacks` step's text
 rides on the :class:`~aiotimer.events.StacksDumped` event and on every later
 :class:`~aiotimer.events.WorkerReaped` of the same reap.
 """
@@ -27,18 +27,9 @@ import anyio
 import anyio.abc
 
 from aiotimer._clock import Clock
+from aiotimer._escalator import Action, Escalator, Outcome, ReapRetry, Result
 from aiotimer._latency import LatencyHistogram
-from aiotimer._policy import (
-    Action,
-    DumpStacks,
-    Escalator,
-    Outcome,
-    ReapRetry,
-    Result,
-    SendSignal,
-    Step,
-    Wait,
-)
+from aiotimer._steps import DumpStacks, SendSignal, Step, Wait
 from aiotimer.errors import ProcessGoneError, RefusedTargetError
 from aiotimer.events import (
     Counters,

@@ -70,17 +70,14 @@ import anyio.lowlevel
 
 from aiotimer._batch import APPLY, PAIRED_ACQUIRE, PAIRED_RELEASE, fold
 from aiotimer._clock import Clock
+from aiotimer._escalator import ReapRetry
 from aiotimer._journal import Journal
 from aiotimer._latency import LatencyHistogram
-from aiotimer._policy import (
-    ReapPolicy,
-    ReapRetry,
-    Step,
-    format_plan,
-)
+from aiotimer._policy import ReapPolicy
 from aiotimer._protocol import Decoded, Request
 from aiotimer._reaping import DUMP_SLACK, Reap, Reaps, Worker
 from aiotimer._stats import DurationStats, Overdue, SiteSummary
+from aiotimer._steps import Step, format_plan
 from aiotimer._table import ReapOptions, Timer, TimerTable
 from aiotimer.events import (
     MAX_REPORTED_SCOPES,

@@ -9,20 +9,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from aiotimer._cli_args import policy_from_args
-from aiotimer._policy import (
-    DumpStacks,
-    Escalation,
-    Escalator,
-    Outcome,
-    ReapPolicy,
-    ReapRetry,
-    Result,
-    SendSignal,
-    Step,
-    Wait,
-    WaitUntil,
-    format_plan,
-)
+from aiotimer._escalator import Escalator, Outcome, ReapRetry, Result, WaitUntil
+from aiotimer._policy import Escalation, ReapPolicy
+from aiotimer._steps import DumpStacks, SendSignal, Step, Wait, format_plan
 from aiotimer._table import ReapOptions, Timer
 from aiotimer.cli import build_parser
 from aiotimer.testing import FakeClock

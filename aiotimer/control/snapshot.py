@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 
-from aiotimer._policy import ReapPolicy, format_plan
+from aiotimer._policy import ReapPolicy
 from aiotimer._stats import SiteSummary
+from aiotimer._steps import format_plan
 
 if TYPE_CHECKING:
     from aiotimer._clock import Clock
