@@ -28,7 +28,7 @@ from pathlib import Path
 import anyio
 import anyio.to_thread
 
-from aiotimer._process import read_start_time
+from aiotimer._procstat import read_start_time
 from aiotimer.diagnostics import (
     _HEADER_TAG,
     DEFAULT_DUMP_SIGNAL,

@@ -52,7 +52,7 @@ import anyio.abc
 import anyio.to_thread
 import msgspec
 
-from aiotimer._process import read_start_time
+from aiotimer._procstat import read_start_time
 from aiotimer._protocol import Request
 from aiotimer._table import ReapOptions, Timer, TimerTable
 from aiotimer.errors import ProcessGoneError

@@ -36,115 +36,17 @@ import select
 import signal
 import warnings
 from types import TracebackType
-from typing import Final, NamedTuple
 
 import anyio
 
 from aiotimer._kill_policy import ServerIdentity, Target
-from aiotimer._procstat import parse_stat
+from aiotimer._procstat import EXITED_STATES, ancestors, read_start_time, read_stat, read_status
 from aiotimer.errors import ProcessGoneError, ReapError, RefusedTargetError
 
 __all__ = [
-    "ProcStatus",
     "WorkerProcess",
-    "ancestors",
-    "is_descendant",
-    "read_start_time",
-    "read_status",
     "server_identity",
 ]
-
-_PROC: Final[str] = "/proc"
-#: Process states that mean "has exited" (zombie, dead).
-_EXITED_STATES: Final = frozenset({"Z", "X", "x"})
-
-
-def _read_stat(pid: int) -> tuple[str, int] | None:
-    """``(state, start_time)`` of ``pid`` from ``/proc``, or ``None`` if it does not exist.
-
-    Raises:
-        FileNotFoundError: the system has no ``/proc``.
-    """
-    try:
-        with open(f"{_PROC}/{pid}/stat", "rb") as f:
-            data = f.read()
-    except (FileNotFoundError, ProcessLookupError):
-        if not os.path.isdir(_PROC):
-            raise
-        return None
-    return parse_stat(data)
-
-
-def read_start_time(pid: int) -> int | None:
-    """The start time of ``pid`` (clock ticks since boot), or ``None`` without ``/proc``.
-
-    Raises:
-        ProcessGoneError: ``/proc`` exists but has no such process, or it has exited
-            (a zombie).
-    """
-    try:
-        stat = _read_stat(pid)
-    except FileNotFoundError:
-        return None
-    if stat is None or stat[0] in _EXITED_STATES:
-        raise ProcessGoneError(f"no process with pid {pid} (it has exited)")
-    return stat[1]
-
-
-class ProcStatus(NamedTuple):
-    """What ``/proc/<pid>/status`` says about a task (see proc(5))."""
-
-    tgid: int
-    """The thread-group id: the pid of the process this task belongs to."""
-    ppid: int
-    """The parent's pid (0 for the root of the pid namespace)."""
-    uid: int
-    """The real uid."""
-
-
-def read_status(pid: int) -> ProcStatus | None:
-    """``pid``'s :class:`ProcStatus`, or ``None`` if ``/proc`` has no such task.
-
-    Raises:
-        FileNotFoundError: the system has no ``/proc``.
-    """
-    try:
-        with open(f"{_PROC}/{pid}/status", "rb") as f:
-            data = f.read()
-    except (FileNotFoundError, ProcessLookupError):
-        if not os.path.isdir(_PROC):
-            raise
-        return None
-    fields: dict[bytes, bytes] = {}
-    for line in data.splitlines():
-        key, _, value = line.partition(b":")
-        if key in {b"Tgid", b"PPid", b"Uid"}:
-            fields[key] = value.split()[0]
-    return ProcStatus(int(fields[b"Tgid"]), int(fields[b"PPid"]), int(fields[b"Uid"]))
-
-
-def ancestors(pid: int) -> tuple[int, ...]:
-    """The pids of ``pid``'s parent, grandparent, ... up to the namespace's root.
-
-    Empty without ``/proc``; stops where an ancestor has just exited.
-    """
-    chain: list[int] = []
-    seen = {pid}
-    while True:
-        try:
-            status = read_status(pid)
-        except FileNotFoundError:
-            return ()
-        if status is None or status.ppid <= 0 or status.ppid in seen:
-            return tuple(chain)
-        pid = status.ppid
-        chain.append(pid)
-        seen.add(pid)
-
-
-def is_descendant(pid: int, of: int) -> bool:
-    """True when process ``of`` is an ancestor of ``pid`` (``False`` without ``/proc``)."""
-    return of in ancestors(pid)
 
 
 def server_identity() -> ServerIdentity:
@@ -305,7 +207,7 @@ class WorkerProcess:
         if self._pidfd is not None:
             return not _fd_readable(self._pidfd)
         try:
-            stat = _read_stat(self._pid)
+            stat = read_stat(self._pid)
         except FileNotFoundError:  # no /proc: the pid is all there is
             try:
                 os.kill(self._pid, 0)
@@ -314,7 +216,7 @@ class WorkerProcess:
             except PermissionError:
                 return True
             return True
-        if stat is None or stat[0] in _EXITED_STATES:
+        if stat is None or stat[0] in EXITED_STATES:
             return False
         return self._start_time is None or stat[1] == self._start_time
 

@@ -1,22 +1,45 @@
-"""Parse ``/proc/<pid>/stat`` (see proc(5)): light enough for the worker-side import."""
+"""What ``/proc`` says about a process (see proc(5)): its state and start time, its status
+(thread group, parent, uid) and its ancestors. Light enough for the worker-side import."""
 
 from __future__ import annotations
 
-from typing import Final
+import os
+from typing import Final, NamedTuple
 
-__all__ = ["own_start_time", "parse_stat"]
+from aiotimer.errors import ProcessGoneError
+
+__all__ = [
+    "EXITED_STATES",
+    "ProcStatus",
+    "ancestors",
+    "is_descendant",
+    "own_start_time",
+    "parse_stat",
+    "read_start_time",
+    "read_stat",
+    "read_status",
+    "stat_fields",
+]
 
 #: 1-based index of ``starttime`` in ``/proc/<pid>/stat``.
 _START_TIME_FIELD: Final[int] = 22
+_PROC: Final[str] = "/proc"
+#: Process states that mean "has exited" (zombie, dead).
+EXITED_STATES: Final = frozenset({"Z", "X", "x"})
+
+
+def stat_fields(data: bytes) -> list[bytes]:
+    """The fields of a ``/proc/<pid>/stat`` file from field 3 (``state``) on.
+
+    The command name (field 2) is in parentheses and may itself contain ``") "``, so the
+    fixed fields start after the *last* closing parenthesis.
+    """
+    return data[data.rindex(b")") + 2 :].split()
 
 
 def parse_stat(data: bytes) -> tuple[str, int]:
-    """``(state, start_time)`` from the contents of a ``/proc/<pid>/stat`` file.
-
-    The command name (field 2) is in parentheses and may itself contain ``") "``, so the
-    fixed fields start after the *last* closing parenthesis, at field 3.
-    """
-    fields = data[data.rindex(b")") + 2 :].split()
+    """``(state, start_time)`` from the contents of a ``/proc/<pid>/stat`` file."""
+    fields = stat_fields(data)
     return fields[0].decode("ascii"), int(fields[_START_TIME_FIELD - 3])
 
 
@@ -31,3 +54,96 @@ def own_start_time() -> int | None:
             return parse_stat(f.read())[1]
     except OSError:
         return None
+
+
+def _read_proc(pid: int, name: str) -> bytes | None:
+    """The contents of ``/proc/<pid>/<name>``, or ``None`` if there is no such process.
+
+    Raises:
+        FileNotFoundError: the system has no ``/proc``.
+    """
+    try:
+        with open(f"{_PROC}/{pid}/{name}", "rb") as f:
+            return f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        if not os.path.isdir(_PROC):
+            raise
+        return None
+
+
+def read_stat(pid: int) -> tuple[str, int] | None:
+    """``(state, start_time)`` of ``pid`` from ``/proc``, or ``None`` if it does not exist.
+
+    Raises:
+        FileNotFoundError: the system has no ``/proc``.
+    """
+    data = _read_proc(pid, "stat")
+    return None if data is None else parse_stat(data)
+
+
+def read_start_time(pid: int) -> int | None:
+    """The start time of ``pid`` (clock ticks since boot), or ``None`` without ``/proc``.
+
+    Raises:
+        ProcessGoneError: ``/proc`` exists but has no such process, or it has exited
+            (a zombie).
+    """
+    try:
+        stat = read_stat(pid)
+    except FileNotFoundError:
+        return None
+    if stat is None or stat[0] in EXITED_STATES:
+        raise ProcessGoneError(f"no process with pid {pid} (it has exited)")
+    return stat[1]
+
+
+class ProcStatus(NamedTuple):
+    """What ``/proc/<pid>/status`` says about a task (see proc(5))."""
+
+    tgid: int
+    """The thread-group id: the pid of the process this task belongs to."""
+    ppid: int
+    """The parent's pid (0 for the root of the pid namespace)."""
+    uid: int
+    """The real uid."""
+
+
+def read_status(pid: int) -> ProcStatus | None:
+    """``pid``'s :class:`ProcStatus`, or ``None`` if ``/proc`` has no such task.
+
+    Raises:
+        FileNotFoundError: the system has no ``/proc``.
+    """
+    data = _read_proc(pid, "status")
+    if data is None:
+        return None
+    fields: dict[bytes, bytes] = {}
+    for line in data.splitlines():
+        key, _, value = line.partition(b":")
+        if key in {b"Tgid", b"PPid", b"Uid"}:
+            fields[key] = value.split()[0]
+    return ProcStatus(int(fields[b"Tgid"]), int(fields[b"PPid"]), int(fields[b"Uid"]))
+
+
+def ancestors(pid: int) -> tuple[int, ...]:
+    """The pids of ``pid``'s parent, grandparent, ... up to the namespace's root.
+
+    Empty without ``/proc``; stops where an ancestor has just exited.
+    """
+    chain: list[int] = []
+    seen = {pid}
+    while True:
+        try:
+            status = read_status(pid)
+        except FileNotFoundError:
+            return ()
+        if status is None or status.ppid <= 0 or status.ppid in seen:
+            return tuple(chain)
+        pid = status.ppid
+        chain.append(pid)
+        seen.add(pid)
+
+
+def is_descendant(pid: int, of: int) -> bool:
+    """True when process ``of`` is an ancestor of ``pid`` (``False`` without ``/proc``)."""
+    return of in ancestors(pid)

@@ -29,6 +29,7 @@ from typing import Final
 import anyio
 
 from aiotimer._process import WorkerProcess
+from aiotimer._procstat import EXITED_STATES, stat_fields
 from aiotimer.errors import ProcessGoneError, ReapError, RefusedTargetError
 
 __all__ = ["ProcInfo", "become_subreaper", "reap_orphans", "scan", "terminate"]
@@ -36,7 +37,6 @@ __all__ = ["ProcInfo", "become_subreaper", "reap_orphans", "scan", "terminate"]
 logger = logging.getLogger("aiotimer")
 
 _PR_SET_CHILD_SUBREAPER: Final[int] = 36
-_EXITED: Final = frozenset({"Z", "X", "x"})
 
 
 def become_subreaper() -> bool:
@@ -61,7 +61,7 @@ class ProcInfo:
     @property
     def exited(self) -> bool:
         """A zombie (or dead) process."""
-        return self.state in _EXITED
+        return self.state in EXITED_STATES
 
 
 def _processes() -> Iterator[ProcInfo]:
@@ -84,7 +84,7 @@ def _processes() -> Iterator[ProcInfo]:
             os.close(fd)
         if not data:
             continue
-        fields = data[data.rindex(b")") + 2 :].split()
+        fields = stat_fields(data)
         yield ProcInfo(
             int(name), fields[0].decode("ascii"), int(fields[1]), int(fields[2]), int(fields[3])
         )

@@ -62,7 +62,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from aiotimer._process import read_start_time
+from aiotimer._procstat import read_start_time
 from aiotimer._task_stacks import format_tasks
 from aiotimer.errors import ProcessGoneError
 

@@ -13,7 +13,7 @@ import anyio
 import pytest
 
 from aiotimer._journal import Journal, boot_id
-from aiotimer._process import read_start_time
+from aiotimer._procstat import read_start_time
 from aiotimer._table import ReapOptions, Timer, TimerTable
 from aiotimer.testing import wait_until
 

@@ -21,7 +21,7 @@ import anyio
 import pytest
 
 from aiotimer import KillPolicy, SignalReaper, TimerServer
-from aiotimer._process import read_start_time
+from aiotimer._procstat import read_start_time
 from aiotimer._protocol import Request, encode
 from aiotimer.errors import RefusedTargetError
 from aiotimer.events import Event, SignalRefused, WorkerReaped, WorkerUnknown

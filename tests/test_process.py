@@ -13,14 +13,8 @@ from collections.abc import Iterator
 import anyio
 import pytest
 
-from aiotimer._process import (
-    WorkerProcess,
-    ancestors,
-    is_descendant,
-    read_start_time,
-    read_status,
-    server_identity,
-)
+from aiotimer._process import WorkerProcess, server_identity
+from aiotimer._procstat import ancestors, is_descendant, read_start_time, read_status
 from aiotimer.errors import ProcessGoneError, ReapError, RefusedTargetError
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(20)]

@@ -30,7 +30,8 @@ import pytest
 
 from aiotimer import diagnostics
 from aiotimer._policy import Escalation, ReapPolicy
-from aiotimer._process import WorkerProcess, read_start_time
+from aiotimer._process import WorkerProcess
+from aiotimer._procstat import read_start_time
 from aiotimer.errors import ProcessGoneError
 from aiotimer.events import (
     Event,

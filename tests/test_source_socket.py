@@ -17,7 +17,7 @@ import anyio
 import pytest
 
 from aiotimer._cli_serve import socket_path
-from aiotimer._process import read_start_time
+from aiotimer._procstat import read_start_time
 from aiotimer._protocol import MARKER_SUFFIX, Request, encode
 from aiotimer.cli import build_parser
 from aiotimer.errors import SourceError

@@ -48,7 +48,7 @@ import anyio
 import anyio.abc
 import msgspec
 
-from aiotimer._process import read_start_time
+from aiotimer._procstat import read_start_time
 from aiotimer._protocol import (
     MAX_LINE_BYTES,
     Decoded,
