@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Final
 if TYPE_CHECKING:
     from aiotimer import events
     from aiotimer._clock import Clock, MonotonicClock
+    from aiotimer._exits import ExitKind, ExitReason
     from aiotimer._kill_policy import KillPolicy
     from aiotimer._launch import Launch, Launcher, launched
     from aiotimer._policy import Escalation, ReapPolicy
@@ -41,8 +42,6 @@ if TYPE_CHECKING:
     )
     from aiotimer._restart import (
         Backoff,
-        ExitKind,
-        ExitReason,
         RestartPolicy,
         RestartScope,
         WorkerState,
@@ -122,8 +121,8 @@ _LAZY: Final[dict[str, str]] = {
     "RequestTooLargeError": "aiotimer._protocol",
     "encode": "aiotimer._protocol",
     "Backoff": "aiotimer._restart",
-    "ExitKind": "aiotimer._restart",
-    "ExitReason": "aiotimer._restart",
+    "ExitKind": "aiotimer._exits",
+    "ExitReason": "aiotimer._exits",
     "RestartPolicy": "aiotimer._restart",
     "RestartScope": "aiotimer._restart",
     "WorkerState": "aiotimer._restart",

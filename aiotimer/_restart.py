@@ -12,8 +12,9 @@ is told what happens, with the time passed in (``now``, monotonic seconds):
   or sent its first timer request (``STARTING`` -> ``HEALTHY``); never assumed;
 * :meth:`~RestartPlanner.expired` — one of its timers expired and it is being reaped
   (-> ``UNHEALTHY``);
-* :meth:`~RestartPlanner.exited` — the attempt ended, with an :class:`ExitReason`
-  (see :func:`classify_exit`). The planner answers with a :data:`Decision`:
+* :meth:`~RestartPlanner.exited` — the attempt ended, with an
+  :class:`~aiotimer._exits.ExitReason` (see :func:`~aiotimer._exits.classify_exit`).
+  The planner answers with a :data:`Decision`:
 
   - :class:`Finish` — this slot is done (``SUCCEEDED`` on exit 0, ``FAILED`` on a
     no-restart exit code in worker scope); other slots are unaffected;
@@ -39,18 +40,17 @@ from __future__ import annotations
 
 import enum
 import math
-import signal as _signal
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
+
+from aiotimer._exits import ExitKind, ExitReason
 
 __all__ = [
     "DEFAULT_NO_RESTART_EXIT_CODES",
     "Attempt",
     "Backoff",
     "Decision",
-    "ExitKind",
-    "ExitReason",
     "Finish",
     "GiveUp",
     "Restart",
@@ -59,7 +59,6 @@ __all__ = [
     "RestartScope",
     "SlotRecord",
     "WorkerState",
-    "classify_exit",
 ]
 
 #: NVIDIA's fault-tolerance launcher convention: a worker exiting 93 must not be restarted.
@@ -101,70 +100,6 @@ class RestartScope(enum.Enum):
 
     WORKER = "worker"  #: one_for_one
     GROUP = "group"  #: one_for_all
-
-
-class ExitKind(enum.Enum):
-    """Why an attempt ended."""
-
-    SUCCEEDED = "succeeded"  #: exit code 0
-    CRASHED = "crashed"  #: a non-zero exit code
-    SIGNALLED = "signalled"  #: killed by a signal the timer did not send
-    REAPED = "reaped"  #: reaped by the timer server (its timer expired)
-    STOPPED = "stopped"  #: the supervisor stopped it
-
-
-@dataclass(frozen=True, slots=True)
-class ExitReason:
-    """Why an attempt ended: its kind, exit code or signal, and the expired scopes."""
-
-    kind: ExitKind
-    exit_code: int | None = None
-    signal: int | None = None
-    scopes: tuple[str, ...] = ()
-
-    def describe(self) -> str:
-        """A short phrase, e.g. ``"reaped by timer 'step' (SIGKILL)"``."""
-        how = _how(self.exit_code, self.signal)
-        if self.kind is ExitKind.REAPED:
-            return f"reaped by timer {', '.join(map(repr, self.scopes)) or '?'} ({how})"
-        if self.kind is ExitKind.SIGNALLED:
-            return f"killed by {how}"
-        if self.kind is ExitKind.STOPPED:
-            return f"stopped by the supervisor ({how})"
-        return f"{self.kind.value} ({how})"
-
-
-def _how(exit_code: int | None, signum: int | None) -> str:
-    if signum is not None:
-        try:
-            return _signal.Signals(signum).name
-        except ValueError:
-            return f"signal {signum}"
-    return f"exit code {exit_code}"
-
-
-def classify_exit(
-    returncode: int, *, reaped_scopes: tuple[str, ...] | None = None, stopped: bool = False
-) -> ExitReason:
-    """The :class:`ExitReason` of an attempt.
-
-    Args:
-        returncode: as :mod:`subprocess` reports it (``-N`` for signal ``N``).
-        reaped_scopes: the expired scopes when the timer server reaped this worker
-            (``None`` if it did not). A reap wins: it is the most telling reason, even
-            for a worker the supervisor was stopping meanwhile.
-        stopped: the supervisor itself stopped the attempt.
-    """
-    code, sig = (None, -returncode) if returncode < 0 else (returncode, None)
-    if reaped_scopes is not None:
-        return ExitReason(ExitKind.REAPED, code, sig, reaped_scopes)
-    if stopped:
-        kind = ExitKind.STOPPED
-    elif sig is not None:
-        kind = ExitKind.SIGNALLED
-    else:
-        kind = ExitKind.SUCCEEDED if code == 0 else ExitKind.CRASHED
-    return ExitReason(kind, code, sig)
 
 
 def _check_seconds(name: str, value: float, *, infinite: bool = False) -> None:

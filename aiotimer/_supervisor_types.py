@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from aiotimer._restart import ExitReason, GiveUp, Restart, RestartPolicy, WorkerState
+from aiotimer._exits import ExitReason
+from aiotimer._restart import GiveUp, Restart, RestartPolicy, WorkerState
 from aiotimer.events import WorkerSummary
 from aiotimer.server import Lifecycle, ServerState
 

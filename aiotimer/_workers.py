@@ -17,6 +17,7 @@ from typing import Any
 import anyio
 
 from aiotimer import _proctree
+from aiotimer._exits import ExitReason, classify_exit
 from aiotimer._launch import (
     ENV_RESTART_COUNT,
     ENV_RUN_ID,
@@ -25,7 +26,6 @@ from aiotimer._launch import (
     TORCH_ENV_RUN_ID,
 )
 from aiotimer._protocol import ENV_FIFO, TORCH_ENV_FIFO
-from aiotimer._restart import ExitReason, classify_exit
 from aiotimer.events import TimerExpired, WorkerReaped
 from aiotimer.reapers import NoDump, Reaper
 

@@ -44,16 +44,9 @@ import anyio.abc
 from aiotimer import _proctree
 from aiotimer._clock import Clock, MonotonicClock
 from aiotimer._eventlog import EventLog
+from aiotimer._exits import ExitReason, classify_exit
 from aiotimer._policy import ReapPolicy
-from aiotimer._restart import (
-    ExitReason,
-    GiveUp,
-    Restart,
-    RestartPlanner,
-    RestartPolicy,
-    WorkerState,
-    classify_exit,
-)
+from aiotimer._restart import GiveUp, Restart, RestartPlanner, RestartPolicy, WorkerState
 from aiotimer._supervisor_types import (
     Decision,
     LocalCoordinator,

@@ -10,10 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from aiotimer._exits import ExitKind, ExitReason, classify_exit
 from aiotimer._restart import (
     Backoff,
-    ExitKind,
-    ExitReason,
     Finish,
     GiveUp,
     Restart,
@@ -21,7 +20,6 @@ from aiotimer._restart import (
     RestartPolicy,
     RestartScope,
     WorkerState,
-    classify_exit,
 )
 
 KILL = int(signal.SIGKILL)
