@@ -91,7 +91,7 @@ if TYPE_CHECKING:
     from aiotimer.sources import FifoSource, QueueSource, RequestSink, SocketSource, Source
     from aiotimer.supervisor import RunOutcome, Supervisor, SupervisorState, WorkerSnapshot
 
-__version__ = "0.1.0"
+from aiotimer._version import __version__
 
 # Eager, unlike the rest: the function ``watchdog`` shares its name with the submodule
 # ``aiotimer.watchdog``, and importing a submodule sets the package's attribute to it;

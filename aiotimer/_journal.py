@@ -57,7 +57,7 @@ from aiotimer._protocol import Request
 from aiotimer._table import ReapOptions, Timer, TimerTable
 from aiotimer.errors import ProcessGoneError
 
-__all__ = ["JOURNAL_SUFFIX", "MAX_SCAN", "Journal", "JournalEntry", "boot_id"]
+__all__ = ["JOURNAL_SUFFIX", "MAX_SCAN", "Journal", "JournalEntry", "boot_id", "journal_path"]
 
 logger = logging.getLogger("aiotimer")
 
@@ -71,6 +71,29 @@ _BOOT_ID: Final[str] = "/proc/sys/kernel/random/boot_id"
 MAX_SCAN: Final[int] = 10_000
 #: Bytes per entry a reader accepts at most (an entry is ~150 bytes plus its scope id).
 _MAX_ENTRY_BYTES: Final[int] = 1024
+
+
+def journal_path(
+    journal: bool | str | os.PathLike[str] | None,
+    fifo: str | os.PathLike[str] | None,
+    *,
+    default: bool,
+) -> Path | None:
+    """Where a server keeps its journal: ``journal`` as given (a path, ``True`` for beside
+    ``fifo``, ``False`` for none) or, when ``None``, beside ``fifo`` if ``default``.
+
+    Raises:
+        ValueError: ``journal=True`` without a ``fifo``.
+    """
+    if journal is None:
+        journal = default and fifo is not None
+    if journal is False:
+        return None
+    if journal is True:
+        if fifo is None:
+            raise ValueError("journal=True needs a fifo to put the journal beside")
+        return Path(f"{os.fspath(fifo)}{JOURNAL_SUFFIX}")
+    return Path(journal)
 
 
 class JournalEntry(msgspec.Struct, frozen=True, kw_only=True):

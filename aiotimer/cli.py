@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from aiotimer import _cli_run, _cli_serve, demo
 from aiotimer._cli_status import configure_parser as status_args
 from aiotimer._cli_status import run_status
+from aiotimer._version import __version__
 
 __all__ = ["COMMANDS", "Command", "main"]
 
@@ -54,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="aiotimer", description="asyncio-native expiration-timer service (watchdog)"
     )
-    parser.add_argument("--version", action="version", version=f"aiotimer {_version()}")
+    parser.add_argument("--version", action="version", version=f"aiotimer {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in COMMANDS:
         sub = subparsers.add_parser(command.name, help=command.help, description=command.help)
@@ -68,9 +69,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     status: int = args.run(args)
     return status
-
-
-def _version() -> str:
-    from aiotimer import __version__  # noqa: PLC0415 (lazy: the package is being imported)
-
-    return __version__

@@ -37,7 +37,7 @@ from aiotimer._clock import Clock, MonotonicClock
 from aiotimer._eventbus import EventBus
 from aiotimer._eventlog import EventLog
 from aiotimer._handoff import Handoff
-from aiotimer._journal import JOURNAL_SUFFIX, Journal
+from aiotimer._journal import Journal, journal_path
 from aiotimer._kill_policy import fifo_mode_warning
 from aiotimer._limits import raise_open_file_limit
 from aiotimer._logging import EventLogger
@@ -57,6 +57,7 @@ from aiotimer._server_thread import LoopName, TimerServerThread, loop_factory
 from aiotimer._stats import SiteSummary
 from aiotimer._statsfile import StatsFile, stats_path_for
 from aiotimer._table import Timer
+from aiotimer._version import __version__
 from aiotimer.control._paths import default_control_path, fits_socket
 from aiotimer.control.snapshot import (
     DEFAULT_LIMIT,
@@ -282,7 +283,7 @@ class TimerServer:
         self._request_events = request_events
         self._retry = reap_retry if reap_retry is not None else ReapRetry()
         self._self_kill = self_kill_after_reap
-        self._journal_path = _journal_path(journal, fifo, default=clock is None)
+        self._journal_path = journal_path(journal, fifo, default=clock is None)
         self._max_timers = max_timers
         self._max_per_worker = max_timers_per_worker
         self._state = Lifecycle.CREATED
@@ -665,7 +666,7 @@ class TimerServer:
         deadline = engine.table.next_deadline() if engine is not None and running else None
         info = ServerInfo(
             pid=os.getpid(),
-            version=_version(),
+            version=__version__,
             state=self._state.value,
             started_at=self._started_at if running else None,
             uptime=now - self._started_at if running and self._started_at else None,
@@ -790,31 +791,8 @@ def _counter_dict(counters: Counters) -> dict[str, int]:
     return asdict(counters)
 
 
-def _journal_path(
-    journal: bool | str | os.PathLike[str] | None,
-    fifo: str | os.PathLike[str] | None,
-    *,
-    default: bool,
-) -> Path | None:
-    if journal is None:
-        journal = default and fifo is not None
-    if journal is False:
-        return None
-    if journal is True:
-        if fifo is None:
-            raise ValueError("journal=True needs a fifo to put the journal beside")
-        return Path(f"{os.fspath(fifo)}{JOURNAL_SUFFIX}")
-    return Path(journal)
-
-
 def _unwrap(exc: BaseException) -> BaseException:
     """The single exception inside (nested) one-exception groups, else ``exc``."""
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
     return exc
-
-
-def _version() -> str:
-    from aiotimer import __version__  # noqa: PLC0415 (lazy: the package imports this module)
-
-    return __version__

@@ -55,6 +55,7 @@ from aiotimer._marker import (
 )
 from aiotimer._pathwatch import PathWatch
 from aiotimer._protocol import MAX_LINE_BYTES, LineDecoder
+from aiotimer._version import __version__
 from aiotimer.errors import SourceError
 from aiotimer.sources._base import RequestSink, draining
 
@@ -95,12 +96,6 @@ def grow_pipe(fd: int, size: int = PIPE_SIZE) -> int:
     with contextlib.suppress(OSError):
         return fcntl.fcntl(fd, set_size, size)
     return fcntl.fcntl(fd, get_size)
-
-
-def _version() -> str:
-    from aiotimer import __version__  # noqa: PLC0415 (lazy: the package imports sources)
-
-    return __version__
 
 
 class _OpenFifo:
@@ -277,7 +272,7 @@ class FifoSource:
         assert fifo.inode is not None
         dev, ino = fifo.inode
         marker = Marker(
-            server=AIOTIMER, pid=os.getpid(), version=_version(), fifo_dev=dev, fifo_ino=ino
+            server=AIOTIMER, pid=os.getpid(), version=__version__, fifo_dev=dev, fifo_ino=ino
         )
         write_marker(self._path, marker, self._marker)
 
