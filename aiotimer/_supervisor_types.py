@@ -1,4 +1,5 @@
-"""The supervisor's public data: outcomes, snapshots, and the restart coordinator hook.
+"""The supervisor's public data: outcomes, snapshots, and the restart coordinator hook;
+and how outcomes, snapshots and summaries are read off the planner's slot records. Pure.
 
 Re-exported by :mod:`aiotimer.supervisor`.
 """
@@ -6,13 +7,13 @@ Re-exported by :mod:`aiotimer.supervisor`.
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from aiotimer._exits import ExitReason
-from aiotimer._restart import GiveUp, Restart, RestartPolicy, WorkerState
+from aiotimer._restart import GiveUp, Restart, RestartPolicy, SlotRecord, WorkerState
 from aiotimer.events import WorkerSummary
 from aiotimer.server import Lifecycle, ServerState
 
@@ -28,6 +29,9 @@ __all__ = [
     "WorkerFailure",
     "WorkerSnapshot",
     "format_summary",
+    "run_outcome",
+    "worker_snapshot",
+    "worker_summaries",
 ]
 
 #: What a coordinator may answer: carry this out, or ``None`` (it will call back).
@@ -114,6 +118,52 @@ class LocalCoordinator:
     ) -> Decision | None:
         """Return ``proposal``."""
         return proposal
+
+
+def run_outcome(slots: Iterable[SlotRecord], *, gave_up: bool) -> RunOutcome:
+    """How a run ended, from its slots' states and whether a coordinator gave up (e.g. a
+    job-wide give-up, which leaves the slots ``STOPPED``)."""
+    states = {s.state for s in slots}
+    if WorkerState.FATAL in states:
+        return RunOutcome.GAVE_UP
+    if WorkerState.FAILED in states:
+        return RunOutcome.FAILED
+    if gave_up:
+        return RunOutcome.GAVE_UP
+    if states == {WorkerState.SUCCEEDED}:
+        return RunOutcome.SUCCEEDED
+    return RunOutcome.STOPPED
+
+
+def worker_snapshot(slot: SlotRecord, running: tuple[int, float] | None) -> WorkerSnapshot:
+    """``slot`` as a :class:`WorkerSnapshot`; ``running`` is its live attempt's
+    ``(pid, uptime)``, ``None`` between attempts."""
+    return WorkerSnapshot(
+        rank=slot.rank,
+        state=slot.state,
+        pid=None if running is None else running[0],
+        restarts=slot.restarts,
+        attempts=len(slot.attempts) + (running is not None),
+        start_failures=slot.start_failures,
+        uptime=None if running is None else running[1],
+        reasons=tuple(a.reason for a in slot.attempts),
+    )
+
+
+def worker_summaries(slots: Iterable[SlotRecord]) -> tuple[WorkerSummary, ...]:
+    """One line of the final summary per slot: its attempts, why each ended, uptime."""
+    return tuple(
+        WorkerSummary(
+            rank=s.rank,
+            state=s.state.value,
+            attempts=len(s.attempts),
+            restarts=s.restarts,
+            start_failures=s.start_failures,
+            reasons=tuple(a.reason.describe() for a in s.attempts),
+            uptime=sum(a.uptime for a in s.attempts),
+        )
+        for s in slots
+    )
 
 
 def format_summary(workers: Sequence[WorkerSummary]) -> str:

@@ -56,6 +56,9 @@ from aiotimer._supervisor_types import (
     WorkerFailure,
     WorkerSnapshot,
     format_summary,
+    run_outcome,
+    worker_snapshot,
+    worker_summaries,
 )
 from aiotimer._workers import (
     WORKER_ENV,
@@ -362,7 +365,7 @@ class Supervisor:
         self._conclude()
         if self._server is not None:
             await self._server.aclose()
-        self._summary = self._summarise()
+        self._summary = worker_summaries(self._planner.slots)
         assert self._outcome is not None
         self._emit(
             SupervisorStopped(
@@ -503,19 +506,10 @@ class Supervisor:
             self._stop.set()
 
     def _conclude(self) -> None:
-        if self._outcome is not None:
-            return
-        states = {s.state for s in self._planner.slots}
-        if WorkerState.FATAL in states:
-            self._outcome = RunOutcome.GAVE_UP
-        elif WorkerState.FAILED in states:
-            self._outcome = RunOutcome.FAILED
-        elif self._planner.gave_up is not None:  # a coordinator's give-up (e.g. job-wide)
-            self._outcome = RunOutcome.GAVE_UP
-        elif states == {WorkerState.SUCCEEDED}:
-            self._outcome = RunOutcome.SUCCEEDED
-        else:
-            self._outcome = RunOutcome.STOPPED
+        if self._outcome is None:
+            self._outcome = run_outcome(
+                self._planner.slots, gave_up=self._planner.gave_up is not None
+            )
 
     # -- what the server tells us ------------------------------------------------------
 
@@ -616,18 +610,8 @@ class Supervisor:
         workers = []
         for s in self._planner.slots:
             att = self._pool.attempts.get(s.rank)
-            workers.append(
-                WorkerSnapshot(
-                    rank=s.rank,
-                    state=s.state,
-                    pid=None if att is None else att.pid,
-                    restarts=s.restarts,
-                    attempts=len(s.attempts) + (att is not None),
-                    start_failures=s.start_failures,
-                    uptime=None if att is None else now - att.started_at,
-                    reasons=tuple(a.reason for a in s.attempts),
-                )
-            )
+            running = None if att is None else (att.pid, now - att.started_at)
+            workers.append(worker_snapshot(s, running))
         return SupervisorState(
             state=self._state,
             run_id=self.run_id,
@@ -639,20 +623,6 @@ class Supervisor:
             outcome=self._outcome,
             gave_up=None if self._planner.gave_up is None else self._planner.gave_up.reason,
             server=None if self._server is None or not server else self._server.get_state(),
-        )
-
-    def _summarise(self) -> tuple[WorkerSummary, ...]:
-        return tuple(
-            WorkerSummary(
-                rank=s.rank,
-                state=s.state.value,
-                attempts=len(s.attempts),
-                restarts=s.restarts,
-                start_failures=s.start_failures,
-                reasons=tuple(a.reason.describe() for a in s.attempts),
-                uptime=sum(a.uptime for a in s.attempts),
-            )
-            for s in self._planner.slots
         )
 
     def __repr__(self) -> str:
