@@ -92,7 +92,7 @@ from aiotimer.events import (
     WorkerUnknown,
 )
 from aiotimer.reapers import Reaper
-from aiotimer.sources._base import Drain, Source
+from aiotimer.sources._base import Drain
 
 __all__ = [
     "DUMP_SLACK",
@@ -103,7 +103,6 @@ __all__ = [
     "Counters",
     "Engine",
     "ReapRetry",
-    "serve_source",
 ]
 
 logger = logging.getLogger("aiotimer")
@@ -135,20 +134,6 @@ class _Begun:
     reap: Reap
     scopes: list[str]
     folded: int = 0  # timers of the same slice beyond those listed
-
-
-class _StartedProxy:
-    """A task status that remembers whether ``started()`` was called."""
-
-    __slots__ = ("_inner", "called")
-
-    def __init__(self, inner: anyio.abc.TaskStatus[None]) -> None:
-        self._inner = inner
-        self.called = False
-
-    def started(self, value: None = None) -> None:
-        self.called = True
-        self._inner.started()
 
 
 class Engine:
@@ -630,21 +615,3 @@ class Engine:
             )
         )
         return reap  # None: report only, or the reap in progress covers this timer too
-
-
-async def serve_source(
-    source: Source,
-    sink: Engine,
-    on_failure: Callable[[BaseException], None],
-    *,
-    task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
-) -> None:
-    """Run ``source.serve(sink)``; a failure before it started propagates (the server
-    cannot start), a failure afterwards is handed to ``on_failure`` (the server runs on)."""
-    status = _StartedProxy(task_status)
-    try:
-        await source.serve(sink, task_status=status)
-    except Exception as exc:
-        if not status.called:
-            raise
-        on_failure(exc)

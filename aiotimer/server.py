@@ -51,7 +51,6 @@ from aiotimer._server_engine import (
     Counters,
     Engine,
     ReapRetry,
-    serve_source,
 )
 from aiotimer._server_thread import LoopName, TimerServerThread, loop_factory
 from aiotimer._stats import SiteSummary
@@ -71,7 +70,7 @@ from aiotimer.control.snapshot import (
 from aiotimer.errors import ServerStateError
 from aiotimer.events import ControlRefused, Event, ServerStarted, ServerStopped, SourceFailed
 from aiotimer.reapers import Reaper, SignalReaper
-from aiotimer.sources._base import Source
+from aiotimer.sources._base import Source, serve_source
 from aiotimer.sources.fifo import FifoSource
 from aiotimer.sources.mpqueue import QueueSource
 from aiotimer.sources.socket import SocketSource

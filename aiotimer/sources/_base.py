@@ -24,7 +24,7 @@ import anyio.abc
 
 from aiotimer._protocol import Decoded
 
-__all__ = ["Drain", "RequestSink", "Source", "draining"]
+__all__ = ["Drain", "RequestSink", "Source", "draining", "serve_source"]
 
 #: Reads and submits, synchronously and without blocking, one chunk of what a transport
 #: holds now; returns ``True`` when more may be left.
@@ -79,3 +79,35 @@ def draining(sink: RequestSink, drain: Drain) -> Iterator[None]:
         yield
     finally:
         remove()
+
+
+class _StartedProxy:
+    """A task status that remembers whether ``started()`` was called."""
+
+    __slots__ = ("_inner", "called")
+
+    def __init__(self, inner: anyio.abc.TaskStatus[None]) -> None:
+        self._inner = inner
+        self.called = False
+
+    def started(self, value: None = None) -> None:
+        self.called = True
+        self._inner.started()
+
+
+async def serve_source(
+    source: Source,
+    sink: RequestSink,
+    on_failure: Callable[[BaseException], None],
+    *,
+    task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run ``source.serve(sink)``; a failure before it started propagates (the server
+    cannot start), a failure afterwards is handed to ``on_failure`` (the server runs on)."""
+    status = _StartedProxy(task_status)
+    try:
+        await source.serve(sink, task_status=status)
+    except Exception as exc:
+        if not status.called:
+            raise
+        on_failure(exc)
