@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 import signal
+from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
@@ -23,6 +24,7 @@ __all__ = [
     "positive",
     "seconds",
     "uid",
+    "whole_number",
 ]
 
 
@@ -109,14 +111,23 @@ def seconds(text: str) -> float:
     return value
 
 
-def positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"need a whole number >= 1, got {text!r}")
-    return value
+def whole_number(minimum: int) -> Callable[[str], int]:
+    """The argument type of a whole number ``>= minimum``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = minimum - 1
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"need a whole number >= {minimum}, got {text!r}")
+        return value
+
+    return parse
+
+
+#: The argument type of a whole number >= 1.
+positive = whole_number(1)
 
 
 def octal_mode(text: str) -> int:

@@ -20,6 +20,7 @@ from aiotimer._cli_args import (
     event_log_path,
     policy_from_args,
     seconds,
+    whole_number,
 )
 from aiotimer._logging import queued_logging
 from aiotimer._restart import DEFAULT_NO_RESTART_EXIT_CODES, Backoff, RestartPolicy, RestartScope
@@ -40,14 +41,7 @@ def _window(text: str) -> float:
     return math.inf if text in ("inf", "none") else seconds(text)
 
 
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"need a whole number >= 0, got {text!r}")
-    return value
+_count = whole_number(0)
 
 
 def _backoff(text: str) -> Backoff:
