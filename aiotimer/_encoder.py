@@ -84,18 +84,22 @@ _ryu: Final = msgspec.json.encode
 _join: Final = b"".join
 
 
-def block_encoder(pid: int, signal: int, start_time: int | None = None) -> BlockEncoder:
+def block_encoder(
+    pid: int, signal: int, start_time: int | None = None, *, dump: bool = False
+) -> BlockEncoder:
     """The hot-path encoder of the timed blocks of process ``pid`` reaped with ``signal``.
 
     The returned ``encode_block(scope_id, expiration_time, mono)`` gives the acquire and
     the release line of one block, newlines included: byte for byte
     ``encode(Request(pid, scope_id, expiration_time, signal, mono=mono,
-    start_time=start_time))`` and ``encode(Request(pid, scope_id, -1, 0))``, about four
-    times faster (see the comment above). It raises what :func:`encode` raises.
+    start_time=start_time, dump=dump))`` and ``encode(Request(pid, scope_id, -1, 0))``,
+    about four times faster (see the comment above). It raises what :func:`encode`
+    raises.
     """
     head = f'{{"version": {PROTOCOL_VERSION}, "pid": {int(pid)}, "scope_id": '.encode()
     signal_part = f', "signal": {int(signal)}, "mono": '.encode()
-    tail = b"}\n" if start_time is None else f', "start_time": {int(start_time)}}}\n'.encode()
+    started = "" if start_time is None else f', "start_time": {int(start_time)}'
+    tail = (started + (', "dump": true' if dump else "") + "}\n").encode()
 
     def encode_block(scope_id: str, expiration_time: float, mono: float) -> tuple[bytes, bytes]:
         if 1e-4 <= expiration_time < 1e16 and 1e-4 <= mono < 1e16:  # literals: the hot path
@@ -113,11 +117,9 @@ def block_encoder(pid: int, signal: int, start_time: int | None = None) -> Block
             )
             if len(acquire) <= PIPE_BUF:
                 return acquire, _join((head, scope, b', "expiration_time": -1, "signal": 0}\n'))
-        return (
-            encode(
-                Request(pid, scope_id, expiration_time, signal, mono=mono, start_time=start_time)
-            ),
-            encode(Request(pid, scope_id, -1, 0)),
+        acquire_request = Request(
+            pid, scope_id, expiration_time, signal, mono=mono, start_time=start_time, dump=dump
         )
+        return encode(acquire_request), encode(Request(pid, scope_id, -1, 0))
 
     return encode_block

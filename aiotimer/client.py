@@ -79,6 +79,7 @@ _CREATED, _ACTIVE, _EXITED = 0, 1, 2
 _STATE_NAMES: Final = ("created", "active", "exited")
 _monotonic: Final = time.monotonic
 _wall: Final = time.time
+_modules: Final = sys.modules
 #: How long after an ``async with`` block's deadline (when its task is cancelled) the
 #: server reaps the process if the block has still not ended.
 DEFAULT_KILL_AFTER: Final[float] = 5.0
@@ -175,7 +176,12 @@ class Expires:
 
     def _acquire(self, kill_after: float = 0.0) -> Request:
         """Enter: fix the client and the deadline; the acquire to send, whose deadline is
-        ``kill_after`` seconds past the block's (the async face's second tier)."""
+        ``kill_after`` seconds past the block's (the async face's second tier).
+
+        A two-tier block is reaped only when its loop is blocked (or its cancellation
+        swallowed): then a stack dump is what names the task holding the loop, so it
+        asks the server for one when this process has the hook to answer it.
+        """
         if self._state != _CREATED:
             raise RuntimeError(f"{self!r} can be entered only once")
         client = self._client
@@ -191,8 +197,19 @@ class Expires:
         self._state = _ACTIVE
         signal = client.signal if self._signal is None else self._signal
         reap_at = deadline + kill_after
-        # Positional: pid, scope_id, expiration_time (epoch), signal, version, mono.
-        return Request(current_pid(), self.scope, wall + (reap_at - mono), signal, None, reap_at)
+        # Read after current_client(): the first block of a worker that finds its server
+        # through the environment installs the hook. Inlined (the module's hook record,
+        # never loading the dump code): this runs for every async block.
+        dump = False
+        if kill_after > 0:
+            diagnostics = _modules.get("aiotimer.diagnostics")
+            dump = diagnostics is not None and diagnostics._hook is not None
+        # Positional: pid, scope_id, expiration_time (epoch), signal, version, mono,
+        # grace, group, dump.
+        expiration = wall + (reap_at - mono)
+        return Request(
+            current_pid(), self.scope, expiration, signal, None, reap_at, None, False, dump
+        )
 
     def _release(self) -> Request:
         """Exit: the release to send."""

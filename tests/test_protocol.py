@@ -719,11 +719,12 @@ def reference_block(
     mono: float,
     *,
     start_time: int | None = None,
+    dump: bool = False,
 ) -> tuple[bytes, bytes]:
-    return (
-        encode(Request(pid, scope_id, expiration_time, signal, mono=mono, start_time=start_time)),
-        encode(Request(pid, scope_id, -1, 0)),
+    acquire = Request(
+        pid, scope_id, expiration_time, signal, mono=mono, start_time=start_time, dump=dump
     )
+    return encode(acquire), encode(Request(pid, scope_id, -1, 0))
 
 
 @settings(deadline=None, max_examples=1000)
@@ -734,6 +735,7 @@ def reference_block(
     signal=st.one_of(st.integers(-64, MAX_SIGNAL), st.sampled_from([-(2**31), 2**31 - 1])),
     mono=block_numbers,
     start_time=st.none() | st.integers(0, MAX_START_TIME),
+    dump=st.booleans(),
 )
 def test_block_encoder_is_byte_identical_to_encode(
     *,
@@ -743,16 +745,18 @@ def test_block_encoder_is_byte_identical_to_encode(
     signal: int,
     mono: float,
     start_time: int | None,
+    dump: bool,
 ) -> None:
+    encode_block = block_encoder(pid, signal, start_time, dump=dump)
     try:
         expected = reference_block(
-            pid, scope_id, expiration_time, signal, mono, start_time=start_time
+            pid, scope_id, expiration_time, signal, mono, start_time=start_time, dump=dump
         )
     except ValueError as exc:  # non-finite numbers: the same refusal
         with pytest.raises(type(exc)):
-            block_encoder(pid, signal, start_time)(scope_id, expiration_time, mono)
+            encode_block(scope_id, expiration_time, mono)
         return
-    assert block_encoder(pid, signal, start_time)(scope_id, expiration_time, mono) == expected
+    assert encode_block(scope_id, expiration_time, mono) == expected
 
 
 @settings(deadline=None, max_examples=2000)

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
+from aiotimer import diagnostics
 from aiotimer._protocol import Request
 from aiotimer._scope import scope_site
 from aiotimer._task_stacks import format_tasks
@@ -121,3 +122,21 @@ def test_a_generator_function_cannot_be_decorated() -> None:
     for func in (numbers, stream):
         with pytest.raises(TypeError, match="generator function"):
             expires(after=1, client=RecordingClient())(func)
+
+
+@pytest.mark.asyncio
+async def test_a_two_tier_block_asks_for_a_dump_when_the_process_has_the_hook(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its reap means a blocked loop: the dump is what names the task holding it."""
+    client = RecordingClient()
+    async with expires(after=30, client=client):
+        pass
+    monkeypatch.setattr(diagnostics, "_hook", object())  # as install_dump_handler() does
+    async with expires(after=30, client=client):
+        pass
+    async with expires(after=30, client=client, kill_after=0):
+        pass
+    with expires(after=30, client=client):
+        pass
+    assert [r.dump for r in client.acquires()] == [False, True, False, False]

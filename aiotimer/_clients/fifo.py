@@ -156,6 +156,9 @@ class FifoClient:
         self._pid = os.getpid()  # refreshed in a forked child, with the encoder
         self._start_time = own_start_time()
         self._encode_block: BlockEncoder = block_encoder(self._pid, self._signal, self._start_time)
+        self._encode_dump_block: BlockEncoder = block_encoder(
+            self._pid, self._signal, self._start_time, dump=True
+        )
         self._fd: int | None = None  # persistent descriptor (aiotimer server only)
         self._server: MarkerFile | None = None  # whom the persistent descriptor talks to
         self._recheck_at = 0.0  # when the marker is due to be checked again (monotonic)
@@ -261,14 +264,13 @@ class FifoClient:
             mono is not None
             and request.pid == self._pid
             and request.grace is None
-            and not (request.group or request.dump)
+            and not request.group
         ):
-            signal = request.signal
-            encode_block = (
-                self._encode_block
-                if signal == self._signal
-                else block_encoder(self._pid, signal, self._start_time)
-            )
+            signal, dump = request.signal, request.dump
+            if signal != self._signal:
+                encode_block = block_encoder(self._pid, signal, self._start_time, dump=dump)
+            else:
+                encode_block = self._encode_dump_block if dump else self._encode_block
             return encode_block(request.scope_id, request.expiration_time, mono)
         if request.pid == self._pid and request.start_time is None:  # as the fast path does
             request = msgspec.structs.replace(request, start_time=self._start_time)
@@ -474,6 +476,9 @@ class FifoClient:
         self._pid = os.getpid()
         self._start_time = own_start_time()
         self._encode_block = block_encoder(self._pid, self._signal, self._start_time)
+        self._encode_dump_block = block_encoder(
+            self._pid, self._signal, self._start_time, dump=True
+        )
         fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)
