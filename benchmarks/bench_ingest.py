@@ -27,8 +27,13 @@ before the writers start, with deadlines 5 ms apart from 20 ms after the start o
 the probes whose deadline fell before the last writer was reaped, the *reap latency
 while ingest is saturated* runs from the deadline to the probe's ``SIGTERM`` handler
 (both on ``CLOCK_MONOTONIC``): an upper bound of the server's deadline -> signal sent,
-as it adds the probe's own wait for a CPU. Targets: (b) >= 50% of (a) on the median of the
-paired rounds, 0 failed writes, saturated reap p99 < 5 ms.
+as it adds the probe's own wait for a CPU. Also shown: the server's own view, the
+``late`` of each probe's ``timer_expired`` event in its ``--event-log`` (the expiry
+handler's start; the first signal leaves in it after at most 5 ms of draining). On a
+host with more runnable processes than cores, the writers and other load take CPU
+from the server; ``--server-nice -10`` (as root) shows what a higher priority buys.
+Targets: (b) >= 50% of (a) on the median of the paired rounds, 0 failed writes,
+saturated reap p99 < 5 ms.
 """
 
 from __future__ import annotations
@@ -57,11 +62,11 @@ TARGET_P99_MS = 5.0
 PHASE_TIMEOUT = 120.0
 CHUNK = 65536
 SCOPES = 50
-PROBE_LEAD = 0.5  # seconds from forking the probes to the writers' start
+PROBE_LEAD = 1.0  # seconds from forking the probes to the writers' start
 PROBE_FIRST = 0.02  # the first probe's deadline, after the writers' start
 PROBE_SPACING = 0.005  # seconds between the probes' deadlines
-# Per probe: its deadline and when its SIGTERM handler ran (both monotonic).
-PROBE_CELLS = 2
+# Per probe: its deadline and when its SIGTERM handler ran (both monotonic), its pid.
+PROBE_CELLS = 3
 MARKER_SUFFIX = ".aiotimer"  # beside an aiotimer server's FIFO once it serves
 
 
@@ -75,6 +80,7 @@ class Run:
     failed: int
     reader_cpu: float  # CPU seconds of the reading process over the run
     probe_ms: tuple[float, ...] = ()  # (b): saturated reap latency, deadline -> received
+    handled_ms: tuple[float, ...] = ()  # (b): deadline -> the server handled the expiry
 
     @property
     def rate(self) -> float:
@@ -188,10 +194,16 @@ class _Group:
         need = len(self.pids)
         deadline = time.monotonic() + PHASE_TIMEOUT
         got = 0
+        poller = select.poll()
+        poller.register(self.ready_r, select.POLLIN)
         while got < need and time.monotonic() < deadline:
-            got += len(os.read(self.ready_r, need - got))
+            if poller.poll(1000):
+                data = os.read(self.ready_r, need - got)
+                if not data:
+                    break  # every child closed its end: some died before getting ready
+                got += len(data)
         if got < need:
-            raise RuntimeError("children did not get ready")
+            raise RuntimeError(f"only {got} of {need} children got ready")
         if at is not None and at > time.monotonic():
             time.sleep(at - time.monotonic())
         start = time.monotonic()
@@ -336,9 +348,10 @@ def _fork_probes(group: _Group, path: str, first_deadline: float, shared: _Share
                 "mono": deadline,
             }
             fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
-            _write_all(fd, [json.dumps(line).encode() + b"\n"], PHASE_TIMEOUT)
+            cells[at + 2] = os.getpid()
             cells[at] = deadline
-            group.child_ready_and_wait_go()
+            _write_all(fd, [json.dumps(line).encode() + b"\n"], PHASE_TIMEOUT)
+            os.write(group.ready_w, b"r")
             while True:
                 time.sleep(3600)
 
@@ -348,11 +361,16 @@ def _fork_probes(group: _Group, path: str, first_deadline: float, shared: _Share
         group.fork(body(i))
 
 
-def run_server(path: str, writers: int, count: int, write_timeout: float, probes: int) -> Run:
-    """(b) ``aiotimer serve``: every line applied, every writer reaped at its end."""
-    server = subprocess.Popen(
-        [sys.executable, "-m", "aiotimer", "serve", "--fifo", path, "--log-level", "ERROR"]
-    )
+def run_server(
+    path: str, writers: int, count: int, write_timeout: float, probes: int, *, nice: int
+) -> Run:
+    """(b) ``aiotimer serve`` (at niceness ``nice``): every line applied, every writer
+    reaped at its end."""
+    events = path + ".events"
+    argv = [sys.executable, "-m", "aiotimer", "serve", "--fifo", path, "--log-level", "ERROR"]
+    if nice:
+        argv = ["nice", "-n", str(nice), *argv]
+    server = subprocess.Popen([*argv, "--event-log", events])
     stats = _Shared(2 * writers)
     shared = _Shared(PROBE_CELLS * probes)
     group = _Group()
@@ -392,13 +410,28 @@ def run_server(path: str, writers: int, count: int, write_timeout: float, probes
             server.wait()
     cells = shared.cells
     # The probes whose deadline fell while the writers were still being served.
+    saturated = [i for i in range(0, len(cells), PROBE_CELLS) if cells[i] < end]
     probe_ms = tuple(
-        (cells[i + 1] - cells[i]) * 1e3
-        for i in range(0, len(cells), PROBE_CELLS)
-        if cells[i] < end and not math.isnan(cells[i + 1])
+        (cells[i + 1] - cells[i]) * 1e3 for i in saturated if not math.isnan(cells[i + 1])
+    )
+    late = _expiry_late(events)
+    os.unlink(events)
+    handled_ms = tuple(
+        late[int(cells[i + 2])] * 1e3 for i in saturated if int(cells[i + 2]) in late
     )
     retries, failed = _writer_totals(stats, writers)
-    return Run(applied, end - start, retries, failed, cpu, probe_ms)
+    return Run(applied, end - start, retries, failed, cpu, probe_ms, handled_ms)
+
+
+def _expiry_late(event_log: str) -> dict[int, float]:
+    """pid -> seconds past its deadline when the server handled a probe's expiry."""
+    late: dict[int, float] = {}
+    with open(event_log, "rb") as f:
+        for line in f:
+            event = json.loads(line)
+            if event.get("event") == "timer_expired" and event.get("scope_id") == "probe":
+                late[event["pid"]] = event["late"]
+    return late
 
 
 def _p(values: list[float], q: float) -> float:
@@ -414,6 +447,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3, help="rounds (3)")
     parser.add_argument("--probes", type=int, default=40, help="reap probes per round (40)")
     parser.add_argument("--write-timeout", type=float, default=5.0, help="seconds (5)")
+    parser.add_argument(
+        "--server-nice", type=int, default=0, help="run aiotimer serve at this niceness (0)"
+    )
     parser.add_argument("--quick", action="store_true", help="small and one round")
     args = parser.parse_args(argv)
     if args.quick:
@@ -429,7 +465,16 @@ def main(argv: list[str] | None = None) -> int:
         path = os.path.join(tmp, "timer.fifo")
         for _ in range(args.repeat):
             raws.append(run_raw(path, args.writers, args.lines, args.write_timeout))
-            ours.append(run_server(path, args.writers, args.lines, args.write_timeout, args.probes))
+            ours.append(
+                run_server(
+                    path,
+                    args.writers,
+                    args.lines,
+                    args.write_timeout,
+                    args.probes,
+                    nice=args.server_nice,
+                )
+            )
     rows = []
     for i, (a, b) in enumerate(zip(raws, ours, strict=True)):
         for name, r in (("(a) split-only reader", a), ("(b) aiotimer serve", b)):
@@ -451,6 +496,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = sum(r.failed for r in ours)
     complete = all(r.lines == expected for r in ours)
     probes = [ms for r in ours for ms in r.probe_ms]
+    handled = [ms for r in ours for ms in r.handled_ms]
     p99 = _p(probes, 0.99)
     print(
         f"ratio (b)/(a): median of {args.repeat} paired rounds {paired:.2f}x "
@@ -461,6 +507,11 @@ def main(argv: list[str] | None = None) -> int:
         f"{len(probes)} probes, p50 {_p(probes, 0.5):.2f} ms, p99 {p99:.2f} ms, "
         f"max {max(probes, default=math.nan):.2f} ms (target p99 < {TARGET_P99_MS:.0f} ms); "
         f"load {os.getloadavg()[0]:.2f}"
+    )
+    print(
+        f"  the server's own view (expiry handled, its first signal leaves there): "
+        f"p50 {_p(handled, 0.5):.2f} ms, p99 {_p(handled, 0.99):.2f} ms, "
+        f"max {max(handled, default=math.nan):.2f} ms; server niceness {args.server_nice}"
     )
     ok = paired >= TARGET_RATIO and failed == 0 and complete and p99 < TARGET_P99_MS
     print("OK" if ok else "TARGET MISSED")
