@@ -22,7 +22,7 @@ from typing import Final
 
 import msgspec
 
-from aiotimer._protocol import MARKER_SUFFIX, PROTOCOL_VERSION
+from aiotimer._wire import MARKER_SUFFIX, PROTOCOL_VERSION
 
 __all__ = [
     "AIOTIMER",

@@ -44,9 +44,9 @@ from aiotimer._clients import (
     under_timer_server,
     use_client,
 )
-from aiotimer._protocol import Request, number_problem, scope_id_problem, signal_problem
 from aiotimer._scope import current_pid, default_scope, scope_at_site, scope_site, with_task
 from aiotimer._task_deadline import TaskDeadline
+from aiotimer._wire import Request, number_problem, scope_id_problem, signal_problem
 
 if TYPE_CHECKING:
     import asyncio

@@ -31,8 +31,8 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from aiotimer._clients import TimerClient, current_client, release_undelivered
-from aiotimer._protocol import Request
 from aiotimer._scope import current_pid, default_scope
+from aiotimer._wire import Request
 
 if TYPE_CHECKING:
     import asyncio

@@ -179,7 +179,8 @@ def _fresh_python(code: str) -> str:
 
 #: What a worker that only times blocks must not load.
 HEAVY = ["anyio", "aiofiles", "ssl", "subprocess", "asyncio"] + [
-    f"aiotimer.{m}" for m in ("server", "sources", "events", "_eventlog", "_server_engine")
+    f"aiotimer.{m}"
+    for m in ("server", "sources", "events", "_eventlog", "_server_engine", "_decoder")
 ]
 
 

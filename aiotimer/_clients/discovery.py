@@ -29,7 +29,7 @@ from typing import Final
 
 from aiotimer._clients._common import TimerClient
 from aiotimer._clients.fifo import FifoClient
-from aiotimer._protocol import ENV_FIFO, TORCH_ENV_FIFO
+from aiotimer._wire import ENV_FIFO, TORCH_ENV_FIFO
 from aiotimer.errors import NotConfiguredError
 
 __all__ = ["ENV_DUMP_HOOK", "configure", "current_client", "under_timer_server", "use_client"]

@@ -56,9 +56,10 @@ from aiotimer._clients._common import (
     drive_async,
     next_retry,
 )
+from aiotimer._encoder import BlockEncoder, block_encoder, encode
 from aiotimer._marker import MarkerFile, read_live_marker
 from aiotimer._procstat import own_start_time
-from aiotimer._protocol import BlockEncoder, Request, block_encoder, encode
+from aiotimer._wire import Request
 from aiotimer.errors import ClientBackpressureError, ServerUnavailableError
 
 __all__ = ["FifoClient"]

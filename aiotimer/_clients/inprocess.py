@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from aiotimer._clients._common import DEFAULT_SIGNAL, client_signal
-from aiotimer._protocol import Request
+from aiotimer._wire import Request
 
 __all__ = ["InProcessClient", "RequestSubmitter"]
 

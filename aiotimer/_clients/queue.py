@@ -18,7 +18,7 @@ from aiotimer._clients._common import (
     drive_async,
     next_retry,
 )
-from aiotimer._protocol import Request
+from aiotimer._wire import Request
 from aiotimer.errors import ClientBackpressureError
 
 __all__ = ["QueueClient", "QueueRequest"]
