@@ -32,6 +32,11 @@ _sites: dict[tuple[int, int], tuple[str, CodeType]] = {}
 #: exec or templating, would otherwise pile up in it).
 _MAX_SITES: Final = 4096
 _pid = os.getpid()
+#: The longest file name and task name a default scope carries: so every default scope
+#: id is valid by construction (within the protocol's ``MAX_SCOPE_ID_LENGTH`` of 2048,
+#: valid Unicode), and a block need not check it again.
+MAX_FILE_NAME: Final[int] = 1024
+MAX_TASK_NAME: Final[int] = 200
 
 
 def default_scope(depth: int = 1) -> str:
@@ -58,7 +63,7 @@ def _new_site(frame: FrameType) -> str:
     name = os.path.basename(code.co_filename) or code.co_filename
     if not name.isascii():  # a file name undecodable in UTF-8 holds lone surrogates
         name = name.encode("utf-8", "backslashreplace").decode("utf-8")
-    site = f"{name}:{frame.f_lineno}#"
+    site = f"{name[:MAX_FILE_NAME]}:{frame.f_lineno}#"
     _sites[id(code), frame.f_lasti] = (site, code)
     return site
 
@@ -78,18 +83,15 @@ def scope_site(scope_id: str) -> str:
 
 #: ``site#n`` or ``site#n@task``, ``site`` being ``name:line`` (the first such prefix).
 _DEFAULT_SCOPE: Final = re.compile(r"(.*?:\d+)#\d+(?:@.*)?\Z", re.DOTALL)
-#: The longest task name a default scope carries (the scope must stay within the
-#: protocol's ``MAX_SCOPE_ID_LENGTH``).
-MAX_TASK_NAME: Final[int] = 200
 
 
 def with_task(scope_id: str, task_name: str) -> str:
     """A default scope id naming the asyncio task it belongs to (``"a.py:12#7@Task-3"``),
     so events say which task held a block."""
-    name = task_name[:MAX_TASK_NAME]
+    name = task_name
     if not name.isascii():  # keep the id valid Unicode (no lone surrogates)
-        name = name.encode("utf-8", "backslashreplace").decode("utf-8")
-    return f"{scope_id}@{name}"
+        name = name[:MAX_TASK_NAME].encode("utf-8", "backslashreplace").decode("utf-8")
+    return f"{scope_id}@{name[:MAX_TASK_NAME]}"
 
 
 def current_pid() -> int:

@@ -44,6 +44,7 @@ from aiotimer._clients import (
     under_timer_server,
     use_client,
 )
+from aiotimer._clients._common import SendNowait
 from aiotimer._scope import current_pid, default_scope, scope_at_site, scope_site, with_task
 from aiotimer._task_deadline import TaskDeadline
 from aiotimer._wire import Request, number_problem, scope_id_problem, signal_problem
@@ -90,6 +91,25 @@ _R = TypeVar("_R")
 MAX_DEADLINE_AHEAD: Final[float] = 10 * 365.25 * 86400.0
 
 
+#: The largest finite float: ``0 <= x <= _MAX_FLOAT`` holds exactly for the numbers
+#: ``number_problem(name, x, minimum=0)`` accepts (finite, not negative).
+_MAX_FLOAT: Final = sys.float_info.max
+#: Explicit scope ids already found valid (a program names few, each many times).
+_valid_scopes: set[str] = set()
+#: Past this many explicit scope ids the set starts over (ids built on the fly).
+_MAX_VALID_SCOPES: Final = 1024
+
+
+def _scope_checked(scope: str) -> str | None:
+    """:func:`scope_id_problem`, remembering the valid ids in :data:`_valid_scopes`."""
+    problem = scope_id_problem(scope)
+    if problem is None:
+        if len(_valid_scopes) >= _MAX_VALID_SCOPES:
+            _valid_scopes.clear()
+        _valid_scopes.add(scope)
+    return problem
+
+
 def _deadline_problem(deadline: float) -> str | None:
     problem = number_problem("deadline", deadline)
     if problem is None and deadline - _monotonic() > MAX_DEADLINE_AHEAD:
@@ -105,7 +125,11 @@ def _deadline_problem(deadline: float) -> str | None:
 
 class Expires:
     """A timed block: usable once, as ``with`` or as ``async with``, or as a decorator
-    (see :func:`expires`).
+    (see :func:`expires`; give exactly one of ``after`` and ``deadline``).
+
+    ``per_call_scope`` says ``scope`` is a default scope id (:func:`expires` without
+    ``scope=`` builds them valid by construction, so they are not checked again): an
+    async block adds its task's name to it, and a decorator gives each call its own.
 
     Attributes:
         scope: the scope id sent to the server.
@@ -117,8 +141,8 @@ class Expires:
         "_after",
         "_client",
         "_kill_after",
+        "_nowait",
         "_per_call_scope",
-        "_send_nowait",
         "_signal",
         "_state",
         "_timeout",
@@ -130,34 +154,38 @@ class Expires:
     _after: float | None
     _client: TimerClient | None
     _kill_after: float | None
+    _nowait: SendNowait | None
     _per_call_scope: bool
-    _send_nowait: Callable[[Request], bool] | None
     _signal: int | None
     _state: int
     _timeout: TaskDeadline | None
 
-    def __init__(
+    def __init__(  # noqa: PLR0917 (positional: keywords cost ~0.15 us a call on 3.11)
         self,
         scope: str,
         after: float | None,
         deadline: float | None,
         client: TimerClient | None,
         signal: int | None,
-        *,
         kill_after: float | None = None,
+        per_call_scope: bool = False,
     ) -> None:
         # Refused here, at entry, whatever the server would reject: such a block would
-        # otherwise run with no timer at all.
-        if after is not None and deadline is None:
-            problem = number_problem("after", after, minimum=0)
-        elif deadline is not None and after is None:
+        # otherwise run with no timer at all. Each test is the validator's own; the
+        # common cases are answered from what was already checked (see _scope_checked).
+        if deadline is None and after is not None:
+            problem = (
+                None if 0 <= after <= _MAX_FLOAT else number_problem("after", after, minimum=0)
+            )
+        elif after is None and deadline is not None:
             problem = _deadline_problem(deadline)
         else:
             raise TypeError("give exactly one of after and deadline")
-        problem = problem or scope_id_problem(scope)
+        if not (per_call_scope or scope in _valid_scopes):
+            problem = problem or _scope_checked(scope)
         if signal is not None:
             problem = problem or signal_problem(signal)
-        if kill_after is not None:
+        if kill_after is not None and not 0 <= kill_after <= _MAX_FLOAT:
             problem = problem or number_problem("kill_after", kill_after, minimum=0)
         if problem is not None:
             raise ValueError(problem)
@@ -167,16 +195,19 @@ class Expires:
         self._client = client
         self._signal = signal
         self._kill_after = kill_after
+        self._per_call_scope = per_call_scope
         self._state = _CREATED
-        self._send_nowait = None
-        self._timeout = None
-        self._per_call_scope = False
 
-    # -- the one place requests are built --------------------------------------------
+    # -- entry and exit, shared by both faces ------------------------------------------
+    #
+    # Each tries the client's fast path (TimerClient.send_nowait: this process's request
+    # by its fields, no Request built) and returns what it could not deliver so, for
+    # send() or send_async().
 
-    def _acquire(self, kill_after: float = 0.0) -> Request:
-        """Enter: fix the client and the deadline; the acquire to send, whose deadline is
-        ``kill_after`` seconds past the block's (the async face's second tier).
+    def _acquire(self, kill_after: float = 0.0) -> Request | None:
+        """Enter: fix the client and the deadline; send the acquire, whose deadline is
+        ``kill_after`` seconds past the block's (the async face's second tier), at once
+        if the client can, else return it.
 
         A two-tier block is reaped only when its loop is blocked (or its cancellation
         swallowed): then a stack dump is what names the task holding the loop, so it
@@ -187,7 +218,7 @@ class Expires:
         client = self._client
         if client is None:
             client = self._client = current_client()
-        self._send_nowait = getattr(client, "send_nowait", None)
+        nowait = self._nowait = getattr(client, "send_nowait", None)
         mono = _monotonic()
         wall = _wall()
         after = self._after
@@ -195,7 +226,6 @@ class Expires:
         assert deadline is not None
         self.deadline = deadline
         self._state = _ACTIVE
-        signal = client.signal if self._signal is None else self._signal
         reap_at = deadline + kill_after
         # Read after current_client(): the first block of a worker that finds its server
         # through the environment installs the hook. Inlined (the module's hook record,
@@ -204,29 +234,38 @@ class Expires:
         if kill_after > 0:
             diagnostics = _modules.get("aiotimer.diagnostics")
             dump = diagnostics is not None and diagnostics._hook is not None
-        # Positional: pid, scope_id, expiration_time (epoch), signal, version, mono,
-        # grace, group, dump.
-        expiration = wall + (reap_at - mono)
-        return Request(
-            current_pid(), self.scope, expiration, signal, None, reap_at, None, False, dump
-        )
-
-    def _release(self) -> Request:
-        """Exit: the release to send."""
-        self._state = _EXITED
-        return Request(current_pid(), self.scope, -1, 0)
-
-    # -- the two faces: each tries the client's fast path first (see TimerClient) ----
-
-    def __enter__(self) -> Expires:
-        request = self._acquire()
+        expiration_time = wall + (reap_at - mono)
+        signal = self._signal
         try:
-            send_nowait = self._send_nowait
-            if send_nowait is None or not send_nowait(request):
-                self._sender().send(request)
+            if nowait is not None and nowait(self.scope, expiration_time, signal, reap_at, dump):
+                return None
         except BaseException:
             self._state = _EXITED
             raise
+        if signal is None:
+            signal = client.signal
+        # Positional: pid, scope_id, expiration_time (epoch), signal, version, mono,
+        # grace, group, dump.
+        return Request(
+            current_pid(), self.scope, expiration_time, signal, None, reap_at, None, False, dump
+        )
+
+    def _release(self) -> Request | None:
+        """Exit: send the release at once if the client can, else return it."""
+        self._state = _EXITED
+        nowait = self._nowait
+        if nowait is not None and nowait(self.scope, -1, 0, None, False):
+            return None
+        return Request(current_pid(), self.scope, -1, 0)
+
+    def __enter__(self) -> Expires:
+        request = self._acquire()
+        if request is not None:
+            try:
+                self._sender().send(request)
+            except BaseException:
+                self._state = _EXITED
+                raise
         return self
 
     def __exit__(
@@ -235,15 +274,15 @@ class Expires:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        request = self._release()
         try:
-            send_nowait = self._send_nowait
-            if send_nowait is None or not send_nowait(request):
+            request = self._release()
+            if request is not None:
                 self._sender().send(request)
         except Exception as release_exc:
             release_undelivered(self.scope, release_exc, exc)
 
     async def __aenter__(self) -> Expires:
+        self._timeout = None
         kill_after = DEFAULT_KILL_AFTER if self._kill_after is None else self._kill_after
         task = _current_asyncio_task() if kill_after > 0 or self._per_call_scope else None
         if task is None or kill_after == 0:
@@ -251,13 +290,12 @@ class Expires:
         if task is not None and self._per_call_scope and self._state == _CREATED:
             self.scope = with_task(self.scope, task.get_name())  # events name the task
         request = self._acquire(kill_after)
-        try:
-            send_nowait = self._send_nowait
-            if send_nowait is None or not send_nowait(request):
+        if request is not None:
+            try:
                 await self._sender().send_async(request)
-        except BaseException:
-            self._state = _EXITED
-            raise
+            except BaseException:
+                self._state = _EXITED
+                raise
         if kill_after > 0:
             assert self.deadline is not None and task is not None
             when = task.get_loop().time() + (self.deadline - _monotonic())
@@ -273,10 +311,9 @@ class Expires:
         timeout = self._timeout
         if timeout is not None:
             timeout.stop()  # the release below may wait: the deadline must not cut it
-        request = self._release()
         try:
-            send_nowait = self._send_nowait
-            if send_nowait is None or not send_nowait(request):
+            request = self._release()
+            if request is not None:
                 await self._sender().send_async(request)
         except Exception as release_exc:
             release_undelivered(self.scope, release_exc, exc)
@@ -342,9 +379,10 @@ class Expires:
 
         def new_block() -> Expires:
             block_scope = scope if site is None else scope_at_site(site)
-            block = Expires(block_scope, after, deadline, client, signal, kill_after=kill_after)
-            block._per_call_scope = site is not None  # a default scope: names its task
-            return block
+            # A default scope (site given) is valid by construction, and names its task.
+            return Expires(
+                block_scope, after, deadline, client, signal, kill_after, site is not None
+            )
 
         return new_block
 
@@ -413,16 +451,9 @@ def expires(
     the client can, see docs/clients.md), the block's own exception propagates
     untouched, and a cancelled task still sends its release.
     """
-    block = Expires(
-        default_scope() if scope is None else scope,
-        after,
-        None,
-        client,
-        signal,
-        kill_after=kill_after,
-    )
-    block._per_call_scope = scope is None
-    return block
+    if scope is None:
+        return Expires(default_scope(), after, None, client, signal, kill_after, True)
+    return Expires(scope, after, None, client, signal, kill_after)
 
 
 def expires_at(
@@ -440,16 +471,9 @@ def expires_at(
     A deadline already past is sent as "expire now"; one more than
     :data:`MAX_DEADLINE_AHEAD` ahead is refused with ``ValueError`` (an epoch time).
     """
-    block = Expires(
-        default_scope() if scope is None else scope,
-        None,
-        deadline,
-        client,
-        signal,
-        kill_after=kill_after,
-    )
-    block._per_call_scope = scope is None
-    return block
+    if scope is None:
+        return Expires(default_scope(), None, deadline, client, signal, kill_after, True)
+    return Expires(scope, None, deadline, client, signal, kill_after)
 
 
 def _current_asyncio_task() -> asyncio.Task[Any] | None:

@@ -17,10 +17,13 @@ from pathlib import Path
 
 import anyio
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from aiotimer import _scope
-from aiotimer._protocol import Request
-from aiotimer._scope import default_scope, scope_site
+from aiotimer import client as client_module
+from aiotimer._protocol import Request, number_problem, scope_id_problem
+from aiotimer._scope import default_scope, scope_at_site, scope_site, with_task
 from aiotimer.client import (
     MAX_DEADLINE_AHEAD,
     Expires,
@@ -391,3 +394,135 @@ def test_repr_shows_state_and_time_left(client: RecordingClient) -> None:
         assert "active" in repr(block) and "s left" in repr(block)
         remaining = block.remaining()
         assert remaining is not None and 0 < remaining <= 3
+
+
+# -- the fast path and the entry checks' shortcuts ------------------------------------------
+
+
+class NowaitClient(RecordingClient):
+    """A transport with the optional fast path: records its calls; ``accept`` says
+    whether it delivers (else the block falls back to send/send_async)."""
+
+    def __init__(self, *, accept: bool) -> None:
+        super().__init__()
+        self.accept = accept
+        self.nowait: list[tuple[str, float, int | None, float | None, bool]] = []
+
+    def send_nowait(
+        self,
+        scope_id: str,
+        expiration_time: float,
+        signal: int | None,
+        mono: float | None,
+        dump: bool,
+    ) -> bool:
+        self.nowait.append((scope_id, expiration_time, signal, mono, dump))
+        return self.accept
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("accept", [True, False])
+async def test_blocks_try_the_clients_fast_path_with_the_requests_fields(accept: bool) -> None:
+    """Any transport (not only FifoClient) gets this process's requests by their fields;
+    what it does not deliver goes to send/send_async as the equivalent Request."""
+    client = NowaitClient(accept=accept)
+    wall = time.time()
+    with expires(5, scope="sync", client=client) as block:
+        pass
+    async with expires(5, scope="async", client=client, signal=15, kill_after=2) as ablock:
+        pass
+    assert block.deadline is not None and ablock.deadline is not None
+    (s, s_exp, s_sig, s_mono, _), s_release, (a, a_exp, a_sig, a_mono, _), a_release = client.nowait
+    assert (s, s_sig, s_mono) == ("sync", None, block.deadline)
+    assert (a, a_sig, a_mono) == ("async", 15, ablock.deadline + 2)  # the server's tier
+    assert s_release == ("sync", -1, 0, None, False) and a_release == ("async", -1, 0, None, False)
+    assert wall + 5 <= s_exp < time.time() + 5 and wall + 7 <= a_exp < time.time() + 7
+    pid = os.getpid()
+    expected = [
+        Request(pid, "sync", s_exp, 9, None, s_mono),
+        Request(pid, "sync", -1, 0),
+        Request(pid, "async", a_exp, 15, None, a_mono),
+        Request(pid, "async", -1, 0),
+    ]
+    assert client.requests == ([] if accept else expected)
+
+
+def test_a_fast_path_that_raises_on_acquire_fails_the_block_and_skips_the_body() -> None:
+    class Broken(NowaitClient):
+        def send_nowait(
+            self,
+            scope_id: str,
+            expiration_time: float,
+            signal: int | None,
+            mono: float | None,
+            dump: bool,
+        ) -> bool:
+            raise ServerUnavailableError("gone")
+
+    block = expires(5, scope="s", client=Broken(accept=True))
+    with pytest.raises(ServerUnavailableError), block:
+        pytest.fail("the body must not run")  # pragma: no cover
+    assert repr(block).startswith("<Expires exited")
+
+
+def test_an_explicit_scope_is_checked_once_and_a_bad_one_every_time(
+    client: RecordingClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Valid explicit scope ids are remembered (a bounded set); refused ones never are,
+    so a bad scope is refused on every block, by the shared validator's message."""
+    checked: list[str] = []
+    real = client_module.scope_id_problem
+
+    def counting(scope_id: str) -> str | None:
+        checked.append(scope_id)
+        return real(scope_id)
+
+    monkeypatch.setattr(client_module, "scope_id_problem", counting)
+    monkeypatch.setattr(client_module, "_valid_scopes", set())
+    for _ in range(3):
+        with expires(1, scope="fresh-scope", client=client):
+            pass
+        with pytest.raises(ValueError, match="MAX_SCOPE_ID_LENGTH"):
+            expires(1, scope="x" * 2049, client=client)
+    assert checked == ["fresh-scope"] + ["x" * 2049] * 3
+    for i in range(client_module._MAX_VALID_SCOPES + 5):
+        expires(1, scope=f"s{i}", client=client)
+    assert len(client_module._valid_scopes) <= client_module._MAX_VALID_SCOPES
+
+
+@given(st.one_of(st.floats(), st.integers(min_value=-(2**1100), max_value=2**1100)))
+def test_the_entry_shortcut_for_numbers_agrees_with_the_validator(x: float) -> None:
+    """`0 <= x <= _MAX_FLOAT` accepts exactly what number_problem(minimum=0) accepts;
+    everything else is refused with the validator's own message."""
+    try:
+        expected = number_problem("after", x, minimum=0)
+    except OverflowError:  # an int too large for a float: refused either way
+        expected = "overflow"
+    assert (0 <= x <= client_module._MAX_FLOAT) == (expected is None)
+    if expected is None:
+        assert expires(x, scope="s").scope == "s"
+        assert expires(1, scope="s", kill_after=x).scope == "s"
+    elif expected != "overflow":
+        with pytest.raises(ValueError, match=re.escape(expected)):
+            expires(x, scope="s")
+        with pytest.raises(ValueError, match=re.escape(expected.replace("after", "kill_after"))):
+            expires(1, scope="s", kill_after=x)
+
+
+_ANY_CHARACTER = st.characters(exclude_categories=(), exclude_characters="\x00/")
+
+
+@given(
+    file_name=st.text(_ANY_CHARACTER, min_size=1, max_size=3000),
+    task_name=st.text(_ANY_CHARACTER, max_size=3000),
+)
+def test_default_scopes_are_valid_by_construction(file_name: str, task_name: str) -> None:
+    """A block does not check its default scope: any file name and task name must give
+    an id the validator accepts (bounded length, valid Unicode)."""
+    code = compile("scope = default_scope(0)", file_name, "exec")
+    namespace = {"default_scope": default_scope}
+    exec(code, namespace)
+    scope = str(namespace["scope"])
+    assert scope_id_problem(scope) is None
+    assert scope_id_problem(with_task(scope, task_name)) is None
+    assert scope_id_problem(scope_at_site(scope_site(scope))) is None

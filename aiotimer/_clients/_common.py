@@ -13,7 +13,7 @@ import logging
 import select
 import signal as _signal
 import time
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Final, Protocol, runtime_checkable
 
@@ -25,6 +25,7 @@ __all__ = [
     "DEFAULT_CONNECT_TIMEOUT",
     "DEFAULT_SIGNAL",
     "DEFAULT_WRITE_TIMEOUT",
+    "SendNowait",
     "Sleep",
     "Steps",
     "TimerClient",
@@ -51,6 +52,11 @@ RETRY_FIRST: Final[float] = 0.001
 RETRY_MAX: Final[float] = 0.05
 
 
+#: ``send_nowait(scope_id, expiration_time, signal, mono, dump) -> bool``: a
+#: transport's optional fast path (see :class:`TimerClient`).
+SendNowait = Callable[[str, float, int | None, float | None, bool], bool]
+
+
 @runtime_checkable
 class TimerClient(Protocol):
     """What :func:`aiotimer.expires` needs from a transport.
@@ -71,11 +77,18 @@ class TimerClient(Protocol):
       can tell the server is still there (it still raises, so the caller can log it).
 
     The fast path (optional): a transport that can often deliver without waiting may also
-    define ``send_nowait(request) -> bool``: deliver ``request`` at once and return
-    ``True``, or return ``False`` when delivering would need a wait (nothing is
-    delivered then; the caller falls back to ``send`` or ``send_async``). It must never
-    block or raise for a condition ``send`` would wait out. Async blocks call it first,
-    so the common case costs no coroutine; :class:`~aiotimer.FifoClient` has one.
+    define ``send_nowait(scope_id, expiration_time, signal=None, mono=None, dump=False)
+    -> bool`` (:data:`SendNowait`): deliver this process's request for ``scope_id`` at
+    once, given by its fields rather than as a :class:`~aiotimer._protocol.Request` (a
+    release: ``expiration_time < 0``, the other fields ignored; an acquire: ``signal``
+    ``None`` for the client's own, ``mono`` the deadline on ``time.monotonic()``,
+    ``dump`` asks for a stack dump before the reap), and
+    return ``True``; or return ``False`` when delivering would need a wait (nothing is
+    delivered then; the caller builds the request and falls back to ``send`` or
+    ``send_async``). It must never block, nor raise for a condition ``send`` would wait
+    out. Blocks call it first, so the common case builds no request and the async face
+    costs no coroutine; it is looked up on the client, so a subclass keeps it.
+    :class:`~aiotimer.FifoClient` has one.
     """
 
     @property

@@ -190,35 +190,43 @@ class FifoClient:
 
     def send(self, request: Request) -> None:
         """Deliver ``request``, blocking at most ``connect_timeout + write_timeout``."""
-        if not self.send_nowait(request):
+        if not self._send_request_nowait(request):
             drive(self._sending(request))
 
     async def send_async(self, request: Request) -> None:
         """Deliver ``request``; waits are awaited (releases are shielded from cancellation)."""
-        if not self.send_nowait(request):
+        if not self._send_request_nowait(request):
             await drive_async(self._sending(request), shield=request.is_release)
 
-    def send_nowait(self, request: Request) -> bool:
-        """Deliver ``request`` with one ``os.write`` if nothing needs a wait: the
-        persistent descriptor is open, nothing is queued before it, the marker is not
-        due for a check (acquires only) and the pipe has room. ``False``: nothing was
-        written; :meth:`send` or :meth:`send_async` will.
+    def send_nowait(
+        self,
+        scope_id: str,
+        expiration_time: float,
+        signal: int | None = None,
+        mono: float | None = None,
+        dump: bool = False,
+    ) -> bool:
+        """This process's request for ``scope_id`` (see :class:`~aiotimer.TimerClient`),
+        with one ``os.write`` if nothing needs a wait: the persistent descriptor is open,
+        nothing is queued before it, the marker is not due for a check (acquires only)
+        and the pipe has room. ``False``: nothing was written; :meth:`send` or
+        :meth:`send_async` will.
 
         A delivered acquire's block is remembered for replay, with both its lines
         encoded at once (the release line is ready for the block's end); a release
         forgets its block whether or not it is delivered.
         """
-        if request.expiration_time < 0:  # a release: it forgets its block
-            tracked = self._open_scopes.pop(request.scope_id, None)
-            if tracked is not None and request.pid == self._pid and request.signal == 0:
-                line = tracked[1]  # the release line encoded with the acquire
-            else:
-                line = encode(request)
+        if expiration_time < 0:  # a release: it forgets its block
+            tracked = self._open_scopes.pop(scope_id, None)
+            line = encode(Request(self._pid, scope_id, -1, 0)) if tracked is None else tracked[1]
             lines = None
         else:
-            if _monotonic() > self._recheck_at:
+            if mono is None or _monotonic() > self._recheck_at:
                 return False
-            lines = self._block_lines(request)
+            encode_block = (
+                self._encode_block if signal is None and not dump else self._encoder(signal, dump)
+            )
+            lines = encode_block(scope_id, expiration_time, mono)
             line = lines[0]
         lock = self._lock
         lock.acquire()  # not `with`: half the cost, and this is the path of every block
@@ -232,7 +240,7 @@ class FifoClient:
         finally:
             lock.release()
         if lines is not None:
-            self._open_scopes[request.scope_id] = lines
+            self._open_scopes[scope_id] = lines
         return True
 
     def close(self) -> None:
@@ -258,6 +266,28 @@ class FifoClient:
 
     # -- internals --------------------------------------------------------------------
 
+    def _send_request_nowait(self, request: Request) -> bool:
+        """:meth:`send_nowait` for ``request``, if it is one (a request of this process
+        with no other extension): what ``send`` tries first."""
+        if request.pid != self._pid or request.grace is not None or request.group:
+            return False
+        if request.is_release:
+            return (
+                request.signal == 0
+                and not request.dump
+                and self.send_nowait(request.scope_id, -1, 0, None, False)
+            )
+        return self.send_nowait(
+            request.scope_id, request.expiration_time, request.signal, request.mono, request.dump
+        )
+
+    def _encoder(self, signal: int | None, dump: bool) -> BlockEncoder:
+        """The block encoder of this process's blocks reaped with ``signal`` (``None``:
+        the client's), asking for a stack dump first if ``dump``."""
+        if signal is None or signal == self._signal:
+            return self._encode_dump_block if dump else self._encode_block
+        return block_encoder(self._pid, signal, self._start_time, dump=dump)
+
     def _block_lines(self, request: Request) -> tuple[bytes, bytes]:
         """The acquire line of ``request`` and the release line of its block."""
         mono = request.mono
@@ -267,12 +297,8 @@ class FifoClient:
             and request.grace is None
             and not request.group
         ):
-            signal, dump = request.signal, request.dump
-            if signal != self._signal:
-                encode_block = block_encoder(self._pid, signal, self._start_time, dump=dump)
-            else:
-                encode_block = self._encode_dump_block if dump else self._encode_block
-            return encode_block(request.scope_id, request.expiration_time, mono)
+            encoder = self._encoder(request.signal, request.dump)
+            return encoder(request.scope_id, request.expiration_time, mono)
         if request.pid == self._pid and request.start_time is None:  # as the fast path does
             request = msgspec.structs.replace(request, start_time=self._start_time)
         return encode(request), encode(Request(request.pid, request.scope_id, -1, 0))
