@@ -257,8 +257,10 @@ class TimerTable:
         heap, by_pid = self._heap, self._by_pid
         expired: list[Timer] = []
         left = -1 if budget is None else budget
+        popped = False
         while heap and heap[0][0] <= now and left:
             left -= 1
+            popped = True
             entry = heapq.heappop(heap)
             timer = entry[2]
             scopes = by_pid.get(timer.pid)
@@ -273,6 +275,10 @@ class TimerTable:
         if expired:
             self._count -= len(expired)
             self._background_step(replaced=True)
+        elif popped and self._scan_pids is not None:
+            # Only stale entries: let the compaction go on, or a worker dropped with
+            # 100k timers leaves them all to be popped here before a live one surfaces.
+            self._background_step(replaced=False)
         return expired
 
     # -- queries --------------------------------------------------------------------
