@@ -609,7 +609,7 @@ split_lines = st.builds(
 )
 
 
-@settings(deadline=None, max_examples=600)
+@settings(deadline=None, max_examples=300)
 @given(
     groups=st.lists(fragment_lines.map(lambda line: [line]) | split_lines, min_size=1, max_size=6),
     points=chunk_points,
