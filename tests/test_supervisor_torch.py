@@ -38,7 +38,9 @@ for step in range(2):
             time.sleep(3600)
         t = torch.ones(1)
         dist.all_reduce(t)
-print(f"rank {rank} attempt {attempt} done: {t.item():g}", flush=True)
+# One write(2) per line: the two ranks share stdout, and print() writes the text and
+# its newline apart when Python runs unbuffered (PYTHONUNBUFFERED=1), so lines interleave.
+os.write(1, f"rank {rank} attempt {attempt} done: {t.item():g}\\n".encode())
 dist.destroy_process_group()
 """
 
