@@ -24,6 +24,7 @@ from aiotimer.cluster import (
     read_view,
 )
 from aiotimer.cluster._record import encode, member_key, node_key
+from aiotimer.cluster._store import Entry
 from aiotimer.errors import NodeNameTakenError
 from aiotimer.events import WorkerReaped
 from aiotimer.testing import FakeClock, MemoryStore
@@ -292,3 +293,33 @@ async def test_a_node_giving_up_ends_the_job_once() -> None:
     again = await a.give_up("something else")
     assert again.gave_up == first.gave_up, "the first give-up is kept"
     assert (await a.current()).gave_up == first.gave_up
+
+
+class _JoinsBetweenReads(MemoryStore):
+    """A store where node ``b`` joins (record, then member entry, as a publisher writes
+    them) right after the first prefix read has been answered."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__(clock)
+        self.now = clock.time()
+        self.joined = False
+
+    async def get_prefix(self, prefix: str) -> list[Entry]:
+        entries = await super().get_prefix(prefix)
+        if not self.joined:
+            self.joined = True
+            record = NodeRecord(
+                node="b", job="job", host="h", pid=2, started_at=self.now,
+                updated_at=self.now, heartbeat=1.0,
+            )  # fmt: skip
+            await self.put(node_key("job", "b"), encode(record))
+            member = MemberRecord(node="b", host="h", pid=2, joined_at=self.now)
+            await self.put(member_key("job", "b"), encode(member))
+        return entries
+
+
+@pytest.mark.asyncio
+async def test_a_node_joining_during_a_read_never_shows_as_lost() -> None:
+    clock = FakeClock()
+    view = await read_view(_JoinsBetweenReads(clock), "job", now=clock.time())
+    assert [(r.node, r.status) for r in view.nodes] in ([], [("b", "running")])

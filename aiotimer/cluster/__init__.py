@@ -79,8 +79,10 @@ async def read_view(store: Store, job: str, *, now: float) -> JobView:
     Raises:
         StoreUnavailableError: the store cannot be reached.
     """
-    nodes = await store.get_prefix(node_key(job, ""))
+    # Members first: a node writes its record before its member entry, so a member read
+    # first always finds its record read after (a joining node never shows as lost).
     members = await store.get_prefix(member_key(job, ""))
+    nodes = await store.get_prefix(node_key(job, ""))
     generation = await store.get(generation_key(job))
     return build_view(
         job,
