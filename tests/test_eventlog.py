@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
@@ -48,25 +46,6 @@ async def test_a_write_error_is_reported_and_counted_never_raised(
     errors = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1, "the failure is reported once, not once per retry"
     assert "ENOSPC" in errors[0].getMessage() and "reaping goes on" in errors[0].getMessage()
-
-
-@pytest.fixture
-def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
-    """A 64 KiB tmpfs (needs root and mount(2); skipped otherwise)."""
-    mnt = tmp_path / "tiny"
-    mnt.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)],
-        check=False,
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.strip()}")
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 @pytest.mark.process
