@@ -7,14 +7,16 @@ handler runs in the server's loop and does bounded work.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Final
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Final, TypeVar
 
 from aiotimer.control._http import HttpRequest, HttpResponse, error_response, json_response
 from aiotimer.control.metrics import CONTENT_TYPE
 from aiotimer.control.server import Route
 from aiotimer.control.snapshot import DEFAULT_LIMIT, MAX_LIMIT
 from aiotimer.errors import ControlError
+
+_N = TypeVar("_N", int, float)
 
 if TYPE_CHECKING:
     from aiotimer.server import TimerServer
@@ -69,26 +71,32 @@ def server_routes(server: TimerServer) -> list[Route]:
 
 
 def int_param(query: Mapping[str, str], key: str, default: int, low: int, high: int) -> int:
-    text = query.get(key)
-    if text is None:
-        return default
-    try:
-        value = int(text)
-    except ValueError:
-        raise ControlError(f"{key} must be an integer, got {text!r}") from None
-    if not low <= value <= high:
-        raise ControlError(f"{key} must be between {low} and {high}, got {value}")
-    return value
+    """Query parameter ``key`` as an integer in ``[low, high]`` (``default`` if absent)."""
+    return _param(query, key, default, low, high, kind=int, noun="an integer")
 
 
 def _float(query: Mapping[str, str], key: str, default: float, low: float, high: float) -> float:
+    return _param(query, key, default, low, high, kind=float, noun="a number")
+
+
+def _param(
+    query: Mapping[str, str],
+    key: str,
+    default: _N,
+    low: _N,
+    high: _N,
+    *,
+    kind: Callable[[str], _N],
+    noun: str,
+) -> _N:
     text = query.get(key)
     if text is None:
         return default
     try:
-        value = float(text)
+        value = kind(text)
     except ValueError:
-        raise ControlError(f"{key} must be a number, got {text!r}") from None
+        raise ControlError(f"{key} must be {noun}, got {text!r}") from None
     if not low <= value <= high:
-        raise ControlError(f"{key} must be between {low:g} and {high:g}, got {value!r}")
+        bounds = f"{low} and {high}" if kind is int else f"{low:g} and {high:g}"
+        raise ControlError(f"{key} must be between {bounds}, got {value!r}")
     return value
