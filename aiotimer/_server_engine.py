@@ -15,11 +15,20 @@ interval: an idle engine makes no wake-ups (``Counters.wakeups`` counts them). T
 clock's ``sleep_until`` never returns before the deadline, so the task handles what is
 due as soon as it wakes. Deadlines that fall while the loop is busy elsewhere are caught
 by ``submit`` too: after applying a batch it handles whatever has come due, so that
-ingesting a burst of input does not hold up an expiry. Before acting on any expiry the
-engine runs the sources' *drains* (:meth:`Engine.add_drain`): each reads what its
-transport holds right now and submits it, so a release that reached the FIFO before
-the deadline wins, even when this loop was stalled (a SIGSTOP, a GC or VM pause) and
-wakes up after it: the stall is the server's lateness, not the worker's.
+ingesting a burst of input does not hold up an expiry.
+
+Before acting on expired timers the engine asks the sources' *drains*
+(:meth:`Engine.add_drain`, the protocol in :mod:`aiotimer.sources._base`) about the
+workers whose timers are due (:meth:`~aiotimer._table.TimerTable.due_pids`, a peek):
+each takes in what its transport holds right now, so a release that reached the FIFO
+before the deadline wins, even when this loop was stalled (a SIGSTOP, a GC or VM
+pause) and wakes up after it: the stall is the server's lateness, not the worker's.
+Only input that may name a due worker is decoded and applied first (with whatever
+precedes it); a FIFO flooded by other workers costs a byte scan of the pipe's
+contents, not their decoding (:mod:`aiotimer._mentions`). Applying input may make more
+timers due; their workers are looked for in turn. A timer is acted on once its worker
+was looked for, or once the drains have spent :data:`DRAIN_BUDGET` applying input that
+may concern the due workers.
 
 Work per loop iteration is bounded: expired timers are popped in slices of
 :data:`EXPIRE_BUDGET` heap entries, and the expiry task yields between slices.
@@ -110,11 +119,13 @@ logger = logging.getLogger("aiotimer")
 #: Default :attr:`Engine.lag_threshold`: expiries handled later than this (seconds) are
 #: reported as :class:`~aiotimer.events.LoopLagged`.
 LAG_THRESHOLD = 0.1
-#: The most work the sources' drains may do before an expiry is acted on: seconds of the
-#: loop thread's CPU time (``time.thread_time``), not of wall time, so a server starved
-#: of CPU (a loaded host) still applies the releases already written before it kills.
+#: The most work the sources' drains may do applying input that may concern the workers
+#: due before their expiry is acted on: seconds of the loop thread's CPU time
+#: (``time.thread_time``), not of wall time, so a server starved of CPU (a loaded host)
+#: still applies the releases already written before it kills. Input that names none of
+#: them costs only the drains' scan, never this budget.
 DRAIN_BUDGET = 0.005
-#: The most drain calls before one expiry (a bound also where the clock stands still).
+#: The most drain steps before one expiry (a bound also where the clock stands still).
 MAX_DRAIN_CALLS = 256
 
 #: The most heap entries (expired or stale) one expiry slice handles; the expiry task
@@ -125,6 +136,15 @@ EXPIRE_BUDGET = 1024
 MAX_TIMERS = 1_000_000
 #: Default cap on one worker's live timers; its acquires past it are rejected.
 MAX_TIMERS_PER_WORKER = 100_000
+
+
+def _safely(call: Callable[..., bool], *args: object) -> bool:
+    """``call(*args)``; ``False`` (logged) if it raised: a broken drain skips its turn."""
+    try:
+        return call(*args)
+    except Exception:
+        logger.exception("draining a source before an expiry failed")
+        return False
 
 
 @dataclass(slots=True, eq=False)
@@ -506,26 +526,28 @@ class Engine:
             self.counts.wakeups += 1
             self.last_progress = clock.monotonic()
 
-    def _drain_sources(self) -> None:
-        """Run the drains, a chunk at a time in turn, until each is empty, for at most
+    def _drain_sources(self, now: float) -> None:
+        """Apply what the sources hold that may concern the workers due at ``now`` (see
+        the module docs), the drains a step at a time in turn, for at most
         ``DRAIN_BUDGET`` seconds of this thread's CPU time (a flood of input must not
         hold up the reaps; wall time would run out while the host runs other processes,
         and leave releases written before the deadline unread)."""
-        pending = list(self._drains)
+        looked: set[int] = set()
         stop_at = time.thread_time() + DRAIN_BUDGET
         calls = 0
-        while pending and calls < MAX_DRAIN_CALLS:
-            for drain in tuple(pending):
-                calls += 1
-                try:
-                    more = drain()
-                except Exception:
-                    logger.exception("draining a source before an expiry failed")
-                    more = False
-                if not more:
-                    pending.remove(drain)
-            if time.thread_time() >= stop_at:
-                break
+        while calls < MAX_DRAIN_CALLS:
+            due = self.table.due_pids(now, budget=EXPIRE_BUDGET) - looked
+            if not due:
+                return
+            looked |= due
+            pending = [drain for drain in self._drains if _safely(drain.look, due)]
+            while pending and calls < MAX_DRAIN_CALLS:
+                for drain in tuple(pending):
+                    calls += 1
+                    if not _safely(drain.step):
+                        pending.remove(drain)
+                if time.thread_time() >= stop_at:
+                    return
 
     def add_drain(self, drain: Drain) -> Callable[[], None]:
         """Run ``drain`` before every expiry (see :mod:`aiotimer.sources._base`); returns
@@ -535,13 +557,13 @@ class Engine:
 
     def _expire_due(self, now: float) -> None:
         """Handle the timers due at ``now``, in deadline order (one slice of them), once
-        every source has been drained: input that arrived before a deadline (a release written while
-        this loop stalled) is applied before the deadline is acted on."""
+        the sources' input that may concern them is applied: a release that arrived
+        before a deadline (written while this loop stalled) wins over it."""
         if self._draining:
             return  # a drain submitted a batch: the outer call expires once all are drained
         self._draining = True
         try:
-            self._drain_sources()
+            self._drain_sources(now)
         finally:
             self._draining = False
         self.last_progress = now

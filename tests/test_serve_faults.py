@@ -220,12 +220,12 @@ def test_ten_writers_flooding_garbage_never_delay_a_reap_nor_lose_a_kill_record(
 def test_a_source_failing_while_serving_ends_serve_with_exit_1(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from aiotimer.sources.fifo import FifoSource  # noqa: PLC0415
+    from aiotimer.sources import fifo  # noqa: PLC0415
 
-    async def broken(self: FifoSource, *args: object) -> None:
+    async def broken(self: object) -> None:
         raise OSError(5, "Input/output error")
 
-    monkeypatch.setattr(FifoSource, "_read_loop", broken)
+    monkeypatch.setattr(fifo._Reader, "run", broken)
     assert main(["serve", "--fifo", str(tmp_path / "t.fifo"), "--loop", "asyncio"]) == 1
     err = capsys.readouterr().err
     assert "aiotimer serve: error: source fifo:" in err and "Input/output error" in err

@@ -11,6 +11,7 @@ import signal
 import threading
 import time
 from collections.abc import AsyncIterator
+from collections.abc import Set as AbstractSet
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -991,13 +992,32 @@ async def test_many_timers_of_one_worker_expiring_together_make_one_reap_and_one
 
 class HeldSource:
     """A source whose input is only ever read by its drain (as a FIFO's is, when the
-    loop stalled and the reader task has not run yet)."""
+    loop stalled and the reader task has not run yet). Its drain finds a due worker in
+    what it holds exactly when a held request names one."""
 
     name = "held"
 
-    def __init__(self) -> None:
+    def __init__(self, pause: float = 0.0) -> None:
         self.held: list[Request] = []
+        self.looked: list[set[int]] = []
         self.drained = 0
+        self.pause = pause  # wall time each step waits without using the CPU
+        self._due = 0  # held requests the current drain applies
+        self._sink: RequestSink | None = None
+
+    def look(self, pids: AbstractSet[int]) -> bool:
+        self.looked.append(set(pids))
+        named = [i for i, req in enumerate(self.held) if req.pid in pids]
+        self._due = named[-1] + 1 if named else 0
+        return self._due > 0
+
+    def step(self) -> bool:
+        time.sleep(self.pause)
+        self.drained += 1
+        self._due -= 1
+        assert self._sink is not None
+        self._sink.submit(Decoded([self.held.pop(0)], []), self.name)
+        return self._due > 0
 
     async def serve(
         self,
@@ -1005,13 +1025,8 @@ class HeldSource:
         *,
         task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
-        def drain() -> bool:
-            self.drained += 1
-            if self.held:
-                sink.submit(Decoded([self.held.pop(0)], []), self.name)
-            return bool(self.held)
-
-        with draining(sink, drain):
+        self._sink = sink
+        with draining(sink, self):
             task_status.started()
             await anyio.sleep_forever()
 
@@ -1026,40 +1041,46 @@ async def test_a_release_waiting_in_a_source_wins_over_its_deadline() -> None:
         held.held += [Request(1, "a", -1, 0), Request(3, "c", -1, 0)]
         await r.advance(1.0)
         assert r.reaper.signals() == [(2, KILL)]  # 1 released in time, 2 did not
-        assert held.held == [] and held.drained == 2
+        # Applied up to the last request naming a due worker (and all before it).
+        assert held.held == [Request(3, "c", -1, 0)] and held.drained == 1
+        assert held.looked == [{1, 2}]
 
 
-class SlowHeldSource(HeldSource):
-    """A :class:`HeldSource` whose drain waits ``pause`` seconds per call without using
-    the CPU, as a drain does when the host gives the server's process no CPU."""
+@pytest.mark.asyncio
+async def test_input_naming_no_due_worker_is_left_to_the_reader() -> None:
+    held = HeldSource()
+    async with rig(sources=[held]) as r:
+        r.acquire(1, "a", at=1.0)
+        await settle()
+        held.held += [Request(2, "b", -1, 0), Request(3, "c", -1, 0)]
+        await r.advance(1.0)
+        assert r.reaper.signals() == [(1, KILL)]
+        assert held.drained == 0 and len(held.held) == 2
 
-    def __init__(self, pause: float) -> None:
-        super().__init__()
-        self.pause = pause
 
-    async def serve(
-        self,
-        sink: RequestSink,
-        *,
-        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
-    ) -> None:
-        def drain() -> bool:
-            time.sleep(self.pause)  # wall time passes, the thread's CPU time does not
-            self.drained += 1
-            if self.held:
-                sink.submit(Decoded([self.held.pop(0)], []), self.name)
-            return bool(self.held)
-
-        with draining(sink, drain):
-            task_status.started()
-            await anyio.sleep_forever()
+@pytest.mark.asyncio
+async def test_an_expired_acquire_applied_by_a_drain_is_looked_for_before_it_is_acted_on() -> None:
+    """Applying held input makes worker 3 due (its acquire has expired already): the
+    drain is asked about it too, and its release, further on, wins."""
+    held = HeldSource()
+    async with rig(sources=[held]) as r:
+        r.acquire(1, "a", at=1.0)
+        await settle()
+        held.held += [
+            Request(3, "late", 0.0, KILL, mono=0.5),
+            Request(1, "a", -1, 0),
+            Request(3, "late", -1, 0),
+        ]
+        await r.advance(1.0)
+        assert r.reaper.signals() == []
+        assert held.looked == [{1}, {3}] and held.held == []
 
 
 @pytest.mark.asyncio
 async def test_a_server_starved_of_cpu_still_drains_every_waiting_release() -> None:
     """The drain budget counts the server's CPU time: 20 drains of 1 ms of wall time
     each (4 times the budget in wall time) all run before the expiry is acted on."""
-    held = SlowHeldSource(pause=0.001)
+    held = HeldSource(pause=0.001)
     reaper = RecordingReaper()
     async with TimerServer(sources=[held], reaper=reaper, clock=MonotonicClock()) as server:
         deadline = time.monotonic() + 0.2

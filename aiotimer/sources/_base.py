@@ -5,17 +5,33 @@ runs each source's :meth:`Source.serve` in its task group; the source reads its 
 without blocking the event loop and hands every batch it decodes to the sink, in the
 event loop's thread.
 
-A source whose transport can be read synchronously without blocking (a FIFO or socket
-in non-blocking mode) also registers a *drain* with the sink (:func:`draining`): a
-callable that reads, decodes and submits one chunk of what the transport holds, and
-says whether more may be left. Before acting on an expiry the server runs the drains
-until they are empty (within a small time budget), so input that arrived before the
-deadline (a release written while the server's loop was stalled, say) is applied first.
+A source whose transport can be read synchronously without blocking (a FIFO, a socket,
+a queue's bridge) also registers a :class:`Drain` with the sink (:func:`draining`).
+Before acting on expired timers the server asks every drain about the workers whose
+timers are due, so input that reached the transport before the deadline (a release
+written while the server's loop was stalled, say) is applied first: the stall is the
+server's lateness, not the worker's.
+
+The drain protocol, per expiry:
+
+1. ``look(pids)``: the drain takes in, without blocking and without decoding, what its
+   transport holds right now (a bounded amount; a FIFO moves it into its own backlog,
+   which its reader then decodes first, in order), and says whether any of it may hold
+   a request for one of ``pids``. ``False`` means nothing taken in can change those
+   workers' timers, so the server acts on them at once.
+2. While it said ``True``: ``step()`` decodes and submits the next chunk of that input,
+   in arrival order (whatever comes before the last request that may concern ``pids``
+   too, as order is never changed), and says whether more of it is left. Steps are
+   bounded by the server's drain budget (CPU time).
+3. Applying input can make more timers due (an acquire that has already expired): the
+   server then looks again with the workers not yet looked for, until no new worker is
+   due or the budget is spent.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from collections.abc import Set as AbstractSet
 from contextlib import contextmanager
 from typing import Protocol
 
@@ -26,9 +42,21 @@ from aiotimer._protocol import Decoded
 
 __all__ = ["Drain", "RequestSink", "Source", "draining", "serve_source"]
 
-#: Reads and submits, synchronously and without blocking, one chunk of what a transport
-#: holds now; returns ``True`` when more may be left.
-Drain = Callable[[], bool]
+
+class Drain(Protocol):
+    """What a source registers with the server to apply its pending input before an
+    expiry (see the module docs). Both methods run in the event loop's thread, never
+    block and never wait."""
+
+    def look(self, pids: AbstractSet[int]) -> bool:
+        """Take in what the transport holds now; ``True`` if some of it may hold a
+        request for one of ``pids`` (then :meth:`step` must apply it)."""
+        ...
+
+    def step(self) -> bool:
+        """Decode and submit the next chunk of what the last :meth:`look` found, in
+        order; ``True`` when more of it is left."""
+        ...
 
 
 class RequestSink(Protocol):

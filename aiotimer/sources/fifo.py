@@ -39,6 +39,7 @@ import os
 import pathlib
 import stat
 from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from typing import Final
 
 import anyio
@@ -53,13 +54,21 @@ from aiotimer._marker import (
     remove_marker,
     write_marker,
 )
+from aiotimer._mentions import mentions_end
 from aiotimer._pathwatch import PathWatch
 from aiotimer._protocol import MAX_LINE_BYTES, LineDecoder
 from aiotimer._version import __version__
 from aiotimer.errors import SourceError
 from aiotimer.sources._base import RequestSink, draining
 
-__all__ = ["CHUNK_SIZE", "MAX_READS_PER_WAKE", "PIPE_SIZE", "FifoSource", "grow_pipe"]
+__all__ = [
+    "BACKLOG_LIMIT",
+    "CHUNK_SIZE",
+    "MAX_READS_PER_WAKE",
+    "PIPE_SIZE",
+    "FifoSource",
+    "grow_pipe",
+]
 
 #: Bytes per ``read(2)``: also the most input decoded before other work gets a turn
 #: (16 KiB of garbage lines costs a few milliseconds to reject; valid lines much less).
@@ -70,6 +79,10 @@ MAX_READS_PER_WAKE: Final[int] = 16
 #: buffer absorbs bursts from many writers, so fewer of them meet a full pipe (torch's
 #: clients fail outright when they do), and one wake-up reads more lines.
 PIPE_SIZE: Final[int] = 1 << 20
+#: The most bytes a reader holds read from its pipe but not decoded yet (its backlog,
+#: filled by the server's drain before an expiry; see :class:`_Reader`). Clients count
+#: these bytes as delivered, so the backlog is bounded: one pipe's worth.
+BACKLOG_LIMIT: Final[int] = PIPE_SIZE
 #: The most FIFOs one run reads: the current one and those it replaced (still held open
 #: by clients) after the path was removed.
 _MAX_FIFOS: Final[int] = 4
@@ -342,41 +355,105 @@ class FifoSource:
                     fifo.close()
 
     async def _read_forever(self, fd: int, sink: RequestSink) -> None:
-        decoder = LineDecoder(self._max_line)
-        chunk_size = self._chunk_size
-        read = os.read
-
-        def drain() -> bool:
-            try:
-                chunk = read(fd, chunk_size)
-            except BlockingIOError:
-                return False
-            batch = decoder.feed(chunk)
-            if batch.requests or batch.rejections:
-                sink.submit(batch, self._name)
-            return len(chunk) == chunk_size  # a short read emptied the pipe
-
-        with draining(sink, drain):
-            await self._read_loop(fd, sink, decoder)
-
-    async def _read_loop(self, fd: int, sink: RequestSink, decoder: LineDecoder) -> None:
-        chunk_size = self._chunk_size
-        read = os.read
-        while True:
-            await anyio.wait_readable(fd)
-            for _ in range(MAX_READS_PER_WAKE):
-                try:
-                    chunk = read(fd, chunk_size)
-                except BlockingIOError:
-                    break
-                batch = decoder.feed(chunk)
-                if batch.requests or batch.rejections:
-                    # One chunk at a time: the sink handles the deadlines that fell
-                    # meanwhile, and the loop runs other work, before the next chunk.
-                    sink.submit(batch, self._name)
-                    await anyio.lowlevel.checkpoint()
-                if len(chunk) < chunk_size:
-                    break  # a short read emptied the pipe; skip the read that says EAGAIN
+        reader = _Reader(fd, sink, self._name, self._chunk_size, self._max_line)
+        with draining(sink, reader):
+            await reader.run()
 
     def __repr__(self) -> str:
         return f"<FifoSource {str(self._path)!r} mode={self._mode:#o}>"
+
+
+class _Reader:
+    """Reads one FIFO: the read loop, and the drain the server runs before an expiry
+    (a :class:`~aiotimer.sources._base.Drain`).
+
+    The drain moves what the pipe holds into the backlog without decoding it, and
+    decodes (from its front) only as far as the last line that may name a due worker
+    (:func:`~aiotimer._mentions.mentions_end`). The read loop decodes the backlog before
+    it reads the pipe again, so every byte is decoded once, in arrival order.
+    """
+
+    __slots__ = (
+        "_backlog",
+        "_chunk_size",
+        "_decoder",
+        "_due",
+        "_fd",
+        "_name",
+        "_sink",
+        "_waiting",
+    )
+
+    def __init__(
+        self, fd: int, sink: RequestSink, name: str, chunk_size: int, max_line: int
+    ) -> None:
+        self._fd = fd
+        self._sink = sink
+        self._name = name
+        self._chunk_size = chunk_size
+        self._decoder = LineDecoder(max_line)
+        self._backlog = bytearray()  # read from the pipe, not decoded yet
+        self._due = 0  # leading backlog bytes the current drain still has to decode
+        self._waiting: anyio.CancelScope | None = None  # the read loop's wait for input
+
+    def look(self, pids: AbstractSet[int]) -> bool:
+        """Move what the pipe holds into the backlog (up to ``BACKLOG_LIMIT`` bytes in
+        all: one ``read(2)``, however fast writers refill the pipe); ``True`` if some of
+        the backlog may name one of ``pids``."""
+        backlog = self._backlog
+        room = BACKLOG_LIMIT - len(backlog)
+        if room > 0:
+            with contextlib.suppress(BlockingIOError):
+                backlog += os.read(self._fd, room)
+                if self._waiting is not None:  # the pipe may be empty now: wake the loop
+                    self._waiting.cancel()
+        self._due = mentions_end(backlog, pids, partial=self._decoder.pending > 0)
+        return self._due > 0
+
+    def step(self) -> bool:
+        """Decode and submit one chunk of what :meth:`look` found; ``True`` if more."""
+        size = min(self._due, self._chunk_size, len(self._backlog))
+        if size > 0:
+            self._due -= size
+            self._feed(self._take(size))
+        return self._due > 0
+
+    def _take(self, size: int) -> bytes:
+        backlog = self._backlog
+        chunk = bytes(backlog[:size])
+        del backlog[:size]  # O(1): a bytearray advances its start
+        return chunk
+
+    def _feed(self, chunk: bytes) -> bool:
+        """Decode ``chunk`` and submit what it held; ``True`` if it held anything."""
+        batch = self._decoder.feed(chunk)
+        if batch.requests or batch.rejections:
+            self._sink.submit(batch, self._name)
+            return True
+        return False
+
+    async def run(self) -> None:
+        """Decode the backlog, then what the pipe holds, a chunk at a time; forever."""
+        fd, chunk_size, backlog = self._fd, self._chunk_size, self._backlog
+        read = os.read
+        while True:
+            if backlog:
+                await anyio.lowlevel.checkpoint()
+            else:
+                with anyio.CancelScope() as self._waiting:
+                    await anyio.wait_readable(fd)
+                self._waiting = None
+            for _ in range(MAX_READS_PER_WAKE):
+                if backlog:
+                    chunk = self._take(chunk_size)
+                else:
+                    try:
+                        chunk = read(fd, chunk_size)
+                    except BlockingIOError:
+                        break
+                if self._feed(chunk):
+                    # One chunk at a time: the sink handles the deadlines that fell
+                    # meanwhile, and the loop runs other work, before the next chunk.
+                    await anyio.lowlevel.checkpoint()
+                if len(chunk) < chunk_size and not backlog:
+                    break  # a short read emptied the pipe; skip the read that says EAGAIN

@@ -5,7 +5,8 @@ wake-ups), then drains up to ``max_batch`` more items with ``get_nowait()``, con
 them to requests or rejections (off the event loop), queues the batch and has the loop
 submit it with one ``anyio.from_thread.run_sync`` call, which also paces the thread to
 the loop. A batch the thread has queued is also submitted by the server's drain before an
-expiry, so it is applied before a deadline that fell while the loop was busy. To stop,
+expiry (whichever workers are due), so it is applied before a deadline that fell while
+the loop was busy. To stop,
 :meth:`QueueSource.serve` puts a private stop token on the queue and waits for the thread
 to end; the token is unique to that run, so a stale one never stops a later run.
 
@@ -42,6 +43,7 @@ import threading
 import uuid
 from collections import deque
 from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, Final, Protocol, cast
@@ -260,7 +262,7 @@ class QueueSource:
         thread.start()
         try:
             task_status.started()
-            with draining(sink, bridge.drain):
+            with draining(sink, bridge):
                 await bridge.ended.wait()
         finally:
             if thread.is_alive():
@@ -329,17 +331,22 @@ class _Bridge:
 
     def flush(self) -> None:
         """In the loop: submit every pending batch, oldest first."""
-        while self.drain():
+        while self.step():
             pass
 
-    def drain(self) -> bool:
-        """In the loop: submit the oldest pending batch; ``True`` if one was submitted."""
+    def look(self, pids: AbstractSet[int]) -> bool:
+        """In the loop, as a drain: ``True`` while the thread has batches queued (they
+        are decoded already; applying them all is cheaper than looking into them)."""
+        return bool(self.pending)
+
+    def step(self) -> bool:
+        """In the loop: submit the oldest pending batch; ``True`` if more are pending."""
         try:
             batch = self.pending.popleft()
         except IndexError:
             return False
         self.sink.submit(batch, _NAME)
-        return True
+        return bool(self.pending)
 
     def _next_batch(self) -> tuple[list[object], bool]:
         """Block for one item, then take what is already there, up to ``max_batch``.

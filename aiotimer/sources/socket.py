@@ -24,7 +24,9 @@ How it works:
 * **Reading.** One task per connection reads what is readable into its own
   :class:`~aiotimer._protocol.LineDecoder` (lines of different clients never mix) and
   hands each batch to the sink, and registers a drain (see :mod:`aiotimer.sources._base`)
-  so what a peer sent before a deadline is applied before that deadline is acted on.
+  so what a peer sent before a deadline is applied before that deadline is acted on:
+  only when one of the peer's own timers is due, as a connection carries requests for
+  its peer alone.
   End of stream flushes a partial line as a rejection.
   A closed connection is not an exit by itself (a forked child may hold the socket);
   the worker's exit is seen through its pidfd as for every source.
@@ -41,6 +43,7 @@ import select
 import socket
 import stat
 import struct
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Final
 
@@ -284,30 +287,50 @@ class SocketSource:
                 reason = f"connection refused: no identifiable peer ({exc})"
                 sink.submit(Decoded(rejections=[Rejection.of(reason, b"")]), self._name)
                 return
-            decoder = LineDecoder(self._max_line)
-            ended = False
-
-            def drain() -> bool:
-                """Read and submit one chunk; ``True`` when more may be left."""
-                nonlocal ended
-                if ended:
-                    return False
-                try:
-                    chunk = conn.recv(_CHUNK)
-                except BlockingIOError:
-                    return False
-                except OSError:
-                    chunk = b""  # ECONNRESET: the peer is gone, as at end of stream
-                batch = decoder.feed(chunk) if chunk else decoder.flush()
-                if batch.requests or batch.rejections:
-                    sink.submit(_bind_to_peer(batch, peer), self._name)
-                ended = not chunk
-                return not ended  # one message read: more may be queued
-
-            with draining(sink, drain):
-                while not ended:
+            connection = _Connection(conn, peer, sink, self._name, self._max_line)
+            with draining(sink, connection):
+                while not connection.ended:
                     await anyio.wait_readable(conn)
-                    drain()
+                    connection.step()
 
     def __repr__(self) -> str:
         return f"<SocketSource {str(self._path)!r} mode={self._mode:#o}>"
+
+
+class _Connection:
+    """One accepted connection: its decoder, and its drain (a
+    :class:`~aiotimer.sources._base.Drain`). Every request it accepts names its peer
+    (the others are rejected), so only an expiry of the peer's own timers needs it
+    drained."""
+
+    __slots__ = ("_conn", "_decoder", "_name", "_peer", "_sink", "ended")
+
+    def __init__(
+        self, conn: socket.socket, peer: Peer, sink: RequestSink, name: str, max_line: int
+    ) -> None:
+        self._conn = conn
+        self._peer = peer
+        self._sink = sink
+        self._name = name
+        self._decoder = LineDecoder(max_line)
+        self.ended = False
+
+    def look(self, pids: AbstractSet[int]) -> bool:
+        """``True`` when the peer is one of ``pids`` (what it sent may concern it)."""
+        return not self.ended and self._peer.pid in pids
+
+    def step(self) -> bool:
+        """Read and submit one message; ``True`` when more may be left."""
+        if self.ended:
+            return False
+        try:
+            chunk = self._conn.recv(_CHUNK)
+        except BlockingIOError:
+            return False
+        except OSError:
+            chunk = b""  # ECONNRESET: the peer is gone, as at end of stream
+        batch = self._decoder.feed(chunk) if chunk else self._decoder.flush()
+        if batch.requests or batch.rejections:
+            self._sink.submit(_bind_to_peer(batch, self._peer), self._name)
+        self.ended = not chunk
+        return not self.ended

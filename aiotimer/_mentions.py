@@ -1,0 +1,67 @@
+"""Which undecoded request lines may concern a worker: a byte scan, without decoding.
+Pure: no I/O.
+
+Why a scan is enough
+--------------------
+A request for worker ``P`` names ``P`` in its ``pid`` key, and the codec accepts only a
+JSON integer literal there (``1234``; never ``1234.0``, ``1.234e3``, ``"1234"`` or
+``01234``). So every line that decodes to a request for ``P`` contains the ASCII digits
+``str(P)`` as a whole JSON number: not preceded by a digit, ``.``, ``+``, ``-``, ``e`` or
+``E`` (it would be part of a longer number) and not followed by a digit, ``.``, ``e`` or
+``E`` (it would be a longer integer, or a float). Lines without such a *mention* of any
+pid of a set cannot act on those workers' timers, whatever else they hold. The reverse
+does not hold (the same digits in a scope id, or as another key's value), which only
+costs decoding lines that turn out not to matter.
+
+Scanning one pid is one C-level ``rfind`` pass over the bytes (a few hundred
+microseconds per MiB); past :data:`MAX_SCANNED_PIDS` pids the scan would cost more than
+decoding, so every complete line counts as a mention then.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import Final
+
+__all__ = ["MAX_SCANNED_PIDS", "mentions_end"]
+
+#: The most pids one scan looks for; with more, every complete line may concern them.
+MAX_SCANNED_PIDS: Final[int] = 8
+
+_DIGITS: Final = frozenset(b"0123456789")
+_NOT_BEFORE: Final = _DIGITS | frozenset(b".+-eE")
+_NOT_AFTER: Final = _DIGITS | frozenset(b".eE")
+
+
+def _last_mention(data: bytes | bytearray, digits: bytes, end: int) -> int:
+    """The index of the last whole-number occurrence of ``digits`` in ``data[:end]``,
+    or -1."""
+    at = data.rfind(digits, 0, end)
+    while at != -1:
+        after = at + len(digits)
+        if (at == 0 or data[at - 1] not in _NOT_BEFORE) and (
+            after >= len(data) or data[after] not in _NOT_AFTER
+        ):
+            return at
+        at = data.rfind(digits, 0, at + len(digits) - 1)
+    return -1
+
+
+def mentions_end(data: bytes | bytearray, pids: Collection[int], *, partial: bool) -> int:
+    """How many leading bytes of ``data`` must be decoded so that no complete line left
+    after them may hold a request for one of ``pids`` (0: none may).
+
+    The result always ends a line (it is 0 or just past a newline); an incomplete last
+    line is never counted, as it cannot be decoded yet. ``partial``: the decoder holds
+    the start of a line that ``data`` continues; that line may name anyone, so when
+    ``data`` completes it, it is counted too.
+    """
+    end = data.rfind(b"\n") + 1
+    if not end or not pids:
+        return 0
+    if len(pids) > MAX_SCANNED_PIDS:
+        return end
+    last = max(_last_mention(data, str(pid).encode(), end) for pid in pids)
+    if last != -1:
+        return data.index(b"\n", last) + 1
+    return data.index(b"\n") + 1 if partial else 0

@@ -1,0 +1,182 @@
+"""Before an expiry, a server reading a real FIFO applies what the pipe holds for the
+due workers (and all before it), and nothing more: a flood of other workers' lines is
+left to the reader, so it never delays the reap.
+
+The loop is stalled on purpose: the test writes to the pipe and moves the (fake) clock
+without awaiting, so the FIFO's reader task cannot run, then hands the server one
+request of its own, which makes it handle the deadline that fell meanwhile right there.
+What the server did is then read off its counters: how many requests it had applied
+when it acted on the expiry.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pathlib
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import anyio
+import pytest
+
+from aiotimer import TimerServer
+from aiotimer._protocol import Request, encode
+from aiotimer.events import Event, TimerExpired
+from aiotimer.sources.fifo import FifoSource
+from aiotimer.testing import FakeClock, RecordingReaper
+
+pytestmark = [pytest.mark.process, pytest.mark.timeout(30)]
+
+KILL = 9
+DUE, OTHER_DUE, LATE = 4242, 4343, 4444  # digits that no flood line holds
+
+
+@dataclass
+class Rig:
+    server: TimerServer
+    clock: FakeClock
+    reaper: RecordingReaper
+    events: list[Event]
+    fd: int  # a non-blocking write descriptor on the FIFO
+    capacity: int  # the pipe's capacity
+
+    def requests(self) -> int:
+        return self.server.get_state().counters.requests
+
+    def write(self, data: bytes) -> None:
+        """Write ``data`` in pipe-atomic pieces of whole lines (never blocks)."""
+        view = memoryview(data)
+        while view:
+            piece = bytes(view[:4096])
+            piece = piece[: piece.rfind(b"\n") + 1]
+            assert os.write(self.fd, piece) == len(piece)
+            view = view[len(piece) :]
+
+    def stall_until(self, deadline: float) -> None:
+        """Move the clock to ``deadline`` and make the server handle it at once, with
+        the FIFO's reader task never run meanwhile (a stalled loop)."""
+        self.clock.advance(deadline - self.clock.monotonic())
+        self.server.submit(Request(1_000_000, "tick", -1, 0))  # an unrelated request
+
+
+@asynccontextmanager
+async def rig(tmp_path: pathlib.Path) -> AsyncIterator[Rig]:
+    path = tmp_path / "t.fifo"
+    clock, reaper, events = FakeClock(), RecordingReaper(), []
+    server = TimerServer(
+        sources=[FifoSource(path)], clock=clock, reaper=reaper, on_event=events.append
+    )
+    async with server:
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+        try:
+            capacity = fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ)
+            await anyio.wait_all_tasks_blocked()
+            yield Rig(server, clock, reaper, events, fd, capacity)
+        finally:
+            os.close(fd)
+
+
+def flood(lines: int, first_pid: int = 5000) -> bytes:
+    """Releases of unknown timers of 100 other workers: applied, and no-ops."""
+    return b"".join(encode(Request(first_pid + i % 100, f"s{i % 7}", -1, 0)) for i in range(lines))
+
+
+def acquire(pid: int, scope: str, deadline: float) -> bytes:
+    return encode(Request(pid, scope, 1.0, KILL, mono=deadline))
+
+
+def release(pid: int, scope: str) -> bytes:
+    return encode(Request(pid, scope, -1, 0))
+
+
+async def settle_all(r: Rig, expected: int) -> None:
+    """Let the reader apply what is left; the server must reach ``expected`` requests."""
+    with anyio.fail_after(10):
+        while r.requests() < expected:
+            await anyio.sleep(0.01)
+    assert r.requests() == expected
+
+
+@pytest.mark.asyncio
+async def test_a_release_behind_a_backlog_wins_and_the_flood_after_it_waits(
+    tmp_path: pathlib.Path,
+) -> None:
+    async with rig(tmp_path) as r:
+        r.server.submit(Request(DUE, "a", 1.0, KILL, mono=1.0))
+        r.server.submit(Request(OTHER_DUE, "b", 1.0, KILL, mono=1.0))
+        # Little before the release (the drain budget bounds what is applied before an
+        # expiry), a lot after it.
+        before, after = flood(400), flood(r.capacity // 2 // 70, first_pid=6000)
+        r.write(before + release(DUE, "a") + after)
+        applied = r.requests()
+        r.stall_until(1.0)
+        # 4242 released in time; 4343, named nowhere, reaped at once.
+        assert r.reaper.signals() == [(OTHER_DUE, KILL)]
+        assert [e.pid for e in r.events if isinstance(e, TimerExpired)] == [OTHER_DUE]
+        # Applied when it acted: the lines up to the release, not the flood after it.
+        lines_before = before.count(b"\n")
+        assert r.requests() == applied + lines_before + 1 + 1  # + the release, the tick
+        await settle_all(r, applied + lines_before + 1 + after.count(b"\n") + 1)
+        assert r.reaper.signals() == [(OTHER_DUE, KILL)]
+
+
+@pytest.mark.asyncio
+async def test_a_due_worker_named_nowhere_is_reaped_before_any_of_the_flood(
+    tmp_path: pathlib.Path,
+) -> None:
+    async with rig(tmp_path) as r:
+        r.server.submit(Request(DUE, "a", 1.0, KILL, mono=1.0))
+        data = flood(r.capacity * 2 // 3 // 70)
+        r.write(data)
+        applied = r.requests()
+        r.stall_until(1.0)
+        assert r.reaper.signals() == [(DUE, KILL)]
+        assert r.requests() == applied + 1  # the tick alone: the flood waits, whole
+        await settle_all(r, applied + 1 + data.count(b"\n"))  # then all of it, once
+
+
+@pytest.mark.asyncio
+async def test_an_expired_acquire_applied_first_is_looked_for_before_it_is_reaped(
+    tmp_path: pathlib.Path,
+) -> None:
+    """The drain applies an acquire that has expired already (4444's): its worker is
+    looked for in turn, and its release, further on in the pipe, wins."""
+    async with rig(tmp_path) as r:
+        r.server.submit(Request(DUE, "a", 1.0, KILL, mono=1.0))
+        chunk = flood(200)
+        rest = flood(r.capacity // 2 // 70, first_pid=6000)
+        r.write(
+            chunk
+            + acquire(LATE, "late", deadline=0.5)
+            + release(DUE, "a")
+            + chunk
+            + release(LATE, "late")
+            + rest
+        )
+        applied = r.requests()
+        r.stall_until(1.0)
+        assert r.reaper.signals() == []
+        assert r.server.get_state().timers == ()
+        lines = chunk.count(b"\n")
+        assert r.requests() == applied + 2 * lines + 3 + 1
+        await settle_all(r, applied + 2 * lines + 3 + rest.count(b"\n") + 1)
+        assert r.reaper.signals() == []
+
+
+@pytest.mark.asyncio
+async def test_a_release_split_across_the_readers_partial_line_wins(
+    tmp_path: pathlib.Path,
+) -> None:
+    """The reader has decoded the first half of the release line (it holds it as a
+    partial line): the drain still finishes that line before it acts."""
+    async with rig(tmp_path) as r:
+        r.server.submit(Request(DUE, "a", 1.0, KILL, mono=1.0))
+        line = release(DUE, "a")
+        os.write(r.fd, line[:30])
+        await anyio.wait_all_tasks_blocked()  # the reader holds the first 30 bytes
+        r.write(line[30:] + flood(1000))
+        r.stall_until(1.0)
+        assert r.reaper.signals() == []
+        assert r.server.get_state().timers == ()
