@@ -79,3 +79,11 @@ def test_bench_ingest_quick_measures_the_whole_server(capsys: pytest.CaptureFixt
     assert "incomplete" in out and "/8,000" not in out  # every line was applied
     assert "ratio (b)/(a): median of 1 paired rounds" in out
     assert "reap latency while ingest is saturated, deadline -> signal received: " in out
+
+
+def test_bench_ingest_cpu_quick(capsys: pytest.CaptureFixture[str]) -> None:
+    bench_ingest_cpu = importlib.import_module("benchmarks.bench_ingest_cpu")
+    assert bench_ingest_cpu.main(["--quick", "--chunk", "4096,16384"]) == 0
+    out = capsys.readouterr().out
+    for row in ("split only", "decode", "submit", "decode + submit"):
+        assert f"{row} (4 KiB reads)" in out and f"{row} (16 KiB reads)" in out
