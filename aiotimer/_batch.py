@@ -39,17 +39,21 @@ SUPERSEDED: Final = 3
 def fold(requests: Sequence[Request]) -> bytearray:
     """One fate per request of ``requests`` (see the module docs)."""
     fates = bytearray(len(requests))
-    open_acquires: dict[tuple[int, str], int] = {}  # key -> index of its latest acquire
+    # pid -> scope_id -> index of its latest acquire: no key tuple per request.
+    open_acquires: dict[int, dict[str, int]] = {}
     for i, req in enumerate(requests):
-        key = (req.pid, req.scope_id)
-        if req.is_release:
-            j = open_acquires.pop(key, -1)
+        scopes = open_acquires.get(req.pid)
+        if scopes is None:
+            scopes = open_acquires[req.pid] = {}
+        if req.expiration_time < 0:  # a release (Request.is_release, without a call)
+            j = scopes.pop(req.scope_id, -1)
             if j >= 0:
                 fates[j] = PAIRED_ACQUIRE
                 fates[i] = PAIRED_RELEASE
         else:
-            j = open_acquires.get(key, -1)
+            scope_id = req.scope_id
+            j = scopes.get(scope_id, -1)
             if j >= 0:
                 fates[j] = SUPERSEDED
-            open_acquires[key] = i
+            scopes[scope_id] = i
     return fates

@@ -70,14 +70,17 @@ import logging
 import math
 import os
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import compress
+from operator import attrgetter
 
 import anyio
 import anyio.abc
 import anyio.lowlevel
 
-from aiotimer._batch import APPLY, PAIRED_ACQUIRE, PAIRED_RELEASE, fold
+from aiotimer._batch import APPLY, PAIRED_ACQUIRE, PAIRED_RELEASE, SUPERSEDED, fold
 from aiotimer._clock import Clock
 from aiotimer._escalator import ReapRetry
 from aiotimer._journal import Journal
@@ -136,6 +139,11 @@ EXPIRE_BUDGET = 1024
 MAX_TIMERS = 1_000_000
 #: Default cap on one worker's live timers; its acquires past it are rejected.
 MAX_TIMERS_PER_WORKER = 100_000
+
+# Masks over a batch's fates (bytearray.translate tables) for itertools.compress.
+_NOT_PAIRED_RELEASE = bytes(fate != PAIRED_RELEASE for fate in range(256))
+_IS_PAIRED_RELEASE = bytes(fate == PAIRED_RELEASE for fate in range(256))
+_scope_id = attrgetter("scope_id")
 
 
 def _safely(call: Callable[..., bool], *args: object) -> bool:
@@ -221,6 +229,7 @@ class Engine:
         mono, wall = clock.monotonic(), clock.time()
         self.last_progress = mono
         requests = batch.requests
+        self.counts.requests += len(requests)
         if len(requests) > 1 and not self._request_events:
             self._apply_folded(requests, source, mono, wall)
         else:
@@ -248,35 +257,40 @@ class Engine:
         """Apply a batch in order; a block whose acquire and release are both in it
         never reaches the table (see :mod:`aiotimer._batch`): it is counted, and its
         duration (zero: both arrived now) recorded once per scope for the batch."""
-        counts, table, journal = self.counts, self.table, self._journal
-        folded_releases: dict[str, int] = {}
-        for req, fate in zip(requests, fold(requests), strict=True):
+        fates = fold(requests)
+        paired = fates.count(PAIRED_RELEASE)
+        counts = self.counts
+        counts.released += paired
+        counts.acquired += paired + fates.count(SUPERSEDED)  # one paired acquire per release
+        table, journal, restored, overdue = self.table, self._journal, self._restored, None
+        if self.overdue:  # it only shrinks during a batch (nothing expires meanwhile)
+            overdue = self.overdue
+        # Paired releases need nothing but the counts above and the statistics below.
+        unpaired = fates.translate(_NOT_PAIRED_RELEASE)
+        for req, fate in compress(zip(requests, fates, strict=True), unpaired):
             if fate == APPLY:
                 self._apply(req, source, mono, wall)
                 continue
-            counts.requests += 1
-            if self._restored and req.pid in self._restored:
-                self._drop_restored(req.pid)
-            if fate == PAIRED_RELEASE:
-                counts.released += 1
-                folded_releases[req.scope_id] = folded_releases.get(req.scope_id, 0) + 1
-                continue
-            counts.acquired += 1  # a paired or superseded acquire
-            if self.overdue:
-                self.overdue.pop((req.pid, req.scope_id))
+            # A paired or superseded acquire.
+            pid, scope_id = req.pid, req.scope_id
+            if restored and pid in restored:
+                self._drop_restored(pid)
+            if overdue is not None:
+                overdue.pop((pid, scope_id))
             # A timer of this key live before the batch: the paired acquire replaces it
             # and its release ends it.
             if (
                 fate == PAIRED_ACQUIRE
-                and table.release(req.pid, req.scope_id) is not None
+                and table.release(pid, scope_id) is not None
                 and journal is not None
             ):
-                journal.released(req.pid, req.scope_id)
-        for scope_id, count in folded_releases.items():
-            self.stats.record_many(scope_id, 0.0, count)
+                journal.released(pid, scope_id)
+        if paired:
+            released = compress(requests, fates.translate(_IS_PAIRED_RELEASE))
+            for scope_id, count in Counter(map(_scope_id, released)).items():
+                self.stats.record_many(scope_id, 0.0, count)
 
     def _apply(self, req: Request, source: str, mono: float, wall: float) -> None:
-        self.counts.requests += 1
         if self._restored and req.pid in self._restored:
             self._drop_restored(req.pid)
         if req.is_release:

@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import signal
+from dataclasses import astuple
 
+import anyio
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aiotimer import Request
 from aiotimer._batch import APPLY, PAIRED_ACQUIRE, PAIRED_RELEASE, SUPERSEDED, fold
+from aiotimer._escalator import ReapRetry
+from aiotimer._policy import ReapPolicy
+from aiotimer._protocol import Decoded
+from aiotimer._server_engine import Engine
+from aiotimer.events import Event
 from aiotimer.server import TimerServer
 from aiotimer.testing import FakeClock, MemorySource, RecordingReaper
 
@@ -125,3 +132,96 @@ async def test_a_folded_block_still_replaces_and_ends_a_live_timer() -> None:
         source.push(Request(100, "s", FAR, KILL), Request(100, "s", FAR + 50, KILL))
         [timer] = srv.get_state().timers  # the later acquire replaced the superseded one
         assert timer.deadline == pytest.approx(first.deadline + 50)
+
+
+# -- the engine: a folded batch leaves what applying its requests one by one leaves --------
+
+SOON = 5.0  # seconds: "soon" acquires expire when the clock moves past it
+pids = st.sampled_from([100, 101])
+scopes = st.sampled_from(["a.py:1#1", "a.py:1#2"])  # one site
+# Before the batch: acquires (report-only ones due soon, which expire unreaped and leave
+# an overdue block behind, or reaping ones due far) and releases.
+prior_requests = st.lists(
+    st.builds(
+        lambda pid, scope, kind: Request(
+            pid, scope, *{"soon": (1e9 + SOON, 0), "far": (FAR, KILL), "rel": (-1.0, 0)}[kind]
+        ),
+        pids,
+        scopes,
+        st.sampled_from(["soon", "far", "rel"]),
+    ),
+    max_size=6,
+)
+batch_requests = st.lists(
+    st.builds(
+        lambda pid, scope, release, t: Request(pid, scope, -1.0 if release else FAR + t, KILL),
+        pids,
+        scopes,
+        st.booleans(),
+        st.floats(0, 100),
+    ),
+    max_size=12,
+)
+
+
+def _engine_state(
+    prior: list[Request], restored: list[Request], batch: list[Request], *, one_by_one: bool
+) -> tuple[object, ...]:
+    """Apply ``prior`` and ``restored`` (alike for both ways), advance past the soon
+    deadlines, apply ``batch`` (as one batch, or one request at a time), then release
+    every key one by one (an overdue block left behind shows in the statistics)."""
+
+    async def run() -> tuple[object, ...]:
+        clock = FakeClock(wall_offset=1e9)
+        events: list[Event] = []
+        async with anyio.create_task_group() as tg:
+            engine = Engine(
+                task_group=tg,
+                clock=clock,
+                reaper=RecordingReaper(),
+                policy=ReapPolicy(),
+                emit=events.append,
+                retry=ReapRetry(),
+                request_events=False,
+                self_kill_after_reap=False,
+            )
+            for req in prior:
+                engine.submit(Decoded([req]), "test")
+            engine.restore(restored, "journal")
+            clock.advance(SOON + 1)
+            engine.submit(Decoded([Request(999, "tick", -1.0, 0)]), "test")  # expire now
+            if one_by_one:
+                for req in batch:
+                    engine.submit(Decoded([req]), "test")
+            else:
+                engine.submit(Decoded(list(batch)), "test")
+            timers = [(t.pid, t.scope_id, t.deadline, t.signal) for t in engine.table.snapshot()]
+            during = (timers, astuple(engine.counts), engine.scope_stats(), len(engine.overdue))
+            ends = [Request(p, s, -1.0, 0) for p in (100, 101) for s in ("a.py:1#1", "a.py:1#2")]
+            for req in ends:
+                engine.submit(Decoded([req]), "test")
+            after = (astuple(engine.counts), engine.scope_stats(), len(engine.overdue))
+            engine.close()
+            tg.cancel_scope.cancel()
+        kinds = [
+            (type(e).__name__, getattr(e, "pid", None), getattr(e, "scope_id", None))
+            for e in events
+        ]
+        return during, after, kinds
+
+    return anyio.run(run)
+
+
+@settings(max_examples=300)
+@given(
+    prior_requests,
+    st.lists(st.builds(Request, pids, scopes, st.just(FAR), st.just(KILL)), max_size=3),
+    batch_requests,
+)
+def test_the_engine_applies_a_folded_batch_like_its_requests_one_by_one(
+    prior: list[Request], restored: list[Request], batch: list[Request]
+) -> None:
+    """Same timers, counters, statistics and events, before and after the overdue blocks
+    and the journal's restored timers come into play."""
+    folded_state = _engine_state(prior, restored, batch, one_by_one=False)
+    assert folded_state == _engine_state(prior, restored, batch, one_by_one=True)
