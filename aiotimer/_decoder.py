@@ -8,7 +8,6 @@ becomes a :class:`Rejection` (reason plus a truncated copy of the bytes).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from itertools import repeat
 from typing import Final
 
 import msgspec
@@ -129,19 +128,22 @@ class LineDecoder:
         if last_nl == -1:
             self._hold(chunk)
             return out
-        head = chunk[: last_nl + 1]
-        rest = chunk[last_nl + 1 :]
-        if self._buf or self._overflow:
-            first_nl = head.find(b"\n")
-            self._hold(head[:first_nl])
-            line, overflowed = self._buf, self._overflow
+        if self._overflow:
+            first_nl = chunk.find(b"\n")
+            self._hold(chunk[:first_nl])
+            line = self._buf
             self._buf, self._overflow = b"", False
-            self._finish_line(line, overflowed, out)
-            head = head[first_nl + 1 :]
-        if head:
-            self._decode_block(head, out)
-        if rest:
-            self._hold(rest)
+            self._finish_line(line, True, out)
+            block = chunk[first_nl + 1 : last_nl + 1]
+        else:
+            # The held partial line (shorter than max_line) starts the block: the line
+            # it begins is decoded with the others, in one call when all are valid.
+            block = self._buf + chunk[: last_nl + 1]
+            self._buf = b""
+        if block:
+            self._decode_block(block, out)
+        if last_nl + 1 < len(chunk):
+            self._hold(chunk[last_nl + 1 :])
         return out
 
     def flush(self) -> Decoded:
@@ -181,34 +183,35 @@ class LineDecoder:
 
     def _decode_block(self, block: bytes, out: Decoded) -> None:
         """Decode ``block``: complete lines, each ending in a newline."""
+        # The fast path decodes the lines as one JSON array. Getting n valid objects back
+        # does not prove that each line held one of them: "{a}, {b}" on one line and an
+        # object split over two lines also add up to n. It does when every line ends
+        # with "}" and holds no other "}" (and the array has n elements): each object
+        # needs a "}" of its own to close, so object k closes at the end of line k,
+        # and object k + 1 opens after the comma put there, within line k + 1. The
+        # checks run in C: a split, and two memchr scans of the lines without their
+        # closing "}\n". Other blocks (CRLF, a "}" in a scope_id, nested extension keys,
+        # a bad line) take the exact line-by-line path.
+        bodies = block.split(b"}\n")  # every line without its closing "}\n"
+        if not bodies[-1]:  # the block ends with "}\n"
+            bodies.pop()
+            inside = b"".join(bodies)
+            if (
+                b"\n" not in inside  # every line ends with "}"
+                and b"}" not in inside  # and holds no other
+                and max(map(len, bodies)) <= self._max_line - 2
+            ):
+                try:
+                    reqs = _decode_many(b"[" + b"},".join(bodies) + b"}]")
+                except _DECODE_ERRORS:
+                    pass  # at least one bad line: fall back to line by line
+                else:
+                    if len(reqs) == len(bodies):
+                        out.requests.extend(reqs)
+                        return
+        limit = self._max_line - 1
         lines = block.split(b"\n")
         lines.pop()  # the empty string after the final newline
-        limit = self._max_line - 1
-        n = len(lines)
-        # The fast path joins the lines into one JSON array. Getting n valid objects
-        # back does not prove that each line held one of them: "{a}, {b}" on one line
-        # and an object split over two lines also add up to n. It does when the block
-        # holds exactly n '{' and n '}' bytes, every line ends with '}' and the array
-        # has n elements: the n objects then use one '{' and one '}' each (no nesting,
-        # none inside strings), and each closes at the end of its own line. Other
-        # blocks (CRLF, braces in a scope_id, nested extension keys) take the exact
-        # line-by-line path.
-        if (
-            block.count(b"{") == n
-            and block.count(b"}") == n
-            and all(map(bytes.endswith, lines, repeat(b"}")))
-            and max(map(len, lines)) <= limit
-        ):
-            try:
-                reqs = _decode_many(b"[" + b",".join(lines) + b"]")
-            except _DECODE_ERRORS:
-                pass  # at least one bad line: fall back to line by line
-            else:
-                # Fewer objects than lines: braces inside strings joined lines into one
-                # object (`{"scope_id": "}` then `{", ...}` reads as one valid request).
-                if len(reqs) == n:
-                    out.requests.extend(reqs)
-                    return
         for line in lines:
             if len(line) > limit:
                 self._finish_line(line[-limit:], True, out)

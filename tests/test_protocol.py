@@ -328,6 +328,15 @@ def test_misaligned_objects_are_not_accepted_as_lines() -> None:
     # Three bad lines; the mid-line resync salvages only the trailing `b` of the third.
     assert [r.pid for r in got.requests] == [2]
     assert len(got.rejections) == 3
+    # Alone, an object split over two lines (every "}" at a line's end) ...
+    got = LineDecoder().feed(head + b",\n" + tail + b"\n")
+    assert (got.requests, len(got.rejections)) == ([], 2)
+    # ... and "{a}, {b}" after two lines that one string spans (the "}" ending the first
+    # is inside it) add up to as many objects as lines.
+    first, second = b'{"pid": 4, "scope_id": "}', b'", "expiration_time": 1, "signal": 9}'
+    got = LineDecoder().feed(first + b"\n" + second + b"\n" + a + b", " + b + b"\n")
+    assert [r.pid for r in got.requests] == [2]
+    assert len(got.rejections) == 3
 
 
 def test_two_invalid_lines_never_merge_into_one_request() -> None:
@@ -609,9 +618,29 @@ split_lines = st.builds(
 )
 
 
+# A valid line cut anywhere into two lines (an object split over lines: its first part
+# need not end with '}'), and two valid objects on one line (a line ending with '}' that
+# holds another '}').
+cut_lines = st.builds(
+    lambda line, k: [line[: k % (len(line) + 1)], line[k % (len(line) + 1) :]],
+    requests.map(line_of),
+    st.integers(0, 999),
+)
+two_on_a_line = st.builds(
+    lambda a, sep, b: [a + sep + b],
+    requests.map(line_of),
+    st.sampled_from([b",", b", ", b" "]),
+    requests.map(line_of),
+)
+
+
 @settings(deadline=None, max_examples=300)
 @given(
-    groups=st.lists(fragment_lines.map(lambda line: [line]) | split_lines, min_size=1, max_size=6),
+    groups=st.lists(
+        fragment_lines.map(lambda line: [line]) | split_lines | cut_lines | two_on_a_line,
+        min_size=1,
+        max_size=6,
+    ),
     points=chunk_points,
 )
 def test_each_line_has_the_outcome_it_has_alone(
