@@ -8,6 +8,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,65 @@ def test_percentiles_nearest_rank() -> None:
         "max": 1000.0,
     }
     assert percentiles([]) == dict.fromkeys(("p50", "p90", "p99", "p99_9", "max"))
+
+
+# A worker whose only block is an ingest probe; its sender signals the worker inside the
+# acquire, i.e. before the worker starts waiting (as a fast server does), and reports
+# whether the reap signal was blocked at that moment.
+_PROBE_WORKER = """
+import json, math, os, signal, sys, time
+from benchmarks.many_workers import worker as w
+from benchmarks.many_workers.plan import Block
+
+slots = w.Slots(sys.argv[1], 1)
+slots.t0 = time.monotonic()
+seen = {}
+
+class Sender:
+    def acquire(self, scope, deadline):
+        seen["blocked"] = w.REAP_SIGNAL in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+        with open(sys.argv[2], "w") as f:
+            json.dump(seen, f)
+        os.kill(os.getpid(), w.REAP_SIGNAL)
+        return True
+
+    def release(self, scope):
+        return True
+
+    def finish(self):
+        pass
+
+blocks = [Block(0.0, 0.1, hang=True, probe=True)]
+w.run_worker(slots, slot=0, blocks=blocks, first=0, timeout=0.5,
+             make_sender=Sender, go_fd=-1)
+sys.exit(3)  # never reached: only the reap signal ends a hanging block
+"""
+
+
+@pytest.mark.process
+@pytest.mark.timeout(30)
+def test_reap_signal_before_the_wait_is_taken_at_once(tmp_path: Path) -> None:
+    """A signal that comes before the worker's wait must end that wait: with a Python
+    handler it could land after the interpreter's last signal check and before the
+    sleep's syscall, and the worker slept on (a 'missed' reap). The worker therefore
+    keeps the signal blocked and takes it in its wait, where a pending one counts."""
+    from benchmarks.many_workers import worker as w  # noqa: PLC0415
+
+    slots_path, seen_path = tmp_path / "slots", tmp_path / "seen.json"
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(_PROBE_WORKER), str(slots_path), str(seen_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=20,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(seen_path.read_text()) == {"blocked": True}
+    slots = w.Slots(str(slots_path))
+    assert slots.get(0, w.SIGNUM) == w.REAP_SIGNAL
+    assert slots.get(0, w.HANG_DEADLINE) <= slots.get(0, w.SIGNAL_TIME)
+    assert slots.get(0, w.HANG_PROBE) == 1.0
 
 
 @pytest.mark.process

@@ -17,15 +17,16 @@ at its planned start (a block the worker reaches more than half a timeout late i
 skipped and counted), so a server that falls behind cannot slow the workload down and
 hide its own latency (no coordinated omission); latency runs from the planned deadline.
 
-**Observing the reap**: workers ask to be reaped with ``SIGTERM``; their handler writes
-``time.monotonic()`` (``CLOCK_MONOTONIC``, one clock for all processes) into a shared
-memory slot and exits, and the parent sees the exit on a pidfd. So each reap has two
-times: the first signal and the process gone. torch's ``LocalTimerServer`` can only
-``SIGKILL``: its runs are measured at the exit (``latency_basis`` ``"exit"``), which
-favours it slightly less than the others' first-signal times favour them (a few tenths
-of a millisecond on an idle host). Every 4th hang is an *ingest probe*: an acquire
-already expired when written, whose latency is the server's write -> applied -> signal
-lag (``ingest_lag_ms``).
+**Observing the reap**: workers ask to be reaped with ``SIGTERM``, keep it blocked and
+wait for it in ``sigtimedwait`` (a Python signal handler can be deferred for as long as
+a sleep lasts); on it they write ``time.monotonic()`` (``CLOCK_MONOTONIC``, one clock
+for all processes) into a shared memory slot and exit, and the parent sees the exit on a
+pidfd. So each reap has two times: the first signal and the process gone. torch's
+``LocalTimerServer`` can only ``SIGKILL``: its runs are measured at the exit
+(``latency_basis`` ``"exit"``), which favours it slightly less than the others'
+first-signal times favour them (a few tenths of a millisecond on an idle host). Every
+4th hang is an *ingest probe*: an acquire already expired when written, whose latency
+is the server's write -> applied -> signal lag (``ingest_lag_ms``).
 
 **Verdicts** (:mod:`.measure`): a kill of a worker that had released every block before
 its deadline is a *false kill*; a hang not reaped within the server's polling interval

@@ -165,6 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     paths = write_all(results, Path(args.out))
     print(_summary(runs))
+    for r in runs:
+        for state in r.missed_states:
+            print(f"missed ({r.server} x {r.workers}): {state}")
     ok = True
     for claim, holds in verdicts(results["runs"]):
         print(f"{'OK    ' if holds else 'MISSED'} {claim}")

@@ -7,7 +7,7 @@ go; it watches every worker through a pidfd (one epoll) and samples the server's
 ``/proc`` entries for CPU and RSS.
 
 When a worker exits, the slot tells why. Let ``t`` be its first signal's arrival (from
-its handler), or its exit when it had none (``SIGKILL``):
+the worker itself), or its exit when it had none (``SIGKILL``):
 
 * it sat in a hanging block: a **reap**, latency ``t - deadline`` (an ingest probe's
   deadline is its write time, so its latency is write -> applied -> signalled); a
@@ -74,6 +74,7 @@ class RunResult:
     false_kills: int = 0
     late_kills: int = 0
     missed: int = 0
+    missed_states: list[str] = field(default_factory=list)  # each missed worker's /proc
     errors: int = 0
     hangs_planned: int = 0
     requests: int = 0
@@ -98,6 +99,7 @@ class RunResult:
             "false_kills": self.false_kills,
             "late_kills": self.late_kills,
             "missed": self.missed,
+            "missed_states": self.missed_states,
             "errors": self.errors,
             "hangs_planned": self.hangs_planned,
             "requests": self.requests,
@@ -126,6 +128,21 @@ def _rss_mb(pid: int) -> float:
             if line.startswith(b"VmRSS:"):
                 return int(line.split()[1]) / 1024
     return 0.0
+
+
+def _proc_state(pid: int) -> str:
+    """What the kernel says a live process is doing: state, signal masks, wait channel
+    (evidence for a missed reap; ``?`` for what cannot be read)."""
+    keys = (b"State", b"SigPnd", b"ShdPnd", b"SigBlk", b"SigCgt")
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            rows = [line.split(b":", 1) for line in f if line.split(b":", 1)[0] in keys]
+        with open(f"/proc/{pid}/wchan", "rb") as f:
+            wchan = f.read().decode()
+    except OSError as exc:
+        return f"? ({exc.strerror})"
+    fields = [f"{k.decode()} {v.strip().decode()}" for k, v in rows]
+    return ", ".join([*fields, f"wchan {wchan or '?'}"])
 
 
 def _kill(pid: int) -> None:
@@ -233,6 +250,8 @@ class _Run:
             deadline = self.slots.get(slot, w.HANG_DEADLINE)
             if slot not in self.missed_slots and now > deadline + window:
                 self.missed_slots.add(slot)
+                r = self.result
+                r.missed_states.append(f"slot {slot} pid {pid}: {_proc_state(pid)}")
                 _kill(pid)
 
 

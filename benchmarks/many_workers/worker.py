@@ -8,11 +8,19 @@ worker first releases its other open blocks (their deadlines would come first), 
 the hang in its slot, sends the acquire and sleeps until it is reaped.
 
 Observing the reap: the workers ask to be reaped with ``SIGTERM`` (catchable; torch's
-``LocalTimerServer`` can only ``SIGKILL``). The handler stores ``time.monotonic()``
-(``CLOCK_MONOTONIC``, one clock for every process on the host) in the slot and exits
-at once; the parent sees the exit through a pidfd. A slot is a row of doubles in a
-shared file mapping (under ``/dev/shm`` when there is one), written only by its worker
-while it lives and by the parent between workers.
+``LocalTimerServer`` can only ``SIGKILL``). A worker keeps ``SIGTERM`` blocked for its
+whole life and does all its waiting in ``sigtimedwait``/``sigwaitinfo``, which return
+at once for a signal already pending; on the signal it stores ``time.monotonic()``
+(``CLOCK_MONOTONIC``, one clock for every process on the host) in the slot and exits;
+the parent sees the exit through a pidfd. Not a Python signal handler: CPython runs
+one only when its interpreter loop next checks for signals, so a ``SIGTERM`` that
+lands between that check and the ``clock_nanosleep`` of ``time.sleep`` is taken by
+the C-level handler (no longer pending) and its Python handler waits until the sleep
+ends. An ingest probe is signalled microseconds after its acquire is written, right
+in that gap: the worker then slept on for an hour, a "missed" reap the server was
+not to blame for. A slot is a row of doubles in a shared file mapping (under
+``/dev/shm`` when there is one), written only by its worker while it lives and by the
+parent between workers.
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ import os
 import signal
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 from benchmarks.many_workers.plan import Block
 
@@ -111,10 +119,22 @@ class Sender(Protocol):
         """Flush what is still buffered before the worker exits."""
 
 
-def _sleep_until(when: float) -> None:
-    delay = when - time.monotonic()
-    if delay > 0:
-        time.sleep(delay)
+def _reaped(slots: Slots, slot: int, signum: int) -> None:
+    slots.set(slot, SIGNAL_TIME, time.monotonic())
+    slots.set(slot, SIGNUM, signum)
+    os._exit(0)
+
+
+def _sleep_until(slots: Slots, slot: int, when: float | None) -> None:
+    """Sleep until ``when`` (None: for ever), or exit as reaped when the (blocked) reap
+    signal is or becomes pending before then."""
+    info: signal.struct_siginfo | None
+    if when is None:
+        info = signal.sigwaitinfo({REAP_SIGNAL})
+    else:
+        info = signal.sigtimedwait({REAP_SIGNAL}, max(when - time.monotonic(), 0.0))
+    if info is not None:
+        _reaped(slots, slot, info.si_signo)
 
 
 def run_worker(
@@ -133,12 +153,8 @@ def run_worker(
     worker is ready); -1 for a replacement worker, which starts at once.
     """
 
-    def on_signal(signum: int, frame: Any) -> None:
-        slots.set(slot, SIGNAL_TIME, time.monotonic())
-        slots.set(slot, SIGNUM, signum)
-        os._exit(0)
-
-    signal.signal(REAP_SIGNAL, on_signal)
+    # Blocked, a reap signal stays pending until a wait below takes it (see the top).
+    signal.pthread_sigmask(signal.SIG_BLOCK, {REAP_SIGNAL})
     sender = make_sender()
     slots.set(slot, READY, 1.0)
     if go_fd >= 0:
@@ -170,7 +186,7 @@ def run_worker(
 
     while events:
         when, order, k = heapq.heappop(events)
-        _sleep_until(when)
+        _sleep_until(slots, slot, when)
         block = blocks[k]
         if order == 0:
             release(k)
@@ -187,7 +203,7 @@ def run_worker(
             slots.set(slot, HANG_DEADLINE, deadline)
             sent(sender.acquire(f"b{k}", deadline))
             while True:  # hung: only a reap ends this
-                time.sleep(3600)
+                _sleep_until(slots, slot, None)
         deadline = t0 + block.start + timeout
         open_deadlines[k] = deadline
         slots.set(slot, MIN_OPEN_DEADLINE, min(open_deadlines.values()))
@@ -197,4 +213,5 @@ def run_worker(
             del open_deadlines[k]
             slots.set(slot, MIN_OPEN_DEADLINE, min(open_deadlines.values(), default=math.inf))
     sender.finish()
+    _sleep_until(slots, slot, 0.0)  # a signal that came during the last blocks counts
     slots.set(slot, DONE, 1.0)
