@@ -9,8 +9,10 @@ event that reports the refusal; survival is checked after it.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -242,6 +244,91 @@ def test_a_stalled_server_kills_no_worker_that_released_in_time(tmp_path: Path) 
         time.sleep(0.3)
         assert [w.poll() for w in workers[:5]] == [None] * 5  # no healthy worker killed
     finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(server.pid, signal.SIGCONT)
+        server.terminate()
+        server.wait(BOUND)
+        for w in workers:
+            w.kill()
+            w.wait()
+            for stream in (w.stdin, w.stdout):
+                if stream is not None:
+                    stream.close()
+
+
+def _flood(fd: int, size: int, first_pid: int) -> int:
+    """Write up to ``size`` bytes of other workers' lines (releases of timers nobody
+    holds: applied, no-ops), in whole-line writes of at most ``PIPE_BUF`` bytes, without
+    blocking; return how many were written."""
+    lines = [
+        json.dumps({"pid": first_pid + i, "scope_id": "s", "expiration_time": -1, "signal": 0})
+        for i in range(40)
+    ]
+    piece = ("\n".join(lines) + "\n").encode()
+    assert len(piece) <= select.PIPE_BUF
+    written = 0
+    while written < size:
+        try:
+            written += os.write(fd, piece)
+        except BlockingIOError:
+            break
+    return written
+
+
+def test_a_stalled_server_flooded_after_the_releases_kills_no_worker_that_released(
+    tmp_path: Path,
+) -> None:
+    """As above, with the pipe nearly full when the server resumes: a little of other
+    workers' input before the releases, most of a pipe's worth after them. The releases
+    win, and the hung worker (named nowhere in the flood) is reaped without the server
+    decoding the flood first."""
+    fifo, log = tmp_path / "t.fifo", tmp_path / "events.jsonl"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    serve = [sys.executable, "-m", "aiotimer", "serve", "--fifo", str(fifo)]
+    server = subprocess.Popen([*serve, "--event-log", str(log)], env=env)
+    workers: list[subprocess.Popen[str]] = []
+    flood_fd = -1
+    try:
+        deadline = time.monotonic() + BOUND
+        while not fifo.with_name("t.fifo.aiotimer").exists():
+            assert time.monotonic() < deadline and server.poll() is None
+            time.sleep(0.02)
+        for mode in ["go"] * 3 + ["hang"]:
+            workers.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", STALL_WORKER, str(fifo), "2.5", mode],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    text=True,
+                )
+            )
+        for w in workers:
+            assert w.stdout is not None and w.stdout.readline().strip() == "acquired"
+        flood_fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        capacity = fcntl.fcntl(flood_fd, fcntl.F_GETPIPE_SZ)
+        time.sleep(0.2)  # the server reads the acquires
+        os.kill(server.pid, signal.SIGSTOP)
+        assert _flood(flood_fd, 16 * 1024, first_pid=5000) >= 16 * 1024
+        for w in workers[:3]:
+            assert w.stdin is not None
+            w.stdin.write("go\n")
+            w.stdin.flush()
+            assert w.stdout is not None and w.stdout.readline().strip() == "released"
+        assert _flood(flood_fd, capacity, first_pid=6000) > capacity // 2
+        time.sleep(2.8)  # every deadline passes while the server is stopped
+        os.kill(server.pid, signal.SIGCONT)
+        resumed = time.monotonic()
+        hung = workers[3]
+        while hung.poll() is None and time.monotonic() - resumed < BOUND:
+            time.sleep(0.005)
+        reaped_after = time.monotonic() - resumed
+        assert hung.returncode == -signal.SIGKILL
+        assert reaped_after < 0.5
+        time.sleep(0.3)
+        assert [w.poll() for w in workers[:3]] == [None] * 3  # no healthy worker killed
+    finally:
+        if flood_fd >= 0:
+            os.close(flood_fd)
         with contextlib.suppress(ProcessLookupError):
             os.kill(server.pid, signal.SIGCONT)
         server.terminate()
