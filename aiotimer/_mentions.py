@@ -47,9 +47,10 @@ def _last_mention(data: bytes | bytearray, digits: bytes, end: int) -> int:
     return -1
 
 
-def mentions_end(data: bytes | bytearray, pids: Collection[int], *, partial: bool) -> int:
+def mentions_end(data: bytes | bytearray, pids: Collection[int] | None, *, partial: bool) -> int:
     """How many leading bytes of ``data`` must be decoded so that no complete line left
-    after them may hold a request for one of ``pids`` (0: none may).
+    after them may hold a request for one of ``pids`` (``None``: for anyone; 0: none
+    may).
 
     The result always ends a line (it is 0 or just past a newline); an incomplete last
     line is never counted, as it cannot be decoded yet. ``partial``: the decoder holds
@@ -57,10 +58,10 @@ def mentions_end(data: bytes | bytearray, pids: Collection[int], *, partial: boo
     ``data`` completes it, it is counted too.
     """
     end = data.rfind(b"\n") + 1
+    if pids is None or len(pids) > MAX_SCANNED_PIDS:
+        return end
     if not end or not pids:
         return 0
-    if len(pids) > MAX_SCANNED_PIDS:
-        return end
     last = max(_last_mention(data, str(pid).encode(), end) for pid in pids)
     if last != -1:
         return data.index(b"\n", last) + 1

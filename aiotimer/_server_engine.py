@@ -19,7 +19,8 @@ ingesting a burst of input does not hold up an expiry.
 
 Before acting on expired timers the engine asks the sources' *drains*
 (:meth:`Engine.add_drain`, the protocol in :mod:`aiotimer.sources._base`) about the
-workers whose timers are due (:meth:`~aiotimer._table.TimerTable.due_pids`, a peek):
+workers whose timers are due (:meth:`~aiotimer._table.TimerTable.due_pids`, a peek;
+about anyone when more than :data:`EXPIRE_BUDGET` heap entries are due):
 each takes in what its transport holds right now, so a release that reached the FIFO
 before the deadline wins, even when this loop was stalled (a SIGSTOP, a GC or VM
 pause) and wakes up after it: the stall is the server's lateness, not the worker's.
@@ -546,14 +547,20 @@ class Engine:
         ``DRAIN_BUDGET`` seconds of this thread's CPU time (a flood of input must not
         hold up the reaps; wall time would run out while the host runs other processes,
         and leave releases written before the deadline unread)."""
-        looked: set[int] = set()
+        if not self._drains:
+            return
+        looked: set[int] | None = set()  # None: looked for anyone
         stop_at = time.thread_time() + DRAIN_BUDGET
         calls = 0
-        while calls < MAX_DRAIN_CALLS:
-            due = self.table.due_pids(now, budget=EXPIRE_BUDGET) - looked
-            if not due:
-                return
-            looked |= due
+        while looked is not None and calls < MAX_DRAIN_CALLS:
+            due = self.table.due_pids(now, limit=EXPIRE_BUDGET)
+            if due is None:  # too many due to name: look for anyone, once
+                looked = None
+            else:
+                due -= looked
+                if not due:
+                    return
+                looked |= due
             pending = [drain for drain in self._drains if _safely(drain.look, due)]
             while pending and calls < MAX_DRAIN_CALLS:
                 for drain in tuple(pending):

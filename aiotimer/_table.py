@@ -369,35 +369,37 @@ class TimerTable:
                     push(frontier, (c[0], c[1], child + 1))
         return out
 
-    def due_pids(self, now: float, *, budget: int | None = None) -> set[int]:
-        """The pids of the live timers that ``pop_expired(now, budget=budget)`` would
-        return now, without removing anything.
+    def due_pids(self, now: float, *, limit: int) -> set[int] | None:
+        """The pids of the live timers with ``deadline <= now``, without removing
+        anything; ``None`` when more than ``limit`` heap entries (live or stale) are due.
 
-        A best-first walk from the heap's root that descends only into entries with
-        ``deadline <= now`` and visits them in the order ``pop_expired`` pops them
-        (stale ones too, as they count toward its ``budget``), so it costs
-        O(k log k) for the k due entries visited, never O(len).
+        A walk of the heap as a tree from its root that descends only into entries with
+        ``deadline <= now`` (every entry below one that is not due is not due either), so
+        it costs O(min(due, limit)), never O(len). Whenever it answers, the answer covers
+        every timer ``pop_expired(now, budget=limit)`` would return now.
         """
         heap, by_pid = self._heap, self._by_pid
-        size = len(heap)
         due: set[int] = set()
-        if not size or heap[0][0] > now:
+        if not heap or heap[0][0] > now:
             return due
-        # (deadline, seq, index): seq is unique, so the index never decides an order.
-        frontier: list[tuple[float, int, int]] = [(*heap[0][:2], 0)]
-        push, pop = heapq.heappush, heapq.heappop
-        left = -1 if budget is None else budget
-        while frontier and left:
-            left -= 1
-            i = pop(frontier)[2]
+        size = len(heap)
+        stack = [0]
+        visited = 0
+        while stack:
+            i = stack.pop()
+            visited += 1
+            if visited > limit:
+                return None
             entry = heap[i]
             timer = entry[2]
             scopes = by_pid.get(timer.pid)
             if scopes is not None and scopes.get(timer.scope_id) is entry:  # live
                 due.add(timer.pid)
-            for child in (2 * i + 1, 2 * i + 2):
-                if child < size and (c := heap[child])[0] <= now:
-                    push(frontier, (c[0], c[1], child))
+            child = 2 * i + 1
+            if child < size and heap[child][0] <= now:
+                stack.append(child)
+            if child + 1 < size and heap[child + 1][0] <= now:
+                stack.append(child + 1)
         return due
 
     def worker_scopes(self, pid: int, limit: int) -> tuple[list[str], int]:

@@ -25,6 +25,7 @@ from aiotimer import Request
 from aiotimer._clock import MonotonicClock
 from aiotimer._policy import Escalation, ReapPolicy
 from aiotimer._protocol import Decoded
+from aiotimer._server_engine import EXPIRE_BUDGET
 from aiotimer.errors import ProcessGoneError, ServerStateError, SourceError
 from aiotimer.events import (
     Event,
@@ -1005,9 +1006,9 @@ class HeldSource:
         self._due = 0  # held requests the current drain applies
         self._sink: RequestSink | None = None
 
-    def look(self, pids: AbstractSet[int]) -> bool:
-        self.looked.append(set(pids))
-        named = [i for i, req in enumerate(self.held) if req.pid in pids]
+    def look(self, pids: AbstractSet[int] | None) -> bool:
+        self.looked.append(set(pids) if pids is not None else {-1})
+        named = [i for i, req in enumerate(self.held) if pids is None or req.pid in pids]
         self._due = named[-1] + 1 if named else 0
         return self._due > 0
 
@@ -1074,6 +1075,20 @@ async def test_an_expired_acquire_applied_by_a_drain_is_looked_for_before_it_is_
         await r.advance(1.0)
         assert r.reaper.signals() == []
         assert held.looked == [{1}, {3}] and held.held == []
+
+
+@pytest.mark.asyncio
+async def test_with_more_timers_due_than_a_slice_the_drains_look_for_anyone() -> None:
+    held = HeldSource()
+    async with rig(sources=[held]) as r:
+        for pid in range(2, EXPIRE_BUDGET + 12):
+            r.acquire(pid, "a", at=1.0)
+        await settle()
+        held.held += [Request(2, "a", -1, 0), Request(7, "a", -1, 0)]
+        await r.advance(1.0)
+        assert held.looked[0] == {-1}  # anyone: too many due to name them
+        killed = {pid for pid, _ in r.reaper.signals()}
+        assert killed == set(range(2, EXPIRE_BUDGET + 12)) - {2, 7}
 
 
 @pytest.mark.asyncio

@@ -416,19 +416,25 @@ class TableMachine(RuleBasedStateMachine):
         due = [m for m in self.model.values() if m.timer.deadline <= self.now]
         for m in due:
             del self.model[m.timer.key]
-        assert self.table.due_pids(self.now) == {m.timer.pid for m in due}
+        peeked = self.table.due_pids(self.now, limit=10_000)
+        assert peeked == {m.timer.pid for m in due}
         assert self.table.pop_expired(self.now) == self._in_expiry_order(due)
 
     @rule(step=st.sampled_from([0.0, 1.0, 3.0]), budget=st.integers(1, 40))
     def peek_then_pop_a_budgeted_slice(self, step: float, budget: int) -> None:
-        """A budgeted peek names exactly the workers of the slice the same pop takes
-        (stale entries count toward both budgets)."""
+        """A bounded peek answers for at least the workers of the slice the same pop
+        takes, or says that more entries than its limit are due."""
         self.now += step
-        peeked = self.table.due_pids(self.now, budget=budget)
+        live_due = {m.timer.pid for m in self.model.values() if m.timer.deadline <= self.now}
+        size = self.table.heap_size
+        peeked = self.table.due_pids(self.now, limit=budget)
         popped = self.table.pop_expired(self.now, budget=budget)
         for t in popped:
             del self.model[t.key]
-        assert peeked == {t.pid for t in popped}
+        if peeked is None:
+            assert size > budget  # the heap held more entries than the limit
+        else:
+            assert peeked == live_due
 
     @rule()
     def next_deadline(self) -> None:
@@ -478,8 +484,8 @@ def test_due_pids_walks_only_the_due_part_of_the_heap() -> None:
     t.acquire(timer(2, "b", 2.0))
     t.acquire(timer(3, "c", 2.0))
     t.release(3, "c")  # stale: walked (it may hide due children) but not named
-    assert t.due_pids(0.5) == set()
-    assert t.due_pids(2.0) == {1, 2}
-    assert t.due_pids(2.0, budget=1) == {1}
+    assert t.due_pids(0.5, limit=2) == set()
+    assert t.due_pids(2.0, limit=3) == {1, 2}  # 3 entries due: 2 live, 1 stale
+    assert t.due_pids(2.0, limit=2) is None  # more due than the limit
     assert len(t) == 10_002  # nothing removed
     assert [x.pid for x in t.pop_expired(2.0)] == [1, 2]

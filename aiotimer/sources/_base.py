@@ -17,8 +17,9 @@ The drain protocol, per expiry:
 1. ``look(pids)``: the drain takes in, without blocking and without decoding, what its
    transport holds right now (a bounded amount; a FIFO moves it into its own backlog,
    which its reader then decodes first, in order), and says whether any of it may hold
-   a request for one of ``pids``. ``False`` means nothing taken in can change those
-   workers' timers, so the server acts on them at once.
+   a request for one of ``pids`` (``None``: for anyone, as too many timers are due to
+   name their workers). ``False`` means nothing taken in can change those workers'
+   timers, so the server acts on them at once.
 2. While it said ``True``: ``step()`` decodes and submits the next chunk of that input,
    in arrival order (whatever comes before the last request that may concern ``pids``
    too, as order is never changed), and says whether more of it is left. Steps are
@@ -48,9 +49,10 @@ class Drain(Protocol):
     expiry (see the module docs). Both methods run in the event loop's thread, never
     block and never wait."""
 
-    def look(self, pids: AbstractSet[int]) -> bool:
+    def look(self, pids: AbstractSet[int] | None) -> bool:
         """Take in what the transport holds now; ``True`` if some of it may hold a
-        request for one of ``pids`` (then :meth:`step` must apply it)."""
+        request for one of ``pids`` (``None``: for anyone), which :meth:`step` must
+        then apply."""
         ...
 
     def step(self) -> bool:

@@ -396,7 +396,7 @@ class _Reader:
         self._due = 0  # leading backlog bytes the current drain still has to decode
         self._waiting: anyio.CancelScope | None = None  # the read loop's wait for input
 
-    def look(self, pids: AbstractSet[int]) -> bool:
+    def look(self, pids: AbstractSet[int] | None) -> bool:
         """Move what the pipe holds into the backlog (up to ``BACKLOG_LIMIT`` bytes in
         all: one ``read(2)``, however fast writers refill the pipe); ``True`` if some of
         the backlog may name one of ``pids``."""

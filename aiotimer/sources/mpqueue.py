@@ -334,7 +334,7 @@ class _Bridge:
         while self.step():
             pass
 
-    def look(self, pids: AbstractSet[int]) -> bool:
+    def look(self, pids: AbstractSet[int] | None) -> bool:
         """In the loop, as a drain: ``True`` while the thread has batches queued (they
         are decoded already; applying them all is cheaper than looking into them)."""
         return bool(self.pending)

@@ -315,9 +315,9 @@ class _Connection:
         self._decoder = LineDecoder(max_line)
         self.ended = False
 
-    def look(self, pids: AbstractSet[int]) -> bool:
+    def look(self, pids: AbstractSet[int] | None) -> bool:
         """``True`` when the peer is one of ``pids`` (what it sent may concern it)."""
-        return not self.ended and self._peer.pid in pids
+        return not self.ended and (pids is None or self._peer.pid in pids)
 
     def step(self) -> bool:
         """Read and submit one message; ``True`` when more may be left."""
