@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import gc
 import signal
 import sys
 
@@ -200,6 +201,7 @@ async def _serve(args: argparse.Namespace) -> str | None:
     try:
         async with publishing(node_config(args), lambda: server_status(server)) as node, server:
             publishers.extend([node] if node is not None else [])
+            _freeze_startup_heap()
             await stop.wait()
     finally:
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
@@ -207,6 +209,15 @@ async def _serve(args: argparse.Namespace) -> str | None:
     if args.shadow or args.stats:
         print(format_summaries(server.scope_stats()), end="", flush=True)
     return failure[0] if failure else None
+
+
+def _freeze_startup_heap() -> None:
+    """Put what start-up allocated (modules, classes, the server's own structures) out
+    of the cyclic garbage collector's reach, so that its full passes, which stop the
+    event loop, scan only what the server allocates while serving: tens of thousands
+    of objects fewer, milliseconds instead of tens of milliseconds per pass."""
+    gc.collect()
+    gc.freeze()
 
 
 def run_serve(args: argparse.Namespace) -> int:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -69,6 +71,37 @@ def test_serve_runs_until_signalled_and_exits_zero(
 
 @pytest.mark.process
 @pytest.mark.timeout(30)
+@pytest.mark.process
+@pytest.mark.timeout(30)
+def test_serve_freezes_its_startup_heap(tmp_path: Path) -> None:
+    """Once serving, the start-up objects are out of the collector's reach (a full
+    pass that scans them stops the loop for tens of milliseconds)."""
+    fifo = tmp_path / "timer.fifo"
+    marker = Path(f"{fifo}.aiotimer")
+    frozen: list[int] = []
+
+    def watch() -> None:
+        deadline = time.monotonic() + 20
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        deadline = time.monotonic() + 5  # serving: the freeze follows start-up at once
+        while not gc.get_freeze_count() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        frozen.append(gc.get_freeze_count())
+        os.kill(os.getpid(), signal.SIGTERM)  # the server's own way to stop
+
+    assert gc.get_freeze_count() == 0
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        code = main(["serve", "--fifo", str(fifo), "--no-control", "--no-journal"])
+    finally:
+        watcher.join()
+        gc.unfreeze()
+    assert code == 0
+    assert frozen and frozen[0] > 1000
+
+
 def test_serve_refuses_a_path_that_is_not_a_fifo(tmp_path: Path) -> None:
     path = tmp_path / "regular"
     path.write_text("do not clobber me")
