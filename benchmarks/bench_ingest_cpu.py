@@ -21,6 +21,10 @@ source's ``CHUNK_SIZE``). Rows, each timed over the whole stream:
 * ``decode + submit`` — both, chunk by chunk: what the server's read loop costs per line
   beyond the read itself.
 
+Then, per read size, the work between two deadline checks at its worst: one read of
+nothing but garbage lines (:data:`benchmarks.bench_codec.GARBAGE`) decoded and submitted,
+in milliseconds (its rejection events go nowhere here; a server also writes them out).
+
 The cyclic GC stays on (as in the server) unless ``--no-gc``. This isolates the CPU the
 server spends per line from the scheduling noise of the end-to-end benchmark, whose
 ratio it predicts: the server is the serial bottleneck there.
@@ -45,6 +49,7 @@ from aiotimer.events import Event
 from aiotimer.sources.fifo import CHUNK_SIZE
 from aiotimer.testing import RecordingReaper
 from benchmarks._util import Timing, format_table, time_repeated
+from benchmarks.bench_codec import GARBAGE
 from benchmarks.bench_ingest import writer_lines
 
 FIRST_PID = 1_000_000  # fake writer pids: the recording reaper attaches any
@@ -83,6 +88,13 @@ def decode_only(chunks: list[bytes]) -> None:
     feed = LineDecoder().feed
     for chunk in chunks:
         feed(chunk)
+
+
+def garbage_read(size: int) -> bytes:
+    """Garbage lines, as many as fit in a read of ``size`` bytes."""
+    lines = [GARBAGE[i % len(GARBAGE)] + b"\n" for i in range(size // 16 + 1)]
+    data = b"".join(lines)[:size]
+    return data[: data.rfind(b"\n") + 1]
 
 
 def new_engine(tg: anyio.abc.TaskGroup, journal_dir: Path) -> Engine:
@@ -131,12 +143,25 @@ async def measure(chunks: list[bytes], lines: int, repeat: int, keep_gc: bool) -
             timings["decode"] = timed(lambda _: decode_only(chunks))
             timings["submit"] = timed(submit)
             timings["decode + submit"] = timed(decode_submit)
+            garbage = garbage_read(len(chunks[0]))
+            engine = new_engine(tg, Path(tmp))
+            timings["a read of garbage"] = time_repeated(
+                lambda _: engine.submit(LineDecoder().feed(garbage), "bench"),
+                units=1,
+                repeat=repeat,
+                keep_gc=keep_gc,
+            )
+            engine.close()
             for engine in engines:
                 if len(engine.table) or engine.counts.requests != lines:
                     raise AssertionError("the engine did not apply every line")
                 engine.close()
             tg.cancel_scope.cancel()
     return timings
+
+
+def _us(t: Timing) -> str:
+    return f"{t.best * 1e6:.3f} ({t.median * 1e6:.3f})"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -167,15 +192,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     for size in (int(s) for s in args.chunk.split(",")):
         chunks = chunks_of(data, size)
         timings = anyio.run(measure, chunks, lines, args.repeat, not args.no_gc)
-        floor = timings["split only"]
+        floor = timings.pop("split only")
+        worst = timings.pop("a read of garbage")
+        rows.append([f"split only ({size // 1024} KiB reads)", _us(floor), "1.0x"])
         for name, t in timings.items():
-            rows.append(
-                [
-                    f"{name} ({size // 1024} KiB reads)",
-                    f"{t.best * 1e6:.3f} ({t.median * 1e6:.3f})",
-                    f"{t.best / floor.best:.1f}x",
-                ]
-            )
+            ratio = f"{t.best / floor.best:.1f}x"
+            rows.append([f"{name} ({size // 1024} KiB reads)", _us(t), ratio])
+        worst_ms = f"{worst.best * 1e3:.2f} ms ({worst.median * 1e3:.2f})"
+        rows.append([f"a {size // 1024} KiB read of garbage lines", worst_ms, ""])
     print(format_table(["what", "us per line", "vs split only"], rows))
     return 0
 
