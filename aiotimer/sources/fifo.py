@@ -70,9 +70,12 @@ __all__ = [
     "grow_pipe",
 ]
 
-#: Bytes per ``read(2)``: also the most input decoded before other work gets a turn
-#: (16 KiB of garbage lines costs a few milliseconds to reject; valid lines much less).
-CHUNK_SIZE: Final[int] = 16384
+#: Bytes per ``read(2)``: also the most input decoded before other work gets a turn.
+#: Each read and batch has a fixed cost (the syscall, a loop iteration, the batch's
+#: bookkeeping), so bigger reads cost less per line; but 32 KiB of garbage lines
+#: costs a few milliseconds to reject (valid lines under 1 ms), and twice that at 64 KiB.
+#: See ``python -m benchmarks.bench_ingest_cpu --chunk 16384,32768,65536``.
+CHUNK_SIZE: Final[int] = 32768
 #: Upper bound on reads per wake-up, so one busy FIFO cannot starve the event loop.
 MAX_READS_PER_WAKE: Final[int] = 16
 #: The pipe capacity asked for (Linux ``F_SETPIPE_SZ``; the default is 64 KiB). A larger
