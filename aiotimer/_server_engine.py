@@ -71,11 +71,9 @@ import logging
 import math
 import os
 import time
-from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass
 from itertools import compress
-from operator import attrgetter
 
 import anyio
 import anyio.abc
@@ -141,10 +139,8 @@ MAX_TIMERS = 1_000_000
 #: Default cap on one worker's live timers; its acquires past it are rejected.
 MAX_TIMERS_PER_WORKER = 100_000
 
-# Masks over a batch's fates (bytearray.translate tables) for itertools.compress.
+# A mask over a batch's fates (a bytearray.translate table) for itertools.compress.
 _NOT_PAIRED_RELEASE = bytes(fate != PAIRED_RELEASE for fate in range(256))
-_IS_PAIRED_RELEASE = bytes(fate == PAIRED_RELEASE for fate in range(256))
-_scope_id = attrgetter("scope_id")
 
 
 def _safely(call: Callable[..., bool], *args: object) -> bool:
@@ -258,7 +254,8 @@ class Engine:
         """Apply a batch in order; a block whose acquire and release are both in it
         never reaches the table (see :mod:`aiotimer._batch`): it is counted, and its
         duration (zero: both arrived now) recorded once per scope for the batch."""
-        fates = fold(requests)
+        folded = fold(requests)
+        fates = folded.fates
         paired = fates.count(PAIRED_RELEASE)
         counts = self.counts
         counts.released += paired
@@ -266,6 +263,12 @@ class Engine:
         table, journal, restored, overdue = self.table, self._journal, self._restored, None
         if self.overdue:  # it only shrinks during a batch (nothing expires meanwhile)
             overdue = self.overdue
+        # A paired acquire ends a live timer of its key. Such a timer was set before the
+        # batch (an acquire applied in the batch is never followed by another acquire of
+        # its key in it) and has been in its worker's scopes ever since: one view of a
+        # worker's live scopes per batch, taken when first needed, tells whether there
+        # is one, and spares the table a lookup for every other key.
+        live_scopes: dict[int, Container[str]] = {}
         # Paired releases need nothing but the counts above and the statistics below.
         unpaired = fates.translate(_NOT_PAIRED_RELEASE)
         for req, fate in compress(zip(requests, fates, strict=True), unpaired):
@@ -278,18 +281,20 @@ class Engine:
                 self._drop_restored(pid)
             if overdue is not None:
                 overdue.pop((pid, scope_id))
+            if fate != PAIRED_ACQUIRE:
+                continue
+            live = live_scopes.get(pid)
+            if live is None:
+                live = live_scopes[pid] = table.live_scopes(pid)
             # A timer of this key live before the batch: the paired acquire replaces it
             # and its release ends it.
             if (
-                fate == PAIRED_ACQUIRE
+                scope_id in live
                 and table.release(pid, scope_id) is not None
                 and journal is not None
             ):
                 journal.released(pid, scope_id)
-        if paired:
-            released = compress(requests, fates.translate(_IS_PAIRED_RELEASE))
-            for scope_id, count in Counter(map(_scope_id, released)).items():
-                self.stats.record_many(scope_id, 0.0, count)
+        self.stats.record_many(folded.paired, 0.0)
 
     def _apply(self, req: Request, source: str, mono: float, wall: float) -> None:
         if self._restored and req.pid in self._restored:

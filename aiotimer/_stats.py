@@ -29,7 +29,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
@@ -178,9 +178,13 @@ class DurationStats:
         """Record that a block of ``scope_id`` ran for ``duration`` seconds (>= 0)."""
         self._site(scope_id).sketch.add(duration)
 
-    def record_many(self, scope_id: str, duration: float, count: int) -> None:
-        """Record ``count`` blocks of ``scope_id`` that each ran ``duration`` seconds."""
-        self._site(scope_id).sketch.add_many(duration, count)
+    def record_many(self, counts: Mapping[str, int], duration: float) -> None:
+        """Record, for each scope id in ``counts``, that many blocks that each ran
+        ``duration`` seconds (a batch's blocks begun and ended at once, say)."""
+        by_scope = self._by_scope
+        for scope_id, count in counts.items():
+            site = by_scope.get(scope_id) or self._site(scope_id)
+            site.sketch.add_many(duration, count)
 
     def record_expired(self, scope_id: str, elapsed: float) -> None:
         """Record that a timer of ``scope_id`` expired after running ``elapsed`` seconds."""

@@ -124,6 +124,7 @@ class Timer(msgspec.Struct, frozen=True, gc=False):
 # A heap entry: (deadline, seq, timer). Live while the index maps the key to it (``is``).
 # A tuple of untracked objects, so the garbage collector untracks it too.
 _Entry = tuple[float, int, Timer]
+_NO_SCOPES: KeysView[str] = {}.keys()
 
 
 class TimerTable:
@@ -316,6 +317,13 @@ class TimerTable:
         """How many live timers worker ``pid`` has. O(1)."""
         scopes = self._by_pid.get(pid)
         return 0 if scopes is None else len(scopes)
+
+    def live_scopes(self, pid: int) -> KeysView[str]:
+        """The scope ids of worker ``pid``'s live timers. O(1): a read-only view that
+        follows the table for as long as the worker has timers (an empty one if it has
+        none now)."""
+        scopes = self._by_pid.get(pid)
+        return _NO_SCOPES if scopes is None else scopes.keys()
 
     def worker_timers(self, pid: int) -> list[Timer]:
         """The live timers of worker ``pid`` (any order)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+from collections import Counter
 from dataclasses import astuple
 
 import anyio
@@ -54,7 +55,7 @@ def folded(
     """``batch`` applied to ``live`` as the engine applies it with :func:`fold`."""
     live = dict(live)
     ended = 0
-    for r, fate in zip(batch, fold(batch), strict=True):
+    for r, fate in zip(batch, fold(batch).fates, strict=True):
         key = (r.pid, r.scope_id)
         if fate == APPLY:
             if r.is_release:
@@ -86,7 +87,7 @@ def test_fold_applies_like_every_request_in_order(
 
 @given(requests)
 def test_paired_requests_pair_up_in_order(batch: list[Request]) -> None:
-    fates = fold(batch)
+    fates = fold(batch).fates
     for i, fate in enumerate(fates):
         if fate == PAIRED_ACQUIRE:
             key = (batch[i].pid, batch[i].scope_id)
@@ -98,14 +99,22 @@ def test_paired_requests_pair_up_in_order(batch: list[Request]) -> None:
             assert not batch[i].is_release
 
 
+@given(requests)
+def test_fold_counts_the_paired_releases_of_each_scope(batch: list[Request]) -> None:
+    folded = fold(batch)
+    fates = zip(batch, folded.fates, strict=True)
+    want = Counter(r.scope_id for r, f in fates if f == PAIRED_RELEASE)
+    assert folded.paired == want
+
+
 def test_fold_examples() -> None:
     a, r = Request(1, "s", 5.0, KILL), Request(1, "s", -1, 0)
     other = Request(2, "s", 5.0, KILL)
-    assert list(fold([a, r])) == [PAIRED_ACQUIRE, PAIRED_RELEASE]
-    assert list(fold([a, other, r])) == [PAIRED_ACQUIRE, APPLY, PAIRED_RELEASE]
-    assert list(fold([a, a, r])) == [SUPERSEDED, PAIRED_ACQUIRE, PAIRED_RELEASE]
-    assert list(fold([a, a])) == [SUPERSEDED, APPLY]
-    assert list(fold([r, a])) == [APPLY, APPLY]
+    assert list(fold([a, r]).fates) == [PAIRED_ACQUIRE, PAIRED_RELEASE]
+    assert list(fold([a, other, r]).fates) == [PAIRED_ACQUIRE, APPLY, PAIRED_RELEASE]
+    assert list(fold([a, a, r]).fates) == [SUPERSEDED, PAIRED_ACQUIRE, PAIRED_RELEASE]
+    assert list(fold([a, a]).fates) == [SUPERSEDED, APPLY]
+    assert list(fold([r, a]).fates) == [APPLY, APPLY]
 
 
 @pytest.mark.asyncio

@@ -218,7 +218,7 @@ def test_record_many_and_the_scope_cache_keep_sites_apart() -> None:
     stats = DurationStats()
     for i in range(3 * 4096):  # past the scope id cache, which then starts over
         stats.record(f"a.py:{i % 2}#{i}", 1.0)
-    stats.record_many("a.py:0#99999", 0.0, 10)
+    stats.record_many({"a.py:0#99999": 10, "a.py:1#99998": 2}, 0.0)
     a0, a1 = stats.summary("a.py:0"), stats.summary("a.py:1")
     assert a0 is not None and a1 is not None
-    assert (a0.count, a1.count) == (3 * 2048 + 10, 3 * 2048)
+    assert (a0.count, a1.count) == (3 * 2048 + 10, 3 * 2048 + 2)

@@ -451,6 +451,8 @@ class TableMachine(RuleBasedStateMachine):
     def agrees_with_model(self) -> None:
         assert len(self.table) == len(self.model)
         assert set(self.table.workers()) == {pid for pid, _ in self.model}
+        for pid in (*self.table.workers(), -1):
+            assert set(self.table.live_scopes(pid)) == {s for p, s in self.model if p == pid}
         assert self.table.snapshot() == tuple(self._in_expiry_order(list(self.model.values())))
 
     @invariant()
