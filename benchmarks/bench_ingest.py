@@ -410,7 +410,7 @@ def run_server(
             server.wait()
     cells = shared.cells
     # The probes whose deadline fell while the writers were still being served.
-    saturated = [i for i in range(0, len(cells), PROBE_CELLS) if cells[i] < end]
+    saturated = [i for i in range(0, PROBE_CELLS * probes, PROBE_CELLS) if cells[i] < end]
     probe_ms = tuple(
         (cells[i + 1] - cells[i]) * 1e3 for i in saturated if not math.isnan(cells[i + 1])
     )
