@@ -150,6 +150,9 @@ def test_reduced_quick_run_writes_the_report(tmp_path: Path) -> None:
             assert isinstance(run[key], int | float)
         assert run["requests"] > 0
         assert run["reap_latency_ms"]["n"] > 0
+        assert run["host_lag_ms"]["n"] > 0  # the harness's own wake-ups, for reference
+        reaps = run["reap_latency_ms"]["n"] + run["ingest_lag_ms"]["n"]
+        assert 0 <= run["realtime_observed"] <= reaps
     ours = results["runs"][0]
     assert ours["false_kills"] == 0
     assert ours["missed"] == 0

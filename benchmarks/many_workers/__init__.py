@@ -19,19 +19,26 @@ hide its own latency (no coordinated omission); latency runs from the planned de
 
 **Observing the reap**: workers ask to be reaped with ``SIGTERM``, keep it blocked and
 wait for it in ``sigtimedwait`` (a Python signal handler can be deferred for as long as
-a sleep lasts); on it they write ``time.monotonic()`` (``CLOCK_MONOTONIC``, one clock
-for all processes) into a shared memory slot and exit, and the parent sees the exit on a
-pidfd. So each reap has two times: the first signal and the process gone. torch's
-``LocalTimerServer`` can only ``SIGKILL``: its runs are measured at the exit
-(``latency_basis`` ``"exit"``), which favours it slightly less than the others'
-first-signal times favour them (a few tenths of a millisecond on an idle host). Every
-4th hang is an *ingest probe*: an acquire already expired when written, whose latency
-is the server's write -> applied -> signal lag (``ingest_lag_ms``).
+a sleep lasts); a hung worker waits at the lowest real-time priority where the harness
+may set one (root or ``CAP_SYS_NICE``; ``realtime_observed`` counts those reaps), so
+that its signal is timed when it arrives, not when a busy host next lets the worker run.
+On it they write ``time.monotonic()`` (``CLOCK_MONOTONIC``, one clock for all processes)
+into a shared memory slot and exit, and the parent sees the exit on a pidfd. So each
+reap has two times: the first signal and the process gone. torch's ``LocalTimerServer``
+can only ``SIGKILL``: its runs are measured at the exit (``latency_basis`` ``"exit"``),
+which favours it slightly less than the others' first-signal times favour them (a few
+tenths of a millisecond on an idle host). Every 4th hang is an *ingest probe*: an
+acquire already expired when written, whose latency is the server's write -> applied ->
+signal lag (``ingest_lag_ms``). The host's own scheduling noise in the same run is
+``host_lag_ms``: how late the parent ran after each of its 0.1 s timer wake-ups (it
+sleeps in ``epoll`` in between, and uses well under 1% of a core).
 
 **Verdicts** (:mod:`.measure`): a kill of a worker that had released every block before
 its deadline is a *false kill*; a hang not reaped within the server's polling interval
-plus 5 s is *missed* (the harness then kills it). A reaped slot gets a fresh
-worker for its remaining blocks, as an agent would restart it.
+plus 5 s is *missed* (the harness kills it, and records its ``/proc`` state in
+``missed_states``), as is a worker still alive 2 s after the last block's miss window.
+A reaped slot gets a fresh worker for its remaining blocks, as an agent would restart
+it.
 
 **Servers** (:mod:`.servers`): ``aiotimer serve`` with default settings;
 torch 2.13's ``FileTimerServer`` at its default ``max_interval`` (10 s) and at 0.1 s

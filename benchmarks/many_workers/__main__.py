@@ -81,10 +81,11 @@ def _summary(runs: list[RunResult]) -> str:
                 str(r.failed_writes),
                 f"{r.cpu_percent:.1f}",
                 f"{r.rss_mb:.0f}",
+                f"{j['host_lag_ms']['max']:.1f}" if j["host_lag_ms"]["max"] is not None else "-",
             ]
         )
     headers = ["server", "workers", "reaps", "p50 ms", "p99 ms", "max ms", "lag p50"]
-    headers += ["false", "missed", "req/s", "failed", "CPU %", "RSS MB"]
+    headers += ["false", "missed", "req/s", "failed", "CPU %", "RSS MB", "host lag max"]
     return format_table(headers, rows)
 
 
@@ -166,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     paths = write_all(results, Path(args.out))
     print(_summary(runs))
     for r in runs:
-        for state in r.missed_states:
+        for state in r.missed_states[:3]:
             print(f"missed ({r.server} x {r.workers}): {state}")
     ok = True
     for claim, holds in verdicts(results["runs"]):

@@ -47,6 +47,7 @@ __all__ = ["RunResult", "percentiles", "run_one"]
 RESPAWN_MARGIN = 0.1  # seconds a replacement worker gets to start before its first block
 READY_TIMEOUT = 60.0
 SAMPLE_EVERY = 0.1  # seconds between samples of the server's RSS
+GIVE_UP_SLACK = 2.0  # seconds past the last miss window before live workers are killed
 _spawn = multiprocessing.get_context("spawn")
 QUANTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("p99_9", 0.999))
 
@@ -71,6 +72,8 @@ class RunResult:
     reap_ms: list[float] = field(default_factory=list)  # deadline -> first signal
     exit_ms: list[float] = field(default_factory=list)  # deadline -> process gone
     probe_ms: list[float] = field(default_factory=list)  # write -> applied -> signal
+    host_lag_ms: list[float] = field(default_factory=list)  # the parent's timer wake-ups
+    realtime_observed: int = 0  # reaps and probes whose worker waited at real-time priority
     false_kills: int = 0
     late_kills: int = 0
     missed: int = 0
@@ -96,6 +99,8 @@ class RunResult:
             "reap_latency_ms": {**percentiles(self.reap_ms), "n": len(self.reap_ms)},
             "exit_latency_ms": {**percentiles(self.exit_ms), "n": len(self.exit_ms)},
             "ingest_lag_ms": {**percentiles(self.probe_ms), "n": len(self.probe_ms)},
+            "host_lag_ms": {**percentiles(self.host_lag_ms), "n": len(self.host_lag_ms)},
+            "realtime_observed": self.realtime_observed,
             "false_kills": self.false_kills,
             "late_kills": self.late_kills,
             "missed": self.missed,
@@ -229,6 +234,7 @@ class _Run:
                 r.false_kills += 1
             else:
                 probe = s.get(slot, w.HANG_PROBE) == 1.0
+                r.realtime_observed += int(s.get(slot, w.REALTIME))
                 (r.probe_ms if probe else r.reap_ms).append((t - hang_deadline) * 1e3)
                 if not probe:
                     r.exit_ms.append((now - hang_deadline) * 1e3)
@@ -294,7 +300,9 @@ def _drive(run: _Run, server_pid: int, on_tick: Callable[[], None] | None) -> No
     t0 = time.monotonic() + 0.2
     run.slots.t0 = t0
     run.go()
-    give_up = t0 + load.duration + run.spec.miss_window + 10.0
+    # Every block is over and every hang past its miss window by then: whoever lives on
+    # is stuck outside its blocks (e.g. in a client whose queue lock died with a worker).
+    give_up = t0 + load.duration + load.timeout + run.spec.miss_window + GIVE_UP_SLACK
     next_sample = 0.0
     while run.live:
         now = time.monotonic()
@@ -309,7 +317,10 @@ def _drive(run: _Run, server_pid: int, on_tick: Callable[[], None] | None) -> No
                 run.missed_slots.add(slot)
                 _kill(pid)
             give_up = math.inf
-        for pidfd, _ in run.epoll.poll(max(next_sample - now, 0.0)):
+        exits = run.epoll.poll(max(next_sample - now, 0.0))
+        if not exits:  # a timer wake-up: how late the host let this process run
+            r.host_lag_ms.append(max(time.monotonic() - next_sample, 0.0) * 1e3)
+        for pidfd, _ in exits:
             run.on_exit(pidfd, time.monotonic(), t0)
     end = time.monotonic()
     r.seconds = end - t0

@@ -59,6 +59,7 @@ def _csv_rows(runs: Sequence[dict[str, Any]]) -> list[list[object]]:
     header += ["exit_p50_ms", "exit_p99_ms", "ingest_lag_p50_ms", "ingest_lag_p99_ms"]
     header += ["false_kills", "late_kills", "missed", "errors", "requests_per_s"]
     header += ["failed_writes", "cpu_percent", "rss_mb", "live_timers"]
+    header += ["host_lag_p99_ms", "host_lag_max_ms", "realtime_observed"]
     rows: list[list[object]] = [header]
     for run in runs:
         reap, ex, lag = run["reap_latency_ms"], run["exit_latency_ms"], run["ingest_lag_ms"]
@@ -69,6 +70,7 @@ def _csv_rows(runs: Sequence[dict[str, Any]]) -> list[list[object]]:
             + [run[k] for k in ("false_kills", "late_kills", "missed", "errors")]
             + [round(run["requests_per_s"], 1), run["failed_writes"]]
             + [round(run["cpu_percent"], 2), round(run["rss_mb"], 1), run["live_timers"]]
+            + [run["host_lag_ms"]["p99"], run["host_lag_ms"]["max"], run["realtime_observed"]]
         )
     return rows
 
@@ -172,7 +174,9 @@ th {{ background: #f3f3f3; }} img {{ max-width: 100%; }}
 hanging block's planned deadline (open loop) to its first reap signal
 (<code>latency_basis</code> "exit": to the process exit, for servers that only
 <code>SIGKILL</code>); the ingest lag from the write of an already-expired acquire to its
-signal. The method: <code>benchmarks/many_workers/__init__.py</code>.</p>
+signal; the host lag from each of the harness's own 0.1 s timer wake-ups to when it
+ran (the host's scheduling noise in the same run). The method:
+<code>benchmarks/many_workers/__init__.py</code>.</p>
 <h2>Results</h2><table><tr>{head}</tr>{body}</table>
 {images}
 <h2>Environment and settings</h2><table>{env_rows}</table>
