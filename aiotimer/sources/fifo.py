@@ -17,6 +17,10 @@ How it works:
   the loop run other work: a flood costs other work at most one chunk's decoding.
   The decoder bounds a partial line and recovers lines glued to it, so a writer that
   stops mid-line delays nobody.
+* **Before an expiry** the server's drain (:class:`_Reader`) moves what the pipe holds
+  into the reader's backlog (at most ``BACKLOG_LIMIT`` bytes), scans it for the due
+  workers' pids and decodes it only up to the last line that may name one. The read
+  loop decodes the backlog, a chunk at a time, before it reads the pipe again.
 * **The marker.** Once clients can send, ``path + MARKER_SUFFIX`` is written atomically
   (JSON naming the server and the FIFO's inode), so clients know they may keep a
   descriptor open, and refuse the path if it names another file.
