@@ -29,7 +29,7 @@ from aiotimer.events import (
     WorkerReaped,
 )
 from aiotimer.server import TimerServer
-from aiotimer.sources.socket import SocketSource, peer_credentials
+from aiotimer.sources.socket import SocketSource, _Connection, peer_credentials
 from aiotimer.testing import RecordingSink, running_source, wait_until
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(30), pytest.mark.asyncio]
@@ -287,3 +287,22 @@ async def test_the_client_prefers_the_offered_socket_and_falls_back_to_the_fifo(
     assert [(e.scope_id, e.source) for e in released] == [("released", expected)]
     [reaped] = [e for e in events if isinstance(e, WorkerReaped)]
     assert reaped.pid == worker.pid
+
+
+async def test_a_connection_is_drained_only_when_its_own_peer_is_due() -> None:
+    """Every request a connection carries names its peer (others are rejected), so
+    before an expiry it is read only when the peer is one of the due workers."""
+    server_end, client_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    with server_end, client_end:
+        server_end.setblocking(False)
+        sink = RecordingSink()
+        me = os.getpid()
+        connection = _Connection(server_end, peer_credentials(server_end), sink, "s", 4096)
+        client_end.send(encode(Request(me, "a", -1, 0)))
+        assert connection.look({me + 1}) is False  # not due: left unread
+        assert sink.requests == []
+        assert connection.look({me + 1, me}) is True
+        assert connection.step() is True
+        assert [(r.pid, r.scope_id) for r in sink.requests] == [(me, "a")]
+        assert connection.step() is False  # nothing more queued
+        assert connection.look(None) is True  # anyone: read it
