@@ -33,36 +33,41 @@ _NOT_BEFORE: Final = _DIGITS | frozenset(b".+-eE")
 _NOT_AFTER: Final = _DIGITS | frozenset(b".eE")
 
 
-def _last_mention(data: bytes | bytearray, digits: bytes, end: int) -> int:
-    """The index of the last whole-number occurrence of ``digits`` in ``data[:end]``,
-    or -1."""
-    at = data.rfind(digits, 0, end)
+def _last_mention(data: bytes, digits: bytes, start: int, end: int) -> int:
+    """The index of the last whole-number occurrence of ``digits`` in
+    ``data[start:end]``, or -1."""
+    at = data.rfind(digits, start, end)
     while at != -1:
         after = at + len(digits)
         if (at == 0 or data[at - 1] not in _NOT_BEFORE) and (
             after >= len(data) or data[after] not in _NOT_AFTER
         ):
             return at
-        at = data.rfind(digits, 0, at + len(digits) - 1)
+        at = data.rfind(digits, start, at + len(digits) - 1)
     return -1
 
 
-def mentions_end(data: bytes | bytearray, pids: Collection[int] | None, *, partial: bool) -> int:
-    """How many leading bytes of ``data`` must be decoded so that no complete line left
-    after them may hold a request for one of ``pids`` (``None``: for anyone; 0: none
-    may).
+def mentions_end(
+    data: bytes, pids: Collection[int] | None, *, partial: bool, start: int = 0
+) -> int:
+    """How many bytes of ``data`` from ``start`` on must be decoded so that no complete
+    line left after them may hold a request for one of ``pids`` (``None``: for anyone;
+    0: none may).
 
-    The result always ends a line (it is 0 or just past a newline); an incomplete last
-    line is never counted, as it cannot be decoded yet. ``partial``: the decoder holds
-    the start of a line that ``data`` continues; that line may name anyone, so when
-    ``data`` completes it, it is counted too.
+    The bytes before ``start`` were decoded already. The result always ends a line (it
+    is 0 or reaches just past a newline); an incomplete last line is never counted, as
+    it cannot be decoded yet. ``partial``: the decoder holds the start of a line that
+    ``data[start:]`` continues; that line may name anyone, so when it is complete it is
+    counted too.
     """
-    end = data.rfind(b"\n") + 1
-    if pids is None or len(pids) > MAX_SCANNED_PIDS:
-        return end
-    if not end or not pids:
+    end = data.rfind(b"\n", start) + 1
+    if not end:
         return 0
-    last = max(_last_mention(data, str(pid).encode(), end) for pid in pids)
+    if pids is None or len(pids) > MAX_SCANNED_PIDS:
+        return end - start
+    if not pids:
+        return 0
+    last = max(_last_mention(data, str(pid).encode(), start, end) for pid in pids)
     if last != -1:
-        return data.index(b"\n", last) + 1
-    return data.index(b"\n") + 1 if partial else 0
+        return data.index(b"\n", last) + 1 - start
+    return data.index(b"\n", start) + 1 - start if partial else 0

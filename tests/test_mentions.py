@@ -55,13 +55,20 @@ def test_nothing_left_after_the_scanned_part_names_a_pid(
     stream = b"".join(lines)
     cut = min(cut, len(stream))
     held, data = stream[:cut], stream[cut:]  # the decoder was fed ``held`` already
-    decoder = LineDecoder()
-    decoder.feed(held)
-    end = mentions_end(data, pids, partial=decoder.pending > 0)
-    assert end == 0 or data[end - 1 : end] == b"\n"
-    decoder.feed(data[:end])
-    left = decoder.feed(data[end:])
-    assert not [r for r in left.requests if r.pid in pids]
+    probe = LineDecoder()
+    probe.feed(held)
+    partial = probe.pending > 0
+    # The bytes alone, and seen from ``cut`` on in a buffer whose front was decoded.
+    for end in (
+        mentions_end(data, pids, partial=partial),
+        mentions_end(stream, pids, partial=partial, start=cut),
+    ):
+        assert end == 0 or data[end - 1 : end] == b"\n"
+        decoder = LineDecoder()
+        decoder.feed(held)
+        decoder.feed(data[:end])
+        left = decoder.feed(data[end:])
+        assert not [r for r in left.requests if r.pid in pids]
 
 
 def test_digits_inside_other_numbers_are_not_mentions() -> None:
@@ -76,6 +83,8 @@ def test_a_held_partial_line_is_decoded_through_its_end() -> None:
     line = encode(Request(7, "s", -1, 0))
     assert mentions_end(line[10:] + line, {1234}, partial=True) == len(line) - 10
     assert mentions_end(line[10:-1], {1234}, partial=True) == 0  # not complete yet
+    # Only its newline is left: decoded all the same.
+    assert mentions_end(line, {1234}, partial=True, start=len(line) - 1) == 1
 
 
 def test_many_pids_count_every_complete_line() -> None:

@@ -387,6 +387,7 @@ class _Reader:
         "_due",
         "_fd",
         "_name",
+        "_pos",
         "_sink",
         "_waiting",
     )
@@ -399,36 +400,45 @@ class _Reader:
         self._name = name
         self._chunk_size = chunk_size
         self._decoder = LineDecoder(max_line)
-        self._backlog = bytearray()  # read from the pipe, not decoded yet
-        self._due = 0  # leading backlog bytes the current drain still has to decode
+        # Read from the pipe, not decoded yet: ``_backlog[_pos:]``. Whole reads (bytes,
+        # sliced as they are decoded) copy less than a bytearray would.
+        self._backlog = b""
+        self._pos = 0
+        self._due = 0  # backlog bytes the current drain still has to decode
         self._waiting: anyio.CancelScope | None = None  # the read loop's wait for input
 
     def look(self, pids: AbstractSet[int] | None) -> bool:
         """Move what the pipe holds into the backlog (up to ``BACKLOG_LIMIT`` bytes in
         all: one ``read(2)``, however fast writers refill the pipe); ``True`` if some of
         the backlog may name one of ``pids``."""
-        backlog = self._backlog
-        room = BACKLOG_LIMIT - len(backlog)
+        backlog, pos = self._backlog, self._pos
+        room = BACKLOG_LIMIT - (len(backlog) - pos)
         if room > 0:
             with contextlib.suppress(BlockingIOError):
-                backlog += os.read(self._fd, room)
+                data = os.read(self._fd, room)
+                backlog = self._backlog = data if pos == len(backlog) else backlog[pos:] + data
+                pos = self._pos = 0
                 if self._waiting is not None:  # the pipe may be empty now: wake the loop
                     self._waiting.cancel()
-        self._due = mentions_end(backlog, pids, partial=self._decoder.pending > 0)
+        partial = self._decoder.pending > 0
+        self._due = mentions_end(backlog, pids, partial=partial, start=pos)
         return self._due > 0
 
     def step(self) -> bool:
         """Decode and submit one chunk of what :meth:`look` found; ``True`` if more."""
-        size = min(self._due, self._chunk_size, len(self._backlog))
-        if size > 0:
-            self._due -= size
-            self._feed(self._take(size))
+        if self._due > 0:
+            chunk = self._take(min(self._due, self._chunk_size))
+            self._due = self._due - len(chunk) if chunk else 0
+            self._feed(chunk)
         return self._due > 0
 
     def _take(self, size: int) -> bytes:
-        backlog = self._backlog
-        chunk = bytes(backlog[:size])
-        del backlog[:size]  # O(1): a bytearray advances its start
+        """Up to ``size`` bytes from the front of the backlog."""
+        pos = self._pos
+        chunk = self._backlog[pos : pos + size]
+        self._pos = pos + len(chunk)
+        if self._pos == len(self._backlog):
+            self._backlog, self._pos = b"", 0
         return chunk
 
     def _feed(self, chunk: bytes) -> bool:
@@ -441,17 +451,17 @@ class _Reader:
 
     async def run(self) -> None:
         """Decode the backlog, then what the pipe holds, a chunk at a time; forever."""
-        fd, chunk_size, backlog = self._fd, self._chunk_size, self._backlog
+        fd, chunk_size = self._fd, self._chunk_size
         read = os.read
         while True:
-            if backlog:
+            if self._backlog:
                 await anyio.lowlevel.checkpoint()
             else:
                 with anyio.CancelScope() as self._waiting:
                     await anyio.wait_readable(fd)
                 self._waiting = None
             for _ in range(MAX_READS_PER_WAKE):
-                if backlog:
+                if self._backlog:
                     chunk = self._take(chunk_size)
                 else:
                     try:
@@ -462,5 +472,5 @@ class _Reader:
                     # One chunk at a time: the sink handles the deadlines that fell
                     # meanwhile, and the loop runs other work, before the next chunk.
                     await anyio.lowlevel.checkpoint()
-                if len(chunk) < chunk_size and not backlog:
+                if len(chunk) < chunk_size and not self._backlog:
                     break  # a short read emptied the pipe; skip the read that says EAGAIN
