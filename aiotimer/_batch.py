@@ -24,8 +24,7 @@ before the batch: the paired acquire would have replaced it, its release ended i
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Final
+from typing import Final, NamedTuple
 
 from aiotimer._protocol import Request
 
@@ -38,8 +37,7 @@ PAIRED_RELEASE: Final = 2
 SUPERSEDED: Final = 3
 
 
-@dataclass(frozen=True, slots=True)
-class Fold:
+class Fold(NamedTuple):
     """What :func:`fold` found in a batch."""
 
     #: One fate per request: :data:`APPLY`, :data:`PAIRED_ACQUIRE`, :data:`PAIRED_RELEASE`
