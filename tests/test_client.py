@@ -345,10 +345,16 @@ def test_full_pipe_sync_proceeds_when_the_reader_catches_up(
     aiotimer_fifo: Path, reader: Reader, client_factory: list[FifoClient]
 ) -> None:
     client = fifo_client(client_factory, aiotimer_fifo, write_timeout=30)
-    client.send(acquire("first"))
-    fill(aiotimer_fifo)
-    drained: list[bytes] = []
-    timer = threading.Timer(0.2, lambda: drained.append(reader.read()))
+    client.send(acquire("first"))  # connected
+    assert [r.scope_id for r in reader.requests()] == ["first"]
+    filled = fill(aiotimer_fifo)
+
+    def catch_up() -> None:  # read exactly the filler: never the client's line
+        left = filled
+        while left:
+            left -= len(os.read(reader.fd, left))
+
+    timer = threading.Timer(0.2, catch_up)
     timer.start()
     try:
         client.send(acquire("second"))
