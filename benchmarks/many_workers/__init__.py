@@ -45,7 +45,8 @@ torch 2.13's ``FileTimerServer`` at its default ``max_interval`` (10 s) and at 0
 (torch's elastic agent's value), with torch's ``FileTimerClient``; ``LocalTimerServer``
 at 0.1 s with ``LocalTimerClient``. torch's file server signals its own process after
 each reap; the harness suppresses that one call so the server survives the first hang.
-Without torch the harness says so and runs aiotimer alone. Server CPU comes from
+Without torch the harness says so and runs aiotimer alone. ``--server-nice N`` runs
+every server, alike, at nice ``N`` (default: unchanged). Server CPU comes from
 ``/proc/PID/stat`` over the run, RSS is the peak of ``VmRSS`` sampled every 0.1 s.
 
 **Output** (:mod:`.report`) in ``--out``: ``results.json`` (schema

@@ -261,11 +261,24 @@ class _Run:
                 _kill(pid)
 
 
+def renice(pid: int, nice: int) -> None:
+    """Set the nice value of every thread of process ``pid`` (on Linux a nice value is
+    per thread, and torch's servers reap from a thread started before this call)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(ProcessLookupError):
+            os.setpriority(os.PRIO_PROCESS, int(tid), nice)
+
+
 def run_one(
-    spec: ServerSpec, load: Workload, out: Path, on_tick: Callable[[], None] | None = None
+    spec: ServerSpec,
+    load: Workload,
+    out: Path,
+    on_tick: Callable[[], None] | None = None,
+    server_nice: int = 0,
 ) -> RunResult:
-    """Run ``load`` against a fresh ``spec`` server; return what it measured. The
-    server's log goes to ``out/logs/`` (kept only when not empty)."""
+    """Run ``load`` against a fresh ``spec`` server (at nice ``server_nice`` when not 0,
+    the same for every server); return what it measured. The server's log goes to
+    ``out/logs/`` (kept only when not empty)."""
     log = out / "logs" / f"{spec.name}-{load.workers}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="aiotimer-many-") as workdir:
@@ -274,6 +287,8 @@ def run_one(
             run = _Run(spec, load, server, workdir)  # its zygote starts meanwhile
             try:
                 server.wait_ready()
+                if server_nice:
+                    renice(server.pid, server_nice)
                 _drive(run, server.pid, on_tick)
             finally:
                 run.close()
