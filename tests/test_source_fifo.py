@@ -369,3 +369,30 @@ def test_rejects_bad_arguments(fifo_path: pathlib.Path) -> None:
     with pytest.raises(ValueError):
         FifoSource(fifo_path, max_line=1)
     assert repr(FifoSource(fifo_path)) == f"<FifoSource {str(fifo_path)!r} mode=0o600>"
+
+
+@pytest.mark.asyncio
+async def test_the_read_loop_waits_on_the_loop_directly_and_is_cancelled_cleanly(
+    fifo_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The lean wake-up (benchmarks.bench_fifo_wake): the loop's add_reader, never
+    # anyio.wait_readable on the FIFO; every wake still delivers, and leaving cancels the
+    # wait without leaving a reader registered on the closed descriptor.
+    waited_on_fifo: list[int] = []
+    wait_readable = anyio.wait_readable
+
+    async def spy(obj: int) -> None:
+        if isinstance(obj, int) and stat.S_ISFIFO(os.fstat(obj).st_mode):
+            waited_on_fifo.append(obj)
+        await wait_readable(obj)
+
+    monkeypatch.setattr(anyio, "wait_readable", spy)
+    sink = RecordingSink()
+    async with running_source(FifoSource(fifo_path), sink):
+        with writer(fifo_path) as fd:
+            for i in range(5):  # one wake-up each
+                os.write(fd, torch_line(7, f"s{i}"))
+                await wait_until(lambda i=i: len(sink.requests) == i + 1)
+    assert [r.scope_id for r in sink.requests] == [f"s{i}" for i in range(5)]
+    assert waited_on_fifo == []
+    await anyio.sleep(0.01)  # a reader left registered on a closed fd would fail the loop
