@@ -15,9 +15,10 @@ How it works:
   is empty or ``MAX_READS_PER_WAKE`` chunks were read, feeds each to a
   :class:`~aiotimer._protocol.LineDecoder` and hands its batch to the sink, then lets
   the loop run other work: a flood costs other work at most one chunk's decoding.
-  The loop is asyncio's (or uvloop), used directly: a wake-up through it costs about a
-  third of one through ``anyio.wait_readable`` in a cancel scope, which shows when a
-  server that keeps up reads a few lines per wake-up. Cancellation is asyncio's own, so
+  The loop is asyncio's (or uvloop), used directly, with the pipe registered once per
+  run: a wake-up through it costs a fraction of one through ``anyio.wait_readable`` in
+  a cancel scope, which shows when a server that keeps up reads a few lines per
+  wake-up (``python -m benchmarks.bench_fifo_wake``). Cancellation is asyncio's own, so
   anyio's cancel scopes around the reader work as usual.
   The decoder bounds a partial line and recovers lines glued to it, so a writer that
   stops mid-line delays nobody.
@@ -455,19 +456,32 @@ class _Reader:
 
     async def run(self) -> None:
         """Decode the backlog, then what the pipe holds, a chunk at a time; forever."""
+        loop = asyncio.get_running_loop()
+        # Registered once for the whole run (a registration per wake-up costs two
+        # epoll_ctl calls and, on uvloop, more than the rest of a short wake-up); while
+        # the loop is busy with input, the pipe stays readable and the callback finds no
+        # wait to end.
+        loop.add_reader(self._fd, self._readable)
+        try:
+            await self._run(loop)
+        finally:
+            loop.remove_reader(self._fd)
+
+    def _readable(self) -> None:
+        if self._waiting is not None:
+            _wake(self._waiting)
+
+    async def _run(self, loop: asyncio.AbstractEventLoop) -> None:
         fd, chunk_size = self._fd, self._chunk_size
         read = os.read
-        loop = asyncio.get_running_loop()
         while True:
             if self._backlog:
                 await asyncio.sleep(0)  # what anyio's checkpoint does on asyncio
             else:
                 self._waiting = waiting = loop.create_future()
-                loop.add_reader(fd, _wake, waiting)
                 try:
                     await waiting
                 finally:
-                    loop.remove_reader(fd)
                     self._waiting = None
             for _ in range(MAX_READS_PER_WAKE):
                 if self._backlog:
