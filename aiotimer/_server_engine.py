@@ -161,6 +161,14 @@ class _Begun:
     folded: int = 0  # timers of the same slice beyond those listed
 
 
+def _known_due(timer: Timer) -> float:
+    """When the server could first act on ``timer``: its deadline, or its arrival when
+    it arrived already past its deadline (the loop is not late for a request that was).
+    Loop lag and reap latency run from here; :attr:`TimerExpired.late` from the deadline.
+    """
+    return max(timer.deadline, timer.acquired_at)
+
+
 class Engine:
     """One run of the server: table, workers, expiry and reaps (see the module docs)."""
 
@@ -621,7 +629,7 @@ class Engine:
             omitted = started.folded + count - len(others)
             self._reaps.proceed(started.reap, scopes, omitted)
         if expired:
-            lag = now - expired[0].deadline
+            lag = now - _known_due(expired[0])
             self.loop_lag.observe(lag)
             if lag > self.lag_threshold:
                 self._emit(LoopLagged(time=self._clock.time(), lag=lag, expired=len(expired)))
@@ -639,7 +647,7 @@ class Engine:
         reap: Reap | None = None
         if plan and worker is not None and not worker.reaping:
             # Start the reap first: its first signal leaves right here, at the deadline.
-            reap = self._reaps.begin(worker, plan, now, timer.deadline)
+            reap = self._reaps.begin(worker, plan, now, _known_due(timer))
         self.stats.record_expired(timer.scope_id, max(0.0, now - timer.acquired_at))
         if not plan:  # the block runs on: its release will tell how long it took
             self.overdue.add(timer.key, timer.acquired_at)

@@ -29,6 +29,7 @@ from aiotimer._server_engine import EXPIRE_BUDGET
 from aiotimer.errors import ProcessGoneError, ServerStateError, SourceError
 from aiotimer.events import (
     Event,
+    LoopLagged,
     ReapAbandoned,
     ReapFailed,
     RequestRejected,
@@ -139,6 +140,25 @@ async def test_torch_line_deadline_is_translated_from_wall_clock() -> None:
         assert timer.deadline == pytest.approx(5.0)
         await r.advance(5.0)
         assert r.reaper.signals() == [(7, TERM)]
+
+
+@pytest.mark.asyncio
+async def test_lag_runs_from_the_deadline_or_from_an_already_late_arrival() -> None:
+    async with rig() as r:
+        r.acquire(1, "known", at=10.0)
+        await r.advance(50.0)  # the loop wakes 40 s after a deadline it knew
+        [lagged] = r.of(LoopLagged)
+        assert lagged.lag == pytest.approx(40.0)
+        r.acquire(2, "arrived-late", at=10.0)  # 40 s past its deadline on arrival
+        await settle()
+        assert r.reaper.signals() == [(1, KILL), (2, KILL)]
+        late = {e.pid: e.late for e in r.of(TimerExpired)}
+        assert late == {1: pytest.approx(40.0), 2: pytest.approx(40.0)}
+        assert len(r.of(LoopLagged)) == 1  # the loop was not late for pid 2
+        metrics = r.server.metrics_text().decode().splitlines()
+    assert "aiotimer_reap_latency_seconds_count 2.0" in metrics
+    assert "aiotimer_reap_latency_seconds_sum 40.0" in metrics  # 40 s + 0 s
+    assert "aiotimer_loop_lag_seconds_sum 40.0" in metrics
 
 
 @pytest.mark.asyncio

@@ -114,7 +114,8 @@ class EventsLost(Event):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LoopLagged(Event):
     """Expiries were handled ``lag`` seconds after their deadline because the event loop
-    was busy elsewhere (the host program blocked it); ``expired`` timers were due.
+    was busy elsewhere (the host program blocked it); ``expired`` timers were due. For a
+    timer that arrived already past its deadline, ``lag`` runs from its arrival.
 
     Reported when ``lag`` exceeds the server's ``lag_threshold``; every lag is also in the
     ``aiotimer_loop_lag_seconds`` histogram.

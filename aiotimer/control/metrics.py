@@ -13,7 +13,8 @@ Metrics: ``aiotimer_live_timers``, ``aiotimer_workers{state}``,
 histograms
 ``aiotimer_reap_latency_seconds`` (deadline -> first signal of a reap) and
 ``aiotimer_loop_lag_seconds`` (how late expiries were handled because the event loop
-was busy elsewhere).
+was busy elsewhere). Both run from the arrival instead of the deadline for a request
+that arrived already past its deadline.
 """
 
 from __future__ import annotations
