@@ -20,7 +20,7 @@ import asyncio
 import os
 import tempfile
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -92,13 +92,13 @@ def _run(loop: str, coro: Callable[[], Coroutine[Any, Any, float]]) -> float:
     return asyncio.run(coro())
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> int:
     """Print per-wake microseconds of the FIFO source and of a bare reader."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--wakes", type=int, default=20_000, help="wake-ups per run (20k)")
     parser.add_argument("--repeat", type=int, default=5, help="runs, best kept (5)")
     parser.add_argument("--quick", action="store_true", help="small and one run")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     n, repeat = (2_000, 1) if args.quick else (args.wakes, args.repeat)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -116,7 +116,8 @@ def main() -> None:
             )
     print(f"FIFO source, one line per wake-up: {n:,} wake-ups, best of {repeat}")
     print(format_table(["loop", "source us/wake", "bare us/wake", "source adds"], rows))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

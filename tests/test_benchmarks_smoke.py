@@ -81,6 +81,15 @@ def test_bench_ingest_quick_measures_the_whole_server(capsys: pytest.CaptureFixt
     assert "reap latency while ingest is saturated, deadline -> signal received: " in out
 
 
+def test_bench_fifo_wake_quick(capsys: pytest.CaptureFixture[str]) -> None:
+    bench_fifo_wake = importlib.import_module("benchmarks.bench_fifo_wake")
+    assert bench_fifo_wake.main(["--quick"]) == 0
+    out = capsys.readouterr().out
+    assert "source adds" in out
+    for loop in ("asyncio", "uvloop"):
+        assert loop in out
+
+
 def test_bench_ingest_cpu_quick(capsys: pytest.CaptureFixture[str]) -> None:
     bench_ingest_cpu = importlib.import_module("benchmarks.bench_ingest_cpu")
     assert bench_ingest_cpu.main(["--quick", "--chunk", "4096,16384"]) == 0
