@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
@@ -200,10 +201,12 @@ time.sleep(60)
 """
 
 
-def test_a_stalled_server_kills_no_worker_that_released_in_time(tmp_path: Path) -> None:
-    """5 workers release while the server is stopped (SIGSTOP, 3 s), before their
-    deadlines; one hangs. On SIGCONT the releases in the pipe win: 0 healthy workers
-    killed, and the hung one is reaped within 0.5 s."""
+@contextlib.contextmanager
+def _stall_rig(
+    tmp_path: Path, healthy: int
+) -> Iterator[tuple[subprocess.Popen[bytes], list[subprocess.Popen[str]]]]:
+    """``aiotimer serve`` and ``healthy`` workers plus one that hangs, each holding one
+    timer due 2.5 s after it acquired; torn down (server resumed first) on exit."""
     fifo, log = tmp_path / "t.fifo", tmp_path / "events.jsonl"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     serve = [sys.executable, "-m", "aiotimer", "serve", "--fifo", str(fifo)]
@@ -214,7 +217,7 @@ def test_a_stalled_server_kills_no_worker_that_released_in_time(tmp_path: Path) 
         while not fifo.with_name("t.fifo.aiotimer").exists():
             assert time.monotonic() < deadline and server.poll() is None
             time.sleep(0.02)
-        for mode in ["go"] * 5 + ["hang"]:
+        for mode in ["go"] * healthy + ["hang"]:
             workers.append(
                 subprocess.Popen(
                     [sys.executable, "-c", STALL_WORKER, str(fifo), "2.5", mode],
@@ -225,24 +228,7 @@ def test_a_stalled_server_kills_no_worker_that_released_in_time(tmp_path: Path) 
             )
         for w in workers:
             assert w.stdout is not None and w.stdout.readline().strip() == "acquired"
-        time.sleep(0.2)  # the server reads the acquires
-        os.kill(server.pid, signal.SIGSTOP)
-        for w in workers[:5]:
-            assert w.stdin is not None
-            w.stdin.write("go\n")
-            w.stdin.flush()
-            assert w.stdout is not None and w.stdout.readline().strip() == "released"
-        time.sleep(3.0)  # every deadline passes while the server is stopped
-        os.kill(server.pid, signal.SIGCONT)
-        resumed = time.monotonic()
-        hung = workers[5]
-        while hung.poll() is None and time.monotonic() - resumed < BOUND:
-            time.sleep(0.005)
-        reaped_after = time.monotonic() - resumed
-        assert hung.returncode == -signal.SIGKILL
-        assert reaped_after < 0.5
-        time.sleep(0.3)
-        assert [w.poll() for w in workers[:5]] == [None] * 5  # no healthy worker killed
+        yield server, workers
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(server.pid, signal.SIGCONT)
@@ -254,6 +240,43 @@ def test_a_stalled_server_kills_no_worker_that_released_in_time(tmp_path: Path) 
             for stream in (w.stdin, w.stdout):
                 if stream is not None:
                     stream.close()
+
+
+def _release(workers: list[subprocess.Popen[str]]) -> None:
+    """Have each of ``workers`` release its timer, and wait until it has."""
+    for w in workers:
+        assert w.stdin is not None
+        w.stdin.write("go\n")
+        w.stdin.flush()
+        assert w.stdout is not None and w.stdout.readline().strip() == "released"
+
+
+def _resume_and_check(
+    server: subprocess.Popen[bytes], workers: list[subprocess.Popen[str]]
+) -> None:
+    """SIGCONT the server: the hung (last) worker is reaped within 0.5 s, no other one."""
+    os.kill(server.pid, signal.SIGCONT)
+    resumed = time.monotonic()
+    *healthy, hung = workers
+    while hung.poll() is None and time.monotonic() - resumed < BOUND:
+        time.sleep(0.005)
+    reaped_after = time.monotonic() - resumed
+    assert hung.returncode == -signal.SIGKILL
+    assert reaped_after < 0.5
+    time.sleep(0.3)
+    assert [w.poll() for w in healthy] == [None] * len(healthy)  # no healthy worker killed
+
+
+def test_a_stalled_server_kills_no_worker_that_released_in_time(tmp_path: Path) -> None:
+    """5 workers release while the server is stopped (SIGSTOP, 3 s), before their
+    deadlines; one hangs. On SIGCONT the releases in the pipe win: 0 healthy workers
+    killed, and the hung one is reaped within 0.5 s."""
+    with _stall_rig(tmp_path, healthy=5) as (server, workers):
+        time.sleep(0.2)  # the server reads the acquires
+        os.kill(server.pid, signal.SIGSTOP)
+        _release(workers[:5])
+        time.sleep(3.0)  # every deadline passes while the server is stopped
+        _resume_and_check(server, workers)
 
 
 def _flood(fd: int, size: int, first_pid: int) -> int:
@@ -282,63 +305,19 @@ def test_a_stalled_server_flooded_after_the_releases_kills_no_worker_that_releas
     workers' input before the releases, most of a pipe's worth after them. The releases
     win, and the hung worker (named nowhere in the flood) is reaped without the server
     decoding the flood first."""
-    fifo, log = tmp_path / "t.fifo", tmp_path / "events.jsonl"
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    serve = [sys.executable, "-m", "aiotimer", "serve", "--fifo", str(fifo)]
-    server = subprocess.Popen([*serve, "--event-log", str(log)], env=env)
-    workers: list[subprocess.Popen[str]] = []
-    flood_fd = -1
-    try:
-        deadline = time.monotonic() + BOUND
-        while not fifo.with_name("t.fifo.aiotimer").exists():
-            assert time.monotonic() < deadline and server.poll() is None
-            time.sleep(0.02)
-        for mode in ["go"] * 3 + ["hang"]:
-            workers.append(
-                subprocess.Popen(
-                    [sys.executable, "-c", STALL_WORKER, str(fifo), "2.5", mode],
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE,
-                    text=True,
-                )
-            )
-        for w in workers:
-            assert w.stdout is not None and w.stdout.readline().strip() == "acquired"
-        flood_fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
-        capacity = fcntl.fcntl(flood_fd, fcntl.F_GETPIPE_SZ)
-        time.sleep(0.2)  # the server reads the acquires
-        os.kill(server.pid, signal.SIGSTOP)
-        assert _flood(flood_fd, 16 * 1024, first_pid=5000) >= 16 * 1024
-        for w in workers[:3]:
-            assert w.stdin is not None
-            w.stdin.write("go\n")
-            w.stdin.flush()
-            assert w.stdout is not None and w.stdout.readline().strip() == "released"
-        assert _flood(flood_fd, capacity, first_pid=6000) > capacity // 2
-        time.sleep(2.8)  # every deadline passes while the server is stopped
-        os.kill(server.pid, signal.SIGCONT)
-        resumed = time.monotonic()
-        hung = workers[3]
-        while hung.poll() is None and time.monotonic() - resumed < BOUND:
-            time.sleep(0.005)
-        reaped_after = time.monotonic() - resumed
-        assert hung.returncode == -signal.SIGKILL
-        assert reaped_after < 0.5
-        time.sleep(0.3)
-        assert [w.poll() for w in workers[:3]] == [None] * 3  # no healthy worker killed
-    finally:
-        if flood_fd >= 0:
+    with _stall_rig(tmp_path, healthy=3) as (server, workers):
+        flood_fd = os.open(tmp_path / "t.fifo", os.O_WRONLY | os.O_NONBLOCK)
+        try:
+            capacity = fcntl.fcntl(flood_fd, fcntl.F_GETPIPE_SZ)
+            time.sleep(0.2)  # the server reads the acquires
+            os.kill(server.pid, signal.SIGSTOP)
+            assert _flood(flood_fd, 16 * 1024, first_pid=5000) >= 16 * 1024
+            _release(workers[:3])
+            assert _flood(flood_fd, capacity, first_pid=6000) > capacity // 2
+            time.sleep(2.8)  # every deadline passes while the server is stopped
+            _resume_and_check(server, workers)
+        finally:
             os.close(flood_fd)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(server.pid, signal.SIGCONT)
-        server.terminate()
-        server.wait(BOUND)
-        for w in workers:
-            w.kill()
-            w.wait()
-            for stream in (w.stdin, w.stdout):
-                if stream is not None:
-                    stream.close()
 
 
 # -- a pid recycled while its acquire waited in the pipe -----------------------------------
