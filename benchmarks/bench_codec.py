@@ -72,9 +72,9 @@ def stream(lines: list[bytes], total: int, garbage_every: int = 0) -> tuple[byte
     return b"".join(out), i - bad
 
 
-def chunks_of(data: bytes) -> list[bytes]:
-    """``data`` in ``CHUNK``-byte reads."""
-    return [data[i : i + CHUNK] for i in range(0, len(data), CHUNK)]
+def chunks_of(data: bytes, size: int = CHUNK) -> list[bytes]:
+    """``data`` in reads of ``size`` bytes."""
+    return [data[i : i + size] for i in range(0, len(data), size)]
 
 
 def decode_aiotimer(chunks: list[bytes]) -> int:

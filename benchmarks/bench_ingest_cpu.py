@@ -49,7 +49,7 @@ from aiotimer.events import Event
 from aiotimer.sources.fifo import CHUNK_SIZE
 from aiotimer.testing import RecordingReaper
 from benchmarks._util import Timing, format_table, time_repeated
-from benchmarks.bench_codec import GARBAGE
+from benchmarks.bench_codec import GARBAGE, chunks_of, split_only
 from benchmarks.bench_ingest import writer_lines
 
 FIRST_PID = 1_000_000  # fake writer pids: the recording reaper attaches any
@@ -59,22 +59,6 @@ def stream(writers: int, count: int) -> bytes:
     """``writers`` writers' lines (no final expired acquire), interleaved line by line."""
     per_writer = [writer_lines(FIRST_PID + w, count + 1)[:-1] for w in range(writers)]
     return b"".join(line for group in zip(*per_writer, strict=True) for line in group)
-
-
-def chunks_of(data: bytes, size: int) -> list[bytes]:
-    """``data`` as reads of ``size`` bytes."""
-    return [data[i : i + size] for i in range(0, len(data), size)]
-
-
-def split_only(chunks: list[bytes]) -> int:
-    """Carry the partial line over and split: the floor."""
-    rest = b""
-    n = 0
-    for chunk in chunks:
-        lines = (rest + chunk).split(b"\n")
-        rest = lines.pop()
-        n += len(lines)
-    return n
 
 
 def decode(chunks: list[bytes]) -> list[Decoded]:
