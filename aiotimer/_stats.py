@@ -181,10 +181,8 @@ class DurationStats:
     def record_many(self, counts: Mapping[str, int], duration: float) -> None:
         """Record, for each scope id in ``counts``, that many blocks that each ran
         ``duration`` seconds (a batch's blocks begun and ended at once, say)."""
-        by_scope = self._by_scope
         for scope_id, count in counts.items():
-            site = by_scope.get(scope_id) or self._site(scope_id)
-            site.sketch.add_many(duration, count)
+            self._site(scope_id).sketch.add_many(duration, count)
 
     def record_expired(self, scope_id: str, elapsed: float) -> None:
         """Record that a timer of ``scope_id`` expired after running ``elapsed`` seconds."""
