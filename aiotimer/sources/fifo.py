@@ -423,8 +423,7 @@ class _Reader:
                 data = os.read(self._fd, room)
                 backlog = self._backlog = data if pos == len(backlog) else backlog[pos:] + data
                 pos = self._pos = 0
-                if self._waiting is not None:  # the pipe may be empty now: wake the loop
-                    _wake(self._waiting)
+                self._wake_loop()  # the pipe may be empty now: the backlog is to read
         partial = self._decoder.pending > 0
         self._due = mentions_end(backlog, pids, partial=partial, start=pos)
         return self._due > 0
@@ -461,15 +460,18 @@ class _Reader:
         # epoll_ctl calls and, on uvloop, more than the rest of a short wake-up); while
         # the loop is busy with input, the pipe stays readable and the callback finds no
         # wait to end.
-        loop.add_reader(self._fd, self._readable)
+        loop.add_reader(self._fd, self._wake_loop)
         try:
             await self._run(loop)
         finally:
             loop.remove_reader(self._fd)
 
-    def _readable(self) -> None:
-        if self._waiting is not None:
-            _wake(self._waiting)
+    def _wake_loop(self) -> None:
+        """End the read loop's wait for input, if it waits (the pipe is readable, or the
+        drain moved its contents into the backlog)."""
+        waiting = self._waiting
+        if waiting is not None and not waiting.done():
+            waiting.set_result(None)
 
     async def _run(self, loop: asyncio.AbstractEventLoop) -> None:
         fd, chunk_size = self._fd, self._chunk_size
@@ -497,9 +499,3 @@ class _Reader:
                     await asyncio.sleep(0)
                 if len(chunk) < chunk_size and not self._backlog:
                     break  # a short read emptied the pipe; skip the read that says EAGAIN
-
-
-def _wake(waiting: asyncio.Future[None]) -> None:
-    """End the read loop's wait for input (the pipe is readable, or the drain read it)."""
-    if not waiting.done():
-        waiting.set_result(None)
