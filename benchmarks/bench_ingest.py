@@ -58,7 +58,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from aiotimer.sources.fifo import grow_pipe
-from benchmarks._util import format_table
+from benchmarks._util import format_table, wake_first
 
 TARGET_RATIO = 0.5
 TARGET_P99_MS = 5.0
@@ -356,8 +356,7 @@ def _fork_probes(group: _Group, path: str, first_deadline: float, shared: _Share
             # Wake first when the signal comes (the lowest real-time priority, where
             # permitted): its arrival is timed, not the host's next turn for the probe.
             # The probe only waits at that priority, it never runs a loop there.
-            with contextlib.suppress(OSError):
-                os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+            wake_first()
             signal.sigwaitinfo({signal.SIGTERM})
             cells[at + 1] = time.monotonic()
             os._exit(0)

@@ -11,10 +11,11 @@ Observing the reap: the workers ask to be reaped with ``SIGTERM`` (catchable; to
 ``LocalTimerServer`` can only ``SIGKILL``). A worker keeps ``SIGTERM`` blocked for its
 whole life and does all its waiting in ``sigtimedwait``/``sigwaitinfo``, which return
 at once for a signal already pending; in a hanging block it waits at a real-time
-priority where permitted (:func:`_wake_first`). On the signal it stores ``time.monotonic()``
-(``CLOCK_MONOTONIC``, one clock for every process on the host) in the slot and exits;
-the parent sees the exit through a pidfd. Not a Python signal handler: CPython runs
-one only when its interpreter loop next checks for signals, so a ``SIGTERM`` that
+priority where permitted (:func:`~benchmarks._util.wake_first`). On the signal it
+stores ``time.monotonic()`` (``CLOCK_MONOTONIC``, one clock for every process on the
+host) in the slot and exits; the parent sees the exit through a pidfd. Not a Python
+signal handler: CPython runs one only when its interpreter loop next checks for
+signals, so a ``SIGTERM`` that
 lands between that check and the ``clock_nanosleep`` of ``time.sleep`` is taken by
 the C-level handler (no longer pending) and its Python handler waits until the sleep
 ends. An ingest probe is signalled microseconds after its acquire is written, right
@@ -36,6 +37,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
+from benchmarks._util import wake_first
 from benchmarks.many_workers.plan import Block
 
 __all__ = ["REAP_SIGNAL", "Sender", "Slots", "run_worker"]
@@ -130,19 +132,6 @@ def _reaped(slots: Slots, slot: int, signum: int) -> None:
     os._exit(0)
 
 
-def _wake_first() -> bool:
-    """Make this (hung) worker run first when its reap signal arrives: the lowest
-    ``SCHED_FIFO`` priority, where permitted (root or ``CAP_SYS_NICE``). Its signal's
-    arrival is then timed when it happens, not when a busy host next gives the worker
-    a turn (measured here: up to ~30 ms later at load 4). Called only where the worker
-    does nothing but wait: at that priority a loop would starve the server."""
-    try:
-        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
-    except OSError:
-        return False
-    return True
-
-
 def _sleep_until(slots: Slots, slot: int, when: float | None) -> None:
     """Sleep until ``when`` (None: for ever), or exit as reaped when the (blocked) reap
     signal is or becomes pending before then."""
@@ -221,7 +210,7 @@ def run_worker(
             slots.set(slot, HANG_DEADLINE, deadline)
             sent(sender.acquire(f"b{k}", deadline))
             # Only now: a client may retry or wait for room, never at real-time priority.
-            slots.set(slot, REALTIME, 1.0 if _wake_first() else 0.0)
+            slots.set(slot, REALTIME, 1.0 if wake_first() else 0.0)
             while True:  # hung: only a reap ends this
                 _sleep_until(slots, slot, None)
         deadline = t0 + block.start + timeout
