@@ -239,19 +239,26 @@ async def test_crash_loop_backoff_does_not_spin(worker: list[str], tmp_path: Pat
     assert cpu1 - cpu0 < 0.1 * (wall1 - wall0), (cpu1 - cpu0, wall1 - wall0)
 
 
-def test_sigterm_to_run_leaves_no_process(worker: list[str], tmp_path: Path) -> None:
-    pids_file = tmp_path / "pids"
+def run_tree(worker: list[str], pids_file: Path, *options: str) -> subprocess.Popen[str]:
+    """``aiotimer run [options] -- worker`` in "tree" mode: each worker writes its own
+    pid and its children's as one line of ``pids_file``."""
     env = {
         **os.environ,
         "TEST_MODE": "tree",
         "TEST_PIDS": str(pids_file),
         "PYTHONPATH": os.pathsep.join(sys.path),
     }
-    run = subprocess.Popen(
-        [sys.executable, "-m", "aiotimer", "run", "--nproc", "2", "--stop-timeout", "0.5",
-         "--", *worker],
-        env=env, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "aiotimer", "run", *options, "--", *worker],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_sigterm_to_run_leaves_no_process(worker: list[str], tmp_path: Path) -> None:
+    pids_file = tmp_path / "pids"
+    run = run_tree(worker, pids_file, "--nproc", "2", "--stop-timeout", "0.5")
     try:
         deadline = time.monotonic() + 20
         while (not pids_file.exists() or len(pids_file.read_text().splitlines()) < 2) and (
@@ -297,16 +304,7 @@ async def test_a_reap_through_a_ladder_is_reaped_and_unhealthy_meanwhile(
 def test_a_second_signal_kills_at_once(worker: list[str], tmp_path: Path) -> None:
     """With --stop-timeout 60, SIGTERM waits for workers; a second signal SIGKILLs."""
     pids_file = tmp_path / "pids"
-    env = {
-        **os.environ,
-        "TEST_MODE": "tree",
-        "TEST_PIDS": str(pids_file),
-        "PYTHONPATH": os.pathsep.join(sys.path),
-    }
-    run = subprocess.Popen(
-        [sys.executable, "-m", "aiotimer", "run", "--stop-timeout", "60", "--", *worker],
-        env=env, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    run = run_tree(worker, pids_file, "--stop-timeout", "60")
     try:
         deadline = time.monotonic() + 20
         while not pids_file.exists() and time.monotonic() < deadline:
