@@ -516,6 +516,16 @@ class Engine:
         """A timer of a worker still unpinned (out of descriptors) expired: report it,
         signal nothing (a pid alone may name another process by now)."""
         self.stats.record_expired(timer.scope_id, max(0.0, now - timer.acquired_at))
+        self._report_expiry(
+            timer,
+            now,
+            report_only=True,
+            action="nothing: the server ran out of file descriptors and cannot prove "
+            "the worker's identity (see the log)",
+        )
+
+    def _report_expiry(self, timer: Timer, now: float, *, report_only: bool, action: str) -> None:
+        """Emit the :class:`~aiotimer.events.TimerExpired` event of ``timer``."""
         self._emit(
             TimerExpired(
                 time=self._clock.time(),
@@ -523,9 +533,8 @@ class Engine:
                 scope_id=timer.scope_id,
                 signal=timer.signal,
                 late=now - timer.deadline,
-                report_only=True,
-                action="nothing: the server ran out of file descriptors and cannot prove "
-                "the worker's identity (see the log)",
+                report_only=report_only,
+                action=action,
             )
         )
 
@@ -659,15 +668,5 @@ class Engine:
             action = "nothing (shadow mode); would do: " + format_plan(policy.intended(timer))
         else:
             action = format_plan(plan)
-        self._emit(
-            TimerExpired(
-                time=self._clock.time(),
-                pid=timer.pid,
-                scope_id=timer.scope_id,
-                signal=timer.signal,
-                late=now - timer.deadline,
-                report_only=not plan,
-                action=action,
-            )
-        )
+        self._report_expiry(timer, now, report_only=not plan, action=action)
         return reap  # None: report only, or the reap in progress covers this timer too
