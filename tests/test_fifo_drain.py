@@ -6,15 +6,19 @@ The loop is stalled on purpose: the test writes to the pipe and moves the (fake)
 without awaiting, so the FIFO's reader task cannot run, then hands the server one
 request of its own, which makes it handle the deadline that fell meanwhile right there.
 What the server did is then read off its counters: how many requests it had applied
-when it acted on the expiry.
+when it acted on the expiry. Every test runs twice: with the drain seeing the pipe's
+contents through a copy (``tee(2)``, the lines it does not need stay in the pipe) and
+with the drain reading them into the reader's backlog (where ``tee`` is missing).
 """
 
 from __future__ import annotations
 
+import array
 import fcntl
 import gc
 import os
 import pathlib
+import termios
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -25,6 +29,7 @@ import pytest
 from aiotimer import TimerServer
 from aiotimer._protocol import Request, encode
 from aiotimer.events import Event, TimerExpired
+from aiotimer.sources import fifo
 from aiotimer.sources.fifo import FifoSource
 from aiotimer.testing import FakeClock, RecordingReaper
 
@@ -32,6 +37,15 @@ pytestmark = [pytest.mark.process, pytest.mark.timeout(30)]
 
 KILL = 9
 DUE, OTHER_DUE, LATE = 4242, 4343, 4444  # digits that no flood line holds
+
+
+@pytest.fixture(autouse=True, params=["tee", "read"])
+def peeking(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """``True``: the drain peeks through ``tee(2)``; ``False``: it reads the pipe."""
+    if request.param == "read":
+        monkeypatch.setattr(fifo, "open_peek", lambda fd: None)
+        return False
+    return True
 
 
 @dataclass
@@ -45,6 +59,12 @@ class Rig:
 
     def requests(self) -> int:
         return self.server.get_state().counters.requests
+
+    def in_pipe(self) -> int:
+        """Bytes the pipe holds (not read by the server)."""
+        count = array.array("i", [0])
+        fcntl.ioctl(self.fd, termios.FIONREAD, count)
+        return count[0]
 
     def write(self, data: bytes) -> None:
         """Write ``data`` in pipe-atomic pieces of whole lines (never blocks)."""
@@ -108,7 +128,7 @@ async def settle_all(r: Rig, expected: int) -> None:
 
 @pytest.mark.asyncio
 async def test_a_release_behind_a_backlog_wins_and_the_flood_after_it_waits(
-    tmp_path: pathlib.Path,
+    tmp_path: pathlib.Path, peeking: bool
 ) -> None:
     async with rig(tmp_path) as r:
         r.server.submit(Request(DUE, "a", 1.0, KILL, mono=1.0))
@@ -125,13 +145,16 @@ async def test_a_release_behind_a_backlog_wins_and_the_flood_after_it_waits(
         # Applied when it acted: the lines up to the release, not the flood after it.
         lines_before = before.count(b"\n")
         assert r.requests() == applied + lines_before + 1 + 1  # + the release, the tick
+        # Peeking, the lines after the release were left in the pipe: writers waiting
+        # for room there were not woken.
+        assert r.in_pipe() == (len(after) if peeking else 0)
         await settle_all(r, applied + lines_before + 1 + after.count(b"\n") + 1)
         assert r.reaper.signals() == [(OTHER_DUE, KILL)]
 
 
 @pytest.mark.asyncio
 async def test_a_due_worker_named_nowhere_is_reaped_before_any_of_the_flood(
-    tmp_path: pathlib.Path,
+    tmp_path: pathlib.Path, peeking: bool
 ) -> None:
     async with rig(tmp_path) as r:
         r.server.submit(Request(DUE, "a", 1.0, KILL, mono=1.0))
@@ -141,6 +164,7 @@ async def test_a_due_worker_named_nowhere_is_reaped_before_any_of_the_flood(
         r.stall_until(1.0)
         assert r.reaper.signals() == [(DUE, KILL)]
         assert r.requests() == applied + 1  # the tick alone: the flood waits, whole
+        assert r.in_pipe() == (len(data) if peeking else 0)
         await settle_all(r, applied + 1 + data.count(b"\n"))  # then all of it, once
 
 

@@ -15,8 +15,9 @@ server's lateness, not the worker's.
 The drain protocol, per expiry:
 
 1. ``look(pids)``: the drain takes in, without blocking and without decoding, what its
-   transport holds right now (a bounded amount; a FIFO moves it into its own backlog,
-   which its reader then decodes first, in order), and says whether any of it may hold
+   transport holds right now (a bounded amount; a FIFO scans a copy of its pipe and
+   moves into its own backlog only the lines it must apply, which its reader then
+   decodes first, in order), and says whether any of it may hold
    a request for one of ``pids`` (``None``: for anyone, as too many timers are due to
    name their workers). ``False`` means nothing taken in can change those workers'
    timers, so the server acts on them at once.

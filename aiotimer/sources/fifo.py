@@ -22,10 +22,14 @@ How it works:
   anyio's cancel scopes around the reader work as usual.
   The decoder bounds a partial line and recovers lines glued to it, so a writer that
   stops mid-line delays nobody.
-* **Before an expiry** the server's drain (:class:`_Reader`) moves what the pipe holds
-  into the reader's backlog (at most ``BACKLOG_LIMIT`` bytes), scans it for the due
-  workers' pids and decodes it only up to the last line that may name one. The read
-  loop decodes the backlog, a chunk at a time, before it reads the pipe again.
+* **Before an expiry** the server's drain (:class:`_Reader`) scans what the pipe holds
+  for the due workers' pids through a copy (Linux ``tee(2)``, :mod:`aiotimer._pipepeek`),
+  leaving it in the pipe, so clients waiting for room do not all wake and compete with
+  the reap for a CPU. Only the lines up to the last one that may name a due worker are
+  taken out, into the reader's backlog, and decoded. Without ``tee`` the drain moves
+  what the pipe holds into the backlog (at most ``BACKLOG_LIMIT`` bytes) and scans it
+  there. The read loop decodes the backlog, a chunk at a time, before it reads the pipe
+  again.
 * **The marker.** Once clients can send, ``path + MARKER_SUFFIX`` is written atomically
   (JSON naming the server and the FIFO's inode), so clients know they may keep a
   descriptor open, and refuse the path if it names another file.
@@ -65,6 +69,7 @@ from aiotimer._marker import (
 )
 from aiotimer._mentions import mentions_end
 from aiotimer._pathwatch import PathWatch
+from aiotimer._pipepeek import open_peek
 from aiotimer._protocol import MAX_LINE_BYTES, LineDecoder
 from aiotimer._version import __version__
 from aiotimer.errors import SourceError
@@ -368,8 +373,11 @@ class FifoSource:
 
     async def _read_forever(self, fd: int, sink: RequestSink) -> None:
         reader = _Reader(fd, sink, self._name, self._chunk_size, self._max_line)
-        with draining(sink, reader):
-            await reader.run()
+        try:
+            with draining(sink, reader):
+                await reader.run()
+        finally:
+            reader.close()
 
     def __repr__(self) -> str:
         return f"<FifoSource {str(self._path)!r} mode={self._mode:#o}>"
@@ -379,10 +387,11 @@ class _Reader:
     """Reads one FIFO: the read loop, and the drain the server runs before an expiry
     (a :class:`~aiotimer.sources._base.Drain`).
 
-    The drain moves what the pipe holds into the backlog without decoding it, and
-    decodes (from its front) only as far as the last line that may name a due worker
-    (:func:`~aiotimer._mentions.mentions_end`). The read loop decodes the backlog before
-    it reads the pipe again, so every byte is decoded once, in arrival order.
+    The drain scans what the pipe holds without taking it out (:mod:`aiotimer._pipepeek`)
+    and moves into the backlog, undecoded, only the lines up to the last one that may
+    name a due worker (:func:`~aiotimer._mentions.mentions_end`); it decodes them from
+    the backlog's front. The read loop decodes the backlog before it reads the pipe
+    again, so every byte is decoded once, in arrival order.
     """
 
     __slots__ = (
@@ -392,6 +401,7 @@ class _Reader:
         "_due",
         "_fd",
         "_name",
+        "_peek",
         "_pos",
         "_sink",
         "_waiting",
@@ -411,11 +421,68 @@ class _Reader:
         self._pos = 0
         self._due = 0  # backlog bytes the current drain still has to decode
         self._waiting: asyncio.Future[None] | None = None  # the read loop's wait for input
+        self._peek = open_peek(fd)  # None: the drain reads the pipe instead
+
+    def close(self) -> None:
+        """Release what the reader holds besides the FIFO (the peek's private pipe)."""
+        if self._peek is not None:
+            self._peek.close()
+            self._peek = None
 
     def look(self, pids: AbstractSet[int] | None) -> bool:
-        """Move what the pipe holds into the backlog (up to ``BACKLOG_LIMIT`` bytes in
-        all: one ``read(2)``, however fast writers refill the pipe); ``True`` if some of
-        the backlog may name one of ``pids``."""
+        """Scan the backlog and what the pipe holds for lines that may name one of
+        ``pids``, and take out of the pipe (into the backlog) what must be decoded to
+        apply them: ``True`` if there is such input.
+
+        The pipe's contents are seen through a copy (:mod:`aiotimer._pipepeek`) and left
+        in place, so writers waiting for room do not wake; only the lines up to the last
+        mention are taken out. Without a copy, the pipe's contents are moved into the
+        backlog (up to ``BACKLOG_LIMIT`` bytes in all: one ``read(2)``).
+        """
+        if self._peek is None:
+            return self._look_by_reading(pids)
+        backlog, pos = self._backlog, self._pos
+        held = len(backlog) - pos
+        try:
+            peeked = self._peek.peek(self._fd)
+        except OSError as exc:
+            logger.warning("cannot copy what the FIFO holds (%s); reading it instead", exc)
+            self._peek.close()
+            self._peek = None
+            return self._look_by_reading(pids)
+        # The input in arrival order: the backlog's undecoded part, then the pipe's.
+        if not peeked:
+            view, start = backlog, pos
+        elif held:
+            view, start = backlog[pos:] + peeked, 0
+        else:
+            view, start = peeked, 0
+        # How much of it, from its front, to decode now.
+        due = mentions_end(view, pids, partial=self._decoder.pending > 0, start=start)
+        take = min(due - held, BACKLOG_LIMIT - held)
+        if take > 0:
+            taken = self._read_exactly(take)
+            if taken:
+                self._backlog = (backlog[pos:] + taken) if held else taken
+                self._pos = 0
+                self._wake_loop()  # the backlog is to read
+            due = min(due, held + len(taken))
+        self._due = due
+        return due > 0
+
+    def _read_exactly(self, size: int) -> bytes:
+        """``size`` bytes from the pipe (fewer only if it holds fewer: another reader)."""
+        parts: list[bytes] = []
+        while size > 0:
+            try:
+                data = os.read(self._fd, size)
+            except BlockingIOError:
+                break
+            parts.append(data)
+            size -= len(data)
+        return b"".join(parts)
+
+    def _look_by_reading(self, pids: AbstractSet[int] | None) -> bool:
         backlog, pos = self._backlog, self._pos
         room = BACKLOG_LIMIT - (len(backlog) - pos)
         if room > 0:
