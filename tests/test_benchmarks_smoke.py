@@ -7,6 +7,7 @@ documented ``python -m benchmarks.bench_table`` form from the repository root.
 from __future__ import annotations
 
 import importlib
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -96,3 +97,12 @@ def test_bench_ingest_cpu_quick(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     for row in ("split only", "decode", "submit", "decode + submit"):
         assert f"{row} (4 KiB reads)" in out and f"{row} (16 KiB reads)" in out
+
+
+def test_bench_ingest_writers_make_their_lines_from_the_template() -> None:
+    bench_ingest = importlib.import_module("benchmarks.bench_ingest")
+    template = bench_ingest.lines_template(301)
+    lines = bench_ingest.own_lines(template, 4321)
+    assert len(lines) == 301 and all(line.endswith(b"\n") for line in lines)
+    for mine, theirs in zip(lines, template.splitlines(keepends=True), strict=True):
+        assert json.loads(mine) == {**json.loads(theirs), "pid": 4321}
