@@ -42,7 +42,11 @@ class Decoded:
 
 
 _decode_one = msgspec.json.Decoder(Request).decode
-_decode_many = msgspec.json.Decoder(list[Request]).decode
+# The fast path's decoder (see LineDecoder._decode_block), and what it puts after each
+# newline.
+_decode_marked = msgspec.json.Decoder(Request | None).decode_lines
+_MARKED_NEWLINE: Final = b"\nnull null"
+_MARK_SIZE: Final = len(_MARKED_NEWLINE) - 1
 
 #: What decoding hostile bytes can raise: msgspec's errors (a ``ValueError``), invalid
 #: UTF-8 inside a string (``UnicodeDecodeError``, also a ``ValueError``) and nesting too
@@ -183,32 +187,36 @@ class LineDecoder:
 
     def _decode_block(self, block: bytes, out: Decoded) -> None:
         """Decode ``block``: complete lines, each ending in a newline."""
-        # The fast path decodes the lines as one JSON array. Getting n valid objects back
-        # does not prove that each line held one of them: "{a}, {b}" on one line and an
-        # object split over two lines also add up to n. It does when every line ends
-        # with "}" and holds no other "}" (and the array has n elements): each object
-        # needs a "}" of its own to close, so object k closes at the end of line k,
-        # and object k + 1 opens after the comma put there, within line k + 1. The
-        # checks run in C: a split, and two memchr scans of the lines without their
-        # closing "}\n". Other blocks (CRLF, a "}" in a scope_id, nested extension keys,
-        # a bad line) take the exact line-by-line path.
-        bodies = block.split(b"}\n")  # every line without its closing "}\n"
-        if not bodies[-1]:  # the block ends with "}\n"
-            bodies.pop()
-            inside = b"".join(bodies)
-            if (
-                b"\n" not in inside  # every line ends with "}"
-                and b"}" not in inside  # and holds no other
-                and max(map(len, bodies)) <= self._max_line - 2
-            ):
-                try:
-                    reqs = _decode_many(b"[" + b"},".join(bodies) + b"}]")
-                except _DECODE_ERRORS:
-                    pass  # at least one bad line: fall back to line by line
-                else:
-                    if len(reqs) == len(bodies):
-                        out.requests.extend(reqs)
-                        return
+        # The fast path decodes the whole block in one call, as a sequence of JSON values
+        # with two nulls put after every newline. Such a sequence decodes only if every
+        # newline lies between two top-level values: a newline cannot be inside a string
+        # (JSON forbids a raw one there), nor be followed by two values (the nulls)
+        # inside an object or an array (they would need a comma between them). So each
+        # line holds whole values of its own, and when the values come as (request,
+        # null, null) once per line, each line holds exactly one, a request: had a line
+        # none, or more, the nulls after it would sit where the pattern wants a request
+        # (after k lines holding d values too many, they sit at 3k + d - 2 and
+        # 3k + d - 1, so d must stay a multiple of 3; it starts at 0, drops by at most 1
+        # per line and ends at 0, so it stays 0). Other blocks (a blank line, a bad
+        # line, an object split over lines, two on one line) take the exact line-by-line
+        # path, as do those with a line longer than max_line.
+        if self._lines_fit(block):
+            marked = block.replace(b"\n", _MARKED_NEWLINE)
+            count = (len(marked) - len(block)) // _MARK_SIZE
+            try:
+                values = _decode_marked(marked)
+            except _DECODE_ERRORS:
+                pass  # at least one bad line: fall back to line by line
+            else:
+                requests = values[::3]
+                if (
+                    len(values) == 3 * count
+                    and all(requests)  # a request is true, a null None
+                    and not any(values[1::3])
+                    and not any(values[2::3])
+                ):
+                    out.requests.extend(requests)
+                    return
         limit = self._max_line - 1
         lines = block.split(b"\n")
         lines.pop()  # the empty string after the final newline
@@ -217,3 +225,17 @@ class LineDecoder:
                 self._finish_line(line[-limit:], True, out)
             elif line.strip():
                 _decode_line(line, out)
+
+    def _lines_fit(self, block: bytes) -> bool:
+        """Whether every line of ``block`` (complete lines) is at most ``max_line`` bytes
+        long, newline included. Exact, at memchr speed: each step jumps to the last
+        newline within ``max_line`` bytes of a line's start, so two steps cover at least
+        ``max_line`` bytes."""
+        rfind, limit, end = block.rfind, self._max_line, len(block)
+        start = 0
+        while start < end:
+            newline = rfind(b"\n", start, start + limit)
+            if newline < 0:
+                return False  # the line at start is longer
+            start = newline + 1
+        return True

@@ -568,11 +568,12 @@ def test_writer_stopped_mid_line_costs_only_its_own_line(
     assert len(got.rejections) == (1 if prefix else 0)
 
 
-def one_line_at_a_time(lines: list[bytes]) -> Decoded:
-    """What each line decodes to on its own, in a fresh decoder, merged in order."""
+def one_line_at_a_time(lines: list[bytes], max_line: int = MAX_LINE_BYTES) -> Decoded:
+    """What each line decodes to on its own, in a fresh decoder, merged in order, by the
+    exact line-by-line path (a blank line after it keeps the block off the fast path)."""
     total = Decoded()
     for line in lines:
-        got = LineDecoder().feed(line + b"\n")
+        got = LineDecoder(max_line).feed(line + b"\n\n")
         total.requests += got.requests
         total.rejections += got.rejections
     return total
@@ -585,6 +586,8 @@ line_fragments = st.one_of(
         [b"{", b"}", b'"', b'{"', b'"}', b",", b'", ', b"\\", b" ", b"[", b"]", b":", b"\r"]
     ),
     st.sampled_from([b'"pid": 7', b'"scope_id": "', b'"expiration_time": 1', b'"signal": 9']),
+    # what the fast path puts after each newline, and other whole JSON values
+    st.sampled_from([b"null", b"null null", b" null", b"0", b"[]", b"{}", b'"x"', b"[null"]),
     st.binary(max_size=8).filter(lambda b: b"\n" not in b),
     st.builds(lambda line, k: line[: k % (len(line) + 1)], st.just(VALID), st.integers(0, 99)),
     st.builds(lambda line, k: line[k % (len(line) + 1) :], st.just(VALID), st.integers(0, 99)),
@@ -634,23 +637,76 @@ two_on_a_line = st.builds(
 )
 
 
+# A valid line that the fast path may take, but whose bytes hold what its proof is about:
+# extension keys nesting objects and arrays (with nulls), braces, brackets and "null" in
+# the scope id, a CRLF ending.
+unusual_lines = st.builds(
+    lambda req, extra, crlf: line_of(req)[:-1] + extra + (b"\r" if crlf else b""),
+    st.builds(
+        Request,
+        st.integers(1, 99),
+        st.lists(st.sampled_from(["}", "{", "[", "]", "null", ", ", "a"]), min_size=1).map("".join),
+        st.floats(0, 1e9),
+        st.just(9),
+    ),
+    st.sampled_from([b"}", b', "x": {"y": [null, {}]}}', b', "x": null}', b', "x": [[]]}']),
+    st.booleans(),
+)
+
+# A valid line with the value of an extension key cut out, and a newline in its place:
+# what a value put after the newline would complete (a line holding more values after it).
+holed_lines = st.builds(
+    lambda req, tail: [line_of(req)[:-1] + b', "x":', b"}" + tail],
+    requests,
+    st.sampled_from([b"", b" null", b" null null", b" null " + VALID, b" null null " + VALID]),
+)
+
+
 @settings(deadline=None, max_examples=300)
 @given(
     groups=st.lists(
-        fragment_lines.map(lambda line: [line]) | split_lines | cut_lines | two_on_a_line,
+        fragment_lines.map(lambda line: [line])
+        | unusual_lines.map(lambda line: [line])
+        | holed_lines
+        | split_lines
+        | cut_lines
+        | two_on_a_line,
         min_size=1,
         max_size=6,
     ),
     points=chunk_points,
+    max_line=st.one_of(st.just(MAX_LINE_BYTES), st.integers(2, 200)),
 )
 def test_each_line_has_the_outcome_it_has_alone(
-    groups: list[list[bytes]], points: list[int]
+    groups: list[list[bytes]], points: list[int], max_line: int
 ) -> None:
     """Exactly one line's worth of outcome per line: whatever shares its chunk, a line
-    decodes as it does on its own (never merged with a neighbour, never lost)."""
+    decodes as it does on its own (never merged with a neighbour, never lost), and one
+    over ``max_line`` is rejected as it is on its own."""
     lines = [line for group in groups for line in group]
     data = b"".join(line + b"\n" for line in lines)
-    assert feed_all(cut(data, points)) == one_line_at_a_time(lines)
+    assert feed_all(cut(data, points), LineDecoder(max_line)) == one_line_at_a_time(lines, max_line)
+
+
+@settings(deadline=None, max_examples=100)
+@given(st.lists(unusual_lines, min_size=1, max_size=8))
+def test_blocks_of_unusual_valid_lines_take_the_fast_path(lines: list[bytes]) -> None:
+    """CRLF, braces in scope ids and nested extension keys do not cost the one-call path."""
+    want = one_line_at_a_time(lines)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("aiotimer._decoder._decode_line", None)  # the line-by-line path fails
+        assert LineDecoder().feed(b"".join(line + b"\n" for line in lines)) == want
+
+
+@SETTINGS
+@given(
+    lengths=st.lists(st.integers(0, 40), min_size=1, max_size=20),
+    max_line=st.integers(2, 50),
+)
+def test_the_line_length_check_is_exact(lengths: list[int], max_line: int) -> None:
+    block = b"".join(b"x" * n + b"\n" for n in lengths)
+    fits = max(lengths) + 1 <= max_line
+    assert LineDecoder(max_line)._lines_fit(block) is fits
 
 
 int_edges = st.sampled_from(
