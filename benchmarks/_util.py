@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import statistics
@@ -76,6 +77,14 @@ def wake_first() -> bool:
     except OSError:
         return False
     return True
+
+
+def woken() -> None:
+    """Undo :func:`wake_first` once the wait it was for has ended (its time taken):
+    whatever the process does next (its exit, say) competes for a CPU like any other,
+    instead of preempting the server it measures. A no-op where it was not raised."""
+    with contextlib.suppress(OSError):
+        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
 
 
 @contextmanager

@@ -27,7 +27,6 @@ parent between workers.
 
 from __future__ import annotations
 
-import contextlib
 import heapq
 import math
 import mmap
@@ -37,7 +36,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from benchmarks._util import wake_first
+from benchmarks._util import wake_first, woken
 from benchmarks.many_workers.plan import Block
 
 __all__ = ["REAP_SIGNAL", "Sender", "Slots", "run_worker"]
@@ -127,8 +126,7 @@ class Sender(Protocol):
 def _reaped(slots: Slots, slot: int, signum: int) -> None:
     slots.set(slot, SIGNAL_TIME, time.monotonic())
     slots.set(slot, SIGNUM, signum)
-    with contextlib.suppress(OSError):  # the exit itself need not run first
-        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+    woken()  # the exit itself need not run first
     os._exit(0)
 
 
