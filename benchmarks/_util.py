@@ -79,12 +79,14 @@ def wake_first() -> bool:
     return True
 
 
-def woken() -> None:
+def woken(*, idle: bool = False) -> None:
     """Undo :func:`wake_first` once the wait it was for has ended (its time taken):
     whatever the process does next (its exit, say) competes for a CPU like any other,
-    instead of preempting the server it measures. A no-op where it was not raised."""
+    instead of preempting the server it measures; ``idle``: runs only when nothing else
+    wants the CPU (``SCHED_IDLE``; for a probe whose exit is not measured)."""
+    policy = os.SCHED_IDLE if idle else os.SCHED_OTHER
     with contextlib.suppress(OSError):
-        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+        os.sched_setscheduler(0, policy, os.sched_param(0))
 
 
 @contextmanager

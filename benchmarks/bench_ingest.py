@@ -378,9 +378,9 @@ def _fork_probes(group: _Group, path: str, first_deadline: float, shared: _Share
             wake_first()
             signal.sigwaitinfo({signal.SIGTERM})
             cells[at + 1] = time.monotonic()
-            # Its exit must not preempt the server (at real-time priority it did, for
-            # a millisecond or two per probe, inside the server's kill of the probe).
-            woken()
+            # Its exit is not measured and must not take the server's CPU (at real-time
+            # priority it did, a millisecond or two per probe, inside the server's kill).
+            woken(idle=True)
             os._exit(0)
 
         return run
