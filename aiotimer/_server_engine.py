@@ -71,15 +71,14 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable, Container, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from itertools import compress
 
 import anyio
 import anyio.abc
 import anyio.lowlevel
 
-from aiotimer._batch import APPLY, PAIRED_ACQUIRE, PAIRED_RELEASE, SUPERSEDED, fold
+from aiotimer._batch import fold
 from aiotimer._clock import Clock
 from aiotimer._escalator import ReapRetry
 from aiotimer._journal import Journal
@@ -138,9 +137,6 @@ EXPIRE_BUDGET = 1024
 MAX_TIMERS = 1_000_000
 #: Default cap on one worker's live timers; its acquires past it are rejected.
 MAX_TIMERS_PER_WORKER = 100_000
-
-# A mask over a batch's fates (a bytearray.translate table) for itertools.compress.
-_NOT_PAIRED_RELEASE = bytes(fate != PAIRED_RELEASE for fate in range(256))
 
 
 def _safely(call: Callable[..., bool], *args: object) -> bool:
@@ -259,50 +255,50 @@ class Engine:
     def _apply_folded(
         self, requests: Sequence[Request], source: str, mono: float, wall: float
     ) -> None:
-        """Apply a batch in order; a block whose acquire and release are both in it
-        never reaches the table (see :mod:`aiotimer._batch`): it is counted, and its
-        duration (zero: both arrived now) recorded once per scope for the batch."""
+        """Apply a batch as its requests one by one; a block whose acquire and release
+        are both in it never reaches the table (see :mod:`aiotimer._batch`): it is
+        counted, and its duration (zero: both arrived now) recorded once per scope.
+        Near a cap, where the order of the table's changes matters, the requests are
+        applied one by one."""
         folded = fold(requests)
-        fates = folded.fates
-        paired = fates.count(PAIRED_RELEASE)
-        counts = self.counts
-        counts.released += paired
-        counts.acquired += paired + fates.count(SUPERSEDED)  # one paired acquire per release
-        table, journal, restored, overdue = self.table, self._journal, self._restored, None
-        if self.overdue:  # it only shrinks during a batch (nothing expires meanwhile)
-            overdue = self.overdue
-        # A paired acquire ends a live timer of its key. Such a timer was set before the
-        # batch (an acquire applied in the batch is never followed by another acquire of
-        # its key in it) and has been in its worker's scopes ever since: one view of a
-        # worker's live scopes per batch, taken when first needed, tells whether there
-        # is one, and spares the table a lookup for every other key.
-        live_scopes: dict[int, Container[str]] = {}
-        # Paired releases need nothing but the counts above and the statistics below.
-        unpaired = fates.translate(_NOT_PAIRED_RELEASE)
-        for req, fate in compress(zip(requests, fates, strict=True), unpaired):
-            if fate == APPLY:
+        table = self.table
+        if not self._far_from_caps(folded.pids(), len(requests)):
+            for req in requests:
                 self._apply(req, source, mono, wall)
-                continue
-            # A paired or superseded acquire.
-            pid, scope_id = req.pid, req.scope_id
+            return
+        pairs = folded.pairs
+        counts = self.counts
+        counts.released += pairs
+        counts.acquired += pairs + folded.superseded
+        # What the folded requests do to the state before the batch, before the applied
+        # requests: nothing of those keys comes first (see aiotimer._batch), and far
+        # from the caps nothing else can tell the order.
+        restored, overdue, journal = self._restored, self.overdue, self._journal
+        for pid in folded.pids():
             if restored and pid in restored:
                 self._drop_restored(pid)
-            if overdue is not None:
-                overdue.pop((pid, scope_id))
-            if fate != PAIRED_ACQUIRE:
+            live = table.worker_size(pid)
+            if not (live or overdue):
                 continue
-            live = live_scopes.get(pid)
-            if live is None:
-                live = live_scopes[pid] = table.live_scopes(pid)
-            # A timer of this key live before the batch: the paired acquire replaces it
-            # and its release ends it.
-            if (
-                scope_id in live
-                and table.release(pid, scope_id) is not None
-                and journal is not None
-            ):
-                journal.released(pid, scope_id)
+            scopes = folded.scopes(pid)
+            if live < len(scopes) and not overdue:
+                scopes = table.live_scopes(pid)  # fewer to look at
+            for scope_id in [s for s in scopes if folded.ends(pid, s)]:
+                if overdue:
+                    overdue.pop((pid, scope_id))
+                if table.release(pid, scope_id) is not None and journal is not None:
+                    journal.released(pid, scope_id)
+        for i in folded.apply:
+            self._apply(requests[i], source, mono, wall)
         self.stats.record_many(folded.paired, 0.0)
+
+    def _far_from_caps(self, pids: Iterable[int], size: int) -> bool:
+        """Whether no acquire of a batch of ``size`` requests naming ``pids`` can meet
+        a cap, however the batch is applied (each acquire adds at most one timer)."""
+        table = self.table
+        return len(table) + size <= self._max_timers and all(
+            table.worker_size(pid) + size <= self._max_per_worker for pid in pids
+        )
 
     def _apply(self, req: Request, source: str, mono: float, wall: float) -> None:
         if self._restored and req.pid in self._restored:

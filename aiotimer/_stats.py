@@ -181,8 +181,14 @@ class DurationStats:
     def record_many(self, counts: Mapping[str, int], duration: float) -> None:
         """Record, for each scope id in ``counts``, that many blocks that each ran
         ``duration`` seconds (a batch's blocks begun and ended at once, say)."""
+        # Summed per site first: the scope ids of a busy site are many (file:line#n).
+        by_site: dict[_Site, int] = {}
+        cached = self._by_scope.get
         for scope_id, count in counts.items():
-            self._site(scope_id).sketch.add_many(duration, count)
+            site = cached(scope_id) or self._site(scope_id)
+            by_site[site] = by_site.get(site, 0) + count
+        for site, count in by_site.items():
+            site.sketch.add_many(duration, count)
 
     def record_expired(self, scope_id: str, elapsed: float) -> None:
         """Record that a timer of ``scope_id`` expired after running ``elapsed`` seconds."""

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 import signal
 from collections import Counter
 from dataclasses import astuple
+from pathlib import Path
 
 import anyio
 import pytest
@@ -12,11 +14,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aiotimer import Request
-from aiotimer._batch import APPLY, PAIRED_ACQUIRE, PAIRED_RELEASE, SUPERSEDED, fold
+from aiotimer._batch import fold
 from aiotimer._escalator import ReapRetry
+from aiotimer._journal import Journal
 from aiotimer._policy import ReapPolicy
 from aiotimer._protocol import Decoded
-from aiotimer._server_engine import Engine
+from aiotimer._server_engine import MAX_TIMERS, Engine
 from aiotimer.events import Event
 from aiotimer.server import TimerServer
 from aiotimer.testing import FakeClock, MemorySource, RecordingReaper
@@ -52,20 +55,18 @@ def naive(batch: list[Request]) -> tuple[dict[tuple[int, str], float], int]:
 def folded(
     batch: list[Request], live: dict[tuple[int, str], float]
 ) -> tuple[dict[tuple[int, str], float], int]:
-    """``batch`` applied to ``live`` as the engine applies it with :func:`fold`."""
-    live = dict(live)
-    ended = 0
-    for r, fate in zip(batch, fold(batch).fates, strict=True):
+    """``batch`` applied to ``live`` as the engine applies it with :func:`fold`: the
+    timers the batch ends first, then the applied requests in order."""
+    result = fold(batch)
+    live = {key: t for key, t in live.items() if not result.ends(*key)}
+    ended = result.pairs  # blocks, recorded with their duration
+    for i in result.apply:
+        r = batch[i]
         key = (r.pid, r.scope_id)
-        if fate == APPLY:
-            if r.is_release:
-                ended += live.pop(key, None) is not None
-            else:
-                live[key] = r.expiration_time
-        elif fate == PAIRED_ACQUIRE:
-            live.pop(key, None)  # replaced, then ended by its release
-        elif fate == PAIRED_RELEASE:
-            ended += 1  # a block, recorded with its duration
+        if r.is_release:
+            ended += live.pop(key, None) is not None
+        else:
+            live[key] = r.expiration_time
     return live, ended
 
 
@@ -85,36 +86,65 @@ def test_fold_applies_like_every_request_in_order(
     assert ended + got_ended == want_ended
 
 
-@given(requests)
-def test_paired_requests_pair_up_in_order(batch: list[Request]) -> None:
-    fates = fold(batch).fates
-    for i, fate in enumerate(fates):
-        if fate == PAIRED_ACQUIRE:
-            key = (batch[i].pid, batch[i].scope_id)
-            j = next(
-                j for j in range(i + 1, len(batch)) if (batch[j].pid, batch[j].scope_id) == key
-            )
-            assert batch[j].is_release and fates[j] == PAIRED_RELEASE
-        if fate == SUPERSEDED:
-            assert not batch[i].is_release
+def fates(batch: list[Request]) -> list[str]:
+    """Each request's fate, from a naive model: "pa"/"pr" a paired acquire/release,
+    "sup" a superseded acquire, "apply" the rest."""
+    out = ["apply"] * len(batch)
+    open_acquire: dict[tuple[int, str], int] = {}
+    for i, r in enumerate(batch):
+        key = (r.pid, r.scope_id)
+        if r.is_release:
+            j = open_acquire.pop(key, None)
+            if j is not None:
+                out[j], out[i] = "pa", "pr"
+        else:
+            if key in open_acquire:
+                out[open_acquire[key]] = "sup"
+            open_acquire[key] = i
+    return out
 
 
 @given(requests)
-def test_fold_counts_the_paired_releases_of_each_scope(batch: list[Request]) -> None:
-    folded = fold(batch)
-    fates = zip(batch, folded.fates, strict=True)
-    want = Counter(r.scope_id for r, f in fates if f == PAIRED_RELEASE)
-    assert folded.paired == want
+def test_fold_finds_the_fates_of_a_naive_model(batch: list[Request]) -> None:
+    result, want = fold(batch), fates(batch)
+    assert result.apply == [i for i, fate in enumerate(want) if fate == "apply"]
+    assert result.superseded == want.count("sup")
+    assert result.pairs == want.count("pr") == want.count("pa")
+    pr = [r.scope_id for r, f in zip(batch, want, strict=True) if f == "pr"]
+    assert result.paired == Counter(pr)
+    assert set(result.pids()) == {r.pid for r in batch}
+    for pid in (1, 2, 3):
+        assert set(result.scopes(pid)) == {r.scope_id for r in batch if r.pid == pid}
+
+
+@given(requests)
+def test_a_live_timer_is_ended_by_a_first_request_that_is_a_paired_acquire(
+    batch: list[Request],
+) -> None:
+    """:meth:`Fold.ends`: the key's first request is an acquire, folded (paired, or
+    superseded by the acquires up to a paired one)."""
+    result, want = fold(batch), fates(batch)
+    for pid, scope in itertools.product((1, 2, 3), ("a", "b", "c")):
+        mine = [i for i, r in enumerate(batch) if (r.pid, r.scope_id) == (pid, scope)]
+        chain = list(itertools.takewhile(lambda i: want[i] == "sup", mine))
+        rest = mine[len(chain) :]
+        ends = bool(mine) and not batch[mine[0]].is_release and want[rest[0]] == "pa"
+        assert result.ends(pid, scope) is ends
 
 
 def test_fold_examples() -> None:
     a, r = Request(1, "s", 5.0, KILL), Request(1, "s", -1, 0)
     other = Request(2, "s", 5.0, KILL)
-    assert list(fold([a, r]).fates) == [PAIRED_ACQUIRE, PAIRED_RELEASE]
-    assert list(fold([a, other, r]).fates) == [PAIRED_ACQUIRE, APPLY, PAIRED_RELEASE]
-    assert list(fold([a, a, r]).fates) == [SUPERSEDED, PAIRED_ACQUIRE, PAIRED_RELEASE]
-    assert list(fold([a, a]).fates) == [SUPERSEDED, APPLY]
-    assert list(fold([r, a]).fates) == [APPLY, APPLY]
+    assert fold([a, r]).apply == []
+    assert fold([a, other, r]).apply == [1]
+    assert (fold([a, a, r]).apply, fold([a, a, r]).superseded) == ([], 1)
+    assert (fold([a, a]).apply, fold([a, a]).superseded) == ([1], 1)
+    assert fold([r, a]).apply == [0, 1]
+    assert fold([a, r, a, r]).pairs == 2
+    assert fold([a, r]).ends(1, "s") and fold([a, a, r]).ends(1, "s")
+    assert not fold([r, a, r]).ends(1, "s")
+    assert not fold([a, a]).ends(1, "s")
+    assert not fold([a, r]).ends(2, "s")
 
 
 @pytest.mark.asyncio
@@ -146,8 +176,10 @@ async def test_a_folded_block_still_replaces_and_ends_a_live_timer() -> None:
 # -- the engine: a folded batch leaves what applying its requests one by one leaves --------
 
 SOON = 5.0  # seconds: "soon" acquires expire when the clock moves past it
-pids = st.sampled_from([100, 101])
-scopes = st.sampled_from(["a.py:1#1", "a.py:1#2"])  # one site
+ALL_PIDS = (100, 101, 102)
+ALL_SCOPES = ("a.py:1#1", "a.py:1#2", "b.py:2#1")  # two sites
+pids = st.sampled_from(ALL_PIDS)
+scopes = st.sampled_from(ALL_SCOPES)
 # Before the batch: acquires (report-only ones due soon, which expire unreaped and leave
 # an overdue block behind, or reaping ones due far) and releases.
 prior_requests = st.lists(
@@ -159,31 +191,44 @@ prior_requests = st.lists(
         scopes,
         st.sampled_from(["soon", "far", "rel"]),
     ),
-    max_size=6,
+    max_size=8,
 )
+# Single requests, and blocks (an acquire and its release, next to each other), so that a
+# worker often sends nothing but blocks the batch folds.
 batch_requests = st.lists(
     st.builds(
-        lambda pid, scope, release, t: Request(pid, scope, -1.0 if release else FAR + t, KILL),
+        lambda pid, scope, kind, t: {
+            "acquire": [Request(pid, scope, FAR + t, KILL)],
+            "release": [Request(pid, scope, -1.0, KILL)],
+            "block": [Request(pid, scope, FAR + t, KILL), Request(pid, scope, -1.0, KILL)],
+        }[kind],
         pids,
         scopes,
-        st.booleans(),
+        st.sampled_from(["acquire", "release", "block"]),
         st.floats(0, 100),
     ),
-    max_size=12,
-)
+    max_size=10,
+).map(lambda groups: [req for group in groups for req in group])
 
 
 def _engine_state(
-    prior: list[Request], restored: list[Request], batch: list[Request], *, one_by_one: bool
+    prior: list[Request],
+    restored: list[Request],
+    batch: list[Request],
+    caps: tuple[int, int],
+    *,
+    one_by_one: bool,
 ) -> tuple[object, ...]:
     """Apply ``prior`` and ``restored`` (alike for both ways), advance past the soon
     deadlines, apply ``batch`` (as one batch, or one request at a time), then release
-    every key one by one (an overdue block left behind shows in the statistics)."""
+    every key one by one (an overdue block left behind shows in the statistics). The
+    engine has a journal, and the caps ``caps`` (max_timers, max_timers_per_worker)."""
 
     async def run() -> tuple[object, ...]:
         clock = FakeClock(wall_offset=1e9)
         events: list[Event] = []
         async with anyio.create_task_group() as tg:
+            journal = Journal(Path("never-written.journal"))  # its task does not run
             engine = Engine(
                 task_group=tg,
                 clock=clock,
@@ -193,6 +238,9 @@ def _engine_state(
                 retry=ReapRetry(),
                 request_events=False,
                 self_kill_after_reap=False,
+                journal=journal,
+                max_timers=caps[0],
+                max_timers_per_worker=caps[1],
             )
             for req in prior:
                 engine.submit(Decoded([req]), "test")
@@ -205,8 +253,18 @@ def _engine_state(
             else:
                 engine.submit(Decoded(list(batch)), "test")
             timers = [(t.pid, t.scope_id, t.deadline, t.signal) for t in engine.table.snapshot()]
-            during = (timers, astuple(engine.counts), engine.scope_stats(), len(engine.overdue))
-            ends = [Request(p, s, -1.0, 0) for p in (100, 101) for s in ("a.py:1#1", "a.py:1#2")]
+            # What the journal's next write would say: each worker's earliest deadline (of
+            # timers with equal deadlines, it may name either).
+            journal._update(engine.table, 0.0)
+            journaled = {pid: entry.mono for pid, entry in journal._entries.items()}
+            during = (
+                timers,
+                astuple(engine.counts),
+                engine.scope_stats(),
+                len(engine.overdue),
+                journaled,
+            )
+            ends = [Request(p, s, -1.0, 0) for p in ALL_PIDS for s in ALL_SCOPES]
             for req in ends:
                 engine.submit(Decoded([req]), "test")
             after = (astuple(engine.counts), engine.scope_stats(), len(engine.overdue))
@@ -221,16 +279,17 @@ def _engine_state(
     return anyio.run(run)
 
 
-@settings(max_examples=300)
+@settings(max_examples=400, deadline=None)
 @given(
     prior_requests,
     st.lists(st.builds(Request, pids, scopes, st.just(FAR), st.just(KILL)), max_size=3),
     batch_requests,
+    st.tuples(st.integers(1, 24), st.integers(1, 24)) | st.just((MAX_TIMERS, MAX_TIMERS)),
 )
 def test_the_engine_applies_a_folded_batch_like_its_requests_one_by_one(
-    prior: list[Request], restored: list[Request], batch: list[Request]
+    prior: list[Request], restored: list[Request], batch: list[Request], caps: tuple[int, int]
 ) -> None:
-    """Same timers, counters, statistics and events, before and after the overdue blocks
-    and the journal's restored timers come into play."""
-    folded_state = _engine_state(prior, restored, batch, one_by_one=False)
-    assert folded_state == _engine_state(prior, restored, batch, one_by_one=True)
+    """Same timers, counters, statistics, journal and events, before and after the
+    overdue blocks and the journal's restored timers come into play, near the caps too."""
+    folded_state = _engine_state(prior, restored, batch, caps, one_by_one=False)
+    assert folded_state == _engine_state(prior, restored, batch, caps, one_by_one=True)

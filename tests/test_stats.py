@@ -222,3 +222,27 @@ def test_record_many_and_the_scope_cache_keep_sites_apart() -> None:
     a0, a1 = stats.summary("a.py:0"), stats.summary("a.py:1")
     assert a0 is not None and a1 is not None
     assert (a0.count, a1.count) == (3 * 2048 + 10, 3 * 2048 + 2)
+
+
+@given(
+    before=st.lists(st.sampled_from(["a.py:1#1", "a.py:1#2", "b.py:2#1", "c"]), max_size=6),
+    counts=st.dictionaries(
+        st.sampled_from(["a.py:1#1", "a.py:1#3", "b.py:2#1", "c", "d.py:4#1"]),
+        st.integers(1, 5),
+    ),
+    duration=st.sampled_from([0.0, 0.5]),
+    max_sites=st.integers(1, 4),
+)
+def test_record_many_is_record_of_each_block(
+    before: list[str], counts: dict[str, int], duration: float, max_sites: int
+) -> None:
+    """Summed per site or not, the same sites (the pool too) and samples."""
+    many, one = DurationStats(max_sites=max_sites), DurationStats(max_sites=max_sites)
+    for scope_id in before:
+        many.record(scope_id, 1.0)
+        one.record(scope_id, 1.0)
+    many.record_many(counts, duration)
+    for scope_id, count in counts.items():
+        for _ in range(count):
+            one.record(scope_id, duration)
+    assert many.summaries() == one.summaries()
