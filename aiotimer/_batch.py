@@ -101,7 +101,7 @@ def fold(requests: Sequence[Request]) -> Fold:
         if scopes is None:
             scopes = by_pid[req.pid] = {}
         scope_id = req.scope_id
-        if req.expiration_time < 0:  # a release (Request.is_release, without a call)
+        if req.expiration_time < 0.0:  # a release (Request.is_release, without a call)
             j = scopes.get(scope_id, _ABSENT)
             if j >= 0:  # it pairs with the open acquire
                 scopes[scope_id] = _RELEASED_FIRST if j >= n2 else _ENDED
