@@ -293,3 +293,20 @@ def test_the_engine_applies_a_folded_batch_like_its_requests_one_by_one(
     overdue blocks and the journal's restored timers come into play, near the caps too."""
     folded_state = _engine_state(prior, restored, batch, caps, one_by_one=False)
     assert folded_state == _engine_state(prior, restored, batch, caps, one_by_one=True)
+
+
+@pytest.mark.parametrize("caps", [(24, 2), (2, 24)])
+def test_near_a_cap_a_batch_is_applied_one_by_one(caps: tuple[int, int]) -> None:
+    """An open block counts toward the caps while it is open: here it fills worker 100's
+    (or the table's) last place, so the acquire that comes next is rejected."""
+    prior = [Request(100, "a.py:1#1", FAR, KILL)]
+    batch = [
+        Request(100, "a.py:1#2", FAR, KILL),
+        Request(100, "b.py:2#1", FAR, KILL),  # no room while a.py:1#2 is open
+        Request(100, "a.py:1#2", -1.0, 0),
+    ]
+    folded = _engine_state(prior, [], batch, caps, one_by_one=False)
+    assert folded == _engine_state(prior, [], batch, caps, one_by_one=True)
+    during, _, kinds = folded
+    assert [t[1] for t in during[0]] == ["a.py:1#1"]
+    assert ("RequestRejected", None, None) in kinds
