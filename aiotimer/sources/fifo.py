@@ -466,9 +466,9 @@ class _Reader:
                 self._backlog = (backlog[pos:] + taken) if held else taken
                 self._pos = 0
                 self._wake_loop()  # the backlog is to read
-            due = min(due, held + len(taken))
-        self._due = due
-        return due > 0
+        # What the backlog holds of it (less only when the backlog is full).
+        self._due = min(due, len(self._backlog) - self._pos)
+        return self._due > 0
 
     def _read_exactly(self, size: int) -> bytes:
         """``size`` bytes from the pipe (fewer only if it holds fewer: another reader)."""
