@@ -27,17 +27,18 @@ During (b), ``--probes`` probe processes each write one acquire (a ``mono`` dead
 before the writers start, with deadlines 5 ms apart from 20 ms after the start on. Over
 the probes whose deadline fell after the writers' actual start (on a busy host it can
 slip past the planned one; those due before it are counted apart) and before the last
-writer was reaped, the *reap latency
-while ingest is saturated* runs from the deadline to the probe taking its ``SIGTERM``
-(both on ``CLOCK_MONOTONIC``): an upper bound of the server's deadline -> signal sent.
-A probe keeps ``SIGTERM`` blocked and waits in ``sigwaitinfo`` (a Python handler can
-miss a signal landing just before its sleep starts), at the lowest ``SCHED_FIFO``
-priority where permitted (root or ``CAP_SYS_NICE``), so that its wake-up does not
-wait for the writers' turn on a CPU. Also shown: the server's own view, deadline ->
-signal sent, from the time of each probe's ``timer_expired`` event in the server's
-``--event-log`` (emitted right after the first signal left). On a
-host with more runnable processes than cores, the writers and other load take CPU
-from the server; ``--server-nice -10`` (as root) shows what a higher priority buys.
+writer was reaped, the *reap latency while ingest is saturated* runs from the deadline
+to the probe taking its ``SIGTERM`` (both on ``CLOCK_MONOTONIC``): an upper bound of the
+server's deadline -> signal sent. A probe keeps ``SIGTERM`` blocked and waits in
+``sigwaitinfo`` (a Python handler can miss a signal landing just before its sleep
+starts), at the lowest ``SCHED_FIFO`` priority where permitted (root or
+``CAP_SYS_NICE``), so that its wake-up does not wait for the writers' turn on a CPU;
+once it has taken the time it drops to idle priority, so that its exit does not take
+the server's CPU. Also shown: the server's own view, deadline -> signal sent, from the
+time of each probe's ``timer_expired`` event in the server's ``--event-log`` (emitted
+right after the first signal left). On a host with more runnable processes than cores,
+the writers and other load take CPU from the server; ``--server-nice -10`` (as root)
+shows what a higher priority buys.
 Targets: (b) >= 50% of (a) on the median of the paired rounds, 0 failed writes,
 saturated reap p99 < 5 ms.
 """
