@@ -8,8 +8,10 @@ caller's ``task.cancel()``, propagates untouched. ``task.cancelling()`` and
 ``task.uncancel()`` tell the two apart, so nested blocks, ``asyncio.timeout`` and anyio's
 cancel scopes compose.
 
-How it works: the deadlines of one loop live in one heap with lazy deletion (trio's
-``Deadlines``), under one loop timer armed for the earliest: a block adds an entry (a
+How it works: the deadlines of one loop (on ``time.monotonic()``) live in one heap with
+lazy deletion (trio's ``Deadlines``), under one loop timer armed for the earliest (a
+timer that fires before the earliest is due, as uvloop's can by up to a millisecond,
+only arms it again: no task is cancelled before its deadline): a block adds an entry (a
 heap push) and marks it done when its body ends; the timer, when it fires, cancels the
 tasks of the live entries that are due, drops the done ones it meets, and re-arms for
 the next live deadline. The heap is rebuilt when done entries outnumber live ones (more
@@ -25,6 +27,7 @@ import itertools
 import math
 import sys
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -38,8 +41,8 @@ _open: set[TaskDeadline] = set()
 
 
 class TaskDeadline:
-    """Cancel ``task`` at loop time ``when`` unless :meth:`stop` comes first; ``scope``
-    names the block (for :func:`open_blocks`)."""
+    """Cancel ``task`` at ``when`` (``time.monotonic()``), never before, unless
+    :meth:`stop` comes first; ``scope`` names the block (for :func:`open_blocks`)."""
 
     __slots__ = ("_cancelling", "_deadlines", "_done", "_expired", "_task", "scope", "when")
 
@@ -126,12 +129,15 @@ class _LoopDeadlines:
     def _arm(self, when: float) -> None:
         if self._handle is not None:
             self._handle.cancel()
-        self._handle = self.loop.call_at(when, self._fire)
+        loop = self.loop
+        self._handle = loop.call_at(loop.time() + (when - time.monotonic()), self._fire)
         self._armed_at = when
 
     def _fire(self) -> None:
-        # The loop runs a timer a clock resolution early: what it was armed for is due.
-        due = max(self.loop.time(), self._armed_at)
+        # A loop may run a timer early: by its clock's resolution (asyncio), or as
+        # uvloop, whose time is cached per iteration and in whole milliseconds. What is
+        # not due yet on the monotonic clock waits: the timer is armed again for it.
+        due = time.monotonic()
         self._handle, self._armed_at = None, math.inf
         heap = self._heap
         while heap and (heap[0][2]._done or heap[0][0] <= due):

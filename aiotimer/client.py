@@ -298,8 +298,7 @@ class Expires:
                 raise
         if kill_after > 0:
             assert self.deadline is not None and task is not None
-            when = task.get_loop().time() + (self.deadline - _monotonic())
-            self._timeout = TaskDeadline(task, when, self.scope)
+            self._timeout = TaskDeadline(task, self.deadline, self.scope)
         return self
 
     async def __aexit__(

@@ -42,6 +42,17 @@ async def test_the_task_is_cancelled_at_the_deadline_and_the_server_told_later(
 
 
 @pytest.mark.asyncio
+async def test_the_deadline_never_cancels_the_task_early(client: RecordingClient) -> None:
+    """uvloop runs a timer up to a millisecond early (its time is cached per iteration,
+    in whole milliseconds): the block still ends at its deadline, never before."""
+    for _ in range(300):
+        with pytest.raises(TimeoutError):
+            async with expires(0.002, client=client) as block:
+                await asyncio.sleep(3600)
+        assert block.deadline is not None and time.monotonic() >= block.deadline
+
+
+@pytest.mark.asyncio
 async def test_kill_after_sets_the_second_tier(client: RecordingClient) -> None:
     with pytest.raises(TimeoutError):
         async with expires_at(time.monotonic() + 0.01, client=client, kill_after=1.5) as b:
