@@ -26,7 +26,7 @@ import os
 from collections.abc import Callable
 from typing import Final
 
-__all__ = ["PipePeek", "open_peek"]
+__all__ = ["PipePeek", "open_peek", "read_exactly"]
 
 _SPLICE_F_NONBLOCK: Final[int] = 2
 
@@ -44,6 +44,22 @@ def _load_tee() -> Callable[[int, int, int, int], int] | None:
 
 
 _TEE: Final = _load_tee()
+
+
+def read_exactly(fd: int, size: int) -> bytes:
+    """``size`` bytes from the non-blocking pipe ``fd``, in as many reads as it takes;
+    fewer only if it holds fewer (someone else read it, or its writers are gone)."""
+    parts: list[bytes] = []
+    while size > 0:
+        try:
+            data = os.read(fd, size)
+        except BlockingIOError:
+            break
+        if not data:
+            break
+        parts.append(data)
+        size -= len(data)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 class PipePeek:
@@ -70,14 +86,7 @@ class PipePeek:
             if err == errno.EAGAIN:
                 return b""
             raise OSError(err, f"tee: {os.strerror(err)}")
-        if n == 0:
-            return b""
-        parts = []
-        while n > 0:  # one read takes all the private pipe holds; loop for safety
-            data = os.read(self._r, n)
-            parts.append(data)
-            n -= len(data)
-        return parts[0] if len(parts) == 1 else b"".join(parts)
+        return read_exactly(self._r, n)
 
     def close(self) -> None:
         """Close the private pipe."""

@@ -69,7 +69,7 @@ from aiotimer._marker import (
 )
 from aiotimer._mentions import mentions_end
 from aiotimer._pathwatch import PathWatch
-from aiotimer._pipepeek import open_peek
+from aiotimer._pipepeek import open_peek, read_exactly
 from aiotimer._protocol import MAX_LINE_BYTES, LineDecoder
 from aiotimer._version import __version__
 from aiotimer.errors import SourceError
@@ -461,7 +461,7 @@ class _Reader:
         due = mentions_end(view, pids, partial=self._decoder.pending > 0, start=start)
         take = min(due - held, BACKLOG_LIMIT - held)
         if take > 0:
-            taken = self._read_exactly(take)
+            taken = read_exactly(self._fd, take)
             if taken:
                 self._backlog = (backlog[pos:] + taken) if held else taken
                 self._pos = 0
@@ -469,18 +469,6 @@ class _Reader:
         # What the backlog holds of it (less only when the backlog is full).
         self._due = min(due, len(self._backlog) - self._pos)
         return self._due > 0
-
-    def _read_exactly(self, size: int) -> bytes:
-        """``size`` bytes from the pipe (fewer only if it holds fewer: another reader)."""
-        parts: list[bytes] = []
-        while size > 0:
-            try:
-                data = os.read(self._fd, size)
-            except BlockingIOError:
-                break
-            parts.append(data)
-            size -= len(data)
-        return b"".join(parts)
 
     def _look_by_reading(self, pids: AbstractSet[int] | None) -> bool:
         backlog, pos = self._backlog, self._pos
