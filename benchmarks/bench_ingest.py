@@ -22,6 +22,10 @@ is shared and its load drifts), each with fresh writers:
     FIFO source, codec, table, statistics, the reaper attaching every writer, expiry.
     The rate is lines over the time from the start until every writer has been reaped
     for its final, expired acquire (seen through a pidfd), so every line was applied.
+(c) **decode-only reader** (the ceiling of any server that decodes every line): as
+    (a), but reading the server's chunk size (:data:`aiotimer.sources.fifo.CHUNK_SIZE`)
+    and decoding each chunk with the server's :class:`~aiotimer.LineDecoder`, then
+    dropping the requests: no table, no statistics, no event loop.
 
 During (b), ``--probes`` probe processes each write one acquire (a ``mono`` deadline)
 before the writers start, with deadlines 5 ms apart from 20 ms after the start on. Over
@@ -40,7 +44,8 @@ right after the first signal left). On a host with more runnable processes than 
 the writers and other load take CPU from the server; ``--server-nice -10`` (as root)
 shows what a higher priority buys.
 Targets: (b) >= 50% of (a) on the median of the paired rounds, 0 failed writes,
-saturated reap p99 < 5 ms.
+saturated reap p99 < 5 ms. The median of (c)/(a) is shown beside the ratio: what decoding
+alone leaves of (a) on this host.
 """
 
 from __future__ import annotations
@@ -61,7 +66,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from aiotimer.sources.fifo import grow_pipe
+from aiotimer._protocol import LineDecoder
+from aiotimer.sources.fifo import CHUNK_SIZE, grow_pipe
 from benchmarks._util import format_table, wake_first, woken
 
 TARGET_RATIO = 0.5
@@ -295,8 +301,11 @@ def _cpu(pid: int | None = None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run_raw(path: str, writers: int, template: bytes, write_timeout: float) -> Run:
-    """(a) The physical limit: poll, read 64 KiB chunks, split lines."""
+def run_raw(
+    path: str, writers: int, template: bytes, write_timeout: float, *, decode: bool = False
+) -> Run:
+    """(a) The physical limit: poll, read 64 KiB chunks, split lines. With ``decode``,
+    (c): read the server's chunks and decode them, dropping the requests."""
     os.mkfifo(path, 0o600)
     rfd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     grow_pipe(rfd)  # the same pipe capacity as the server's
@@ -318,6 +327,8 @@ def run_raw(path: str, writers: int, template: bytes, write_timeout: float) -> R
         expected = writers * template.count(b"\n")
         received = 0
         tail = b""
+        feed = LineDecoder().feed
+        size = CHUNK_SIZE if decode else CHUNK
         cpu0 = _cpu()
         start = group.start()
         last = start
@@ -326,9 +337,12 @@ def run_raw(path: str, writers: int, template: bytes, write_timeout: float) -> R
             poller.poll(1000)
             while True:
                 try:
-                    chunk = os.read(rfd, CHUNK)
+                    chunk = os.read(rfd, size)
                 except BlockingIOError:
                     break
+                if decode:
+                    received += len(feed(chunk).requests)
+                    continue
                 parts = (tail + chunk).split(b"\n")
                 tail = parts.pop()
                 received += len(parts)
@@ -497,6 +511,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     raws: list[Run] = []
     ours: list[Run] = []
+    decoded: list[Run] = []
     with tempfile.TemporaryDirectory(prefix="aiotimer-bench-") as tmp:
         path = os.path.join(tmp, "timer.fifo")
         template = lines_template(args.lines)
@@ -512,9 +527,11 @@ def main(argv: list[str] | None = None) -> int:
                     nice=args.server_nice,
                 )
             )
+            decoded.append(run_raw(path, args.writers, template, args.write_timeout, decode=True))
     rows = []
-    for i, (a, b) in enumerate(zip(raws, ours, strict=True)):
-        for name, r in (("(a) split-only reader", a), ("(b) aiotimer serve", b)):
+    for i, (a, b, c) in enumerate(zip(raws, ours, decoded, strict=True)):
+        named = (("(a) split-only reader", a), ("(b) aiotimer serve", b), ("(c) decode-only", c))
+        for name, r in named:
             cpu_us = r.reader_cpu / r.lines * 1e6 if r.lines else math.nan
             rows.append(
                 [
@@ -530,6 +547,7 @@ def main(argv: list[str] | None = None) -> int:
     headers = ["run", "lines/s", "seconds", "retries", "failed", "CPU us/line", "incomplete"]
     print(format_table(headers, rows))
     paired = statistics.median(b.rate / a.rate for a, b in zip(raws, ours, strict=True))
+    ceiling = statistics.median(c.rate / a.rate for a, c in zip(raws, decoded, strict=True))
     failed = sum(r.failed for r in ours)
     complete = all(r.lines == expected for r in ours)
     probes = [ms for r in ours for ms in r.probe_ms]
@@ -538,6 +556,10 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"ratio (b)/(a): median of {args.repeat} paired rounds {paired:.2f}x "
         f"(target >= {TARGET_RATIO:.2f}x); failed writes (b): {failed} (target 0)"
+    )
+    print(
+        f"  decoding alone, (c)/(a): median {ceiling:.2f}x (the ceiling of a server that "
+        f"decodes every line); (b)/(c): {paired / ceiling:.2f}x"
     )
     print(
         f"reap latency while ingest is saturated, deadline -> signal received: "

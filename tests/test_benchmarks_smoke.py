@@ -77,8 +77,10 @@ def test_bench_ingest_quick_measures_the_whole_server(capsys: pytest.CaptureFixt
     out = capsys.readouterr().out
     assert "(a) split-only reader #1" in out
     assert "(b) aiotimer serve #1" in out
-    assert "incomplete" in out and "/8,000" not in out  # every line was applied
+    assert "(c) decode-only #1" in out
+    assert "incomplete" in out and "/8,000" not in out  # every line was applied or decoded
     assert "ratio (b)/(a): median of 1 paired rounds" in out
+    assert "decoding alone, (c)/(a): median " in out
     assert "reap latency while ingest is saturated, deadline -> signal received: " in out
 
 
