@@ -463,25 +463,27 @@ class _Reader:
         if take > 0:
             taken = read_exactly(self._fd, take)
             if taken:
-                self._backlog = (backlog[pos:] + taken) if held else taken
-                self._pos = 0
-                self._wake_loop()  # the backlog is to read
+                self._extend(taken)
         # What the backlog holds of it (less only when the backlog is full).
         self._due = min(due, len(self._backlog) - self._pos)
         return self._due > 0
 
     def _look_by_reading(self, pids: AbstractSet[int] | None) -> bool:
-        backlog, pos = self._backlog, self._pos
-        room = BACKLOG_LIMIT - (len(backlog) - pos)
+        room = BACKLOG_LIMIT - (len(self._backlog) - self._pos)
         if room > 0:
             with contextlib.suppress(BlockingIOError):
-                data = os.read(self._fd, room)
-                backlog = self._backlog = data if pos == len(backlog) else backlog[pos:] + data
-                pos = self._pos = 0
-                self._wake_loop()  # the pipe may be empty now: the backlog is to read
+                self._extend(os.read(self._fd, room))  # the pipe may be empty now
         partial = self._decoder.pending > 0
-        self._due = mentions_end(backlog, pids, partial=partial, start=pos)
+        self._due = mentions_end(self._backlog, pids, partial=partial, start=self._pos)
         return self._due > 0
+
+    def _extend(self, data: bytes) -> None:
+        """Append ``data``, read from the pipe, to the backlog's undecoded part, and wake
+        the read loop: the backlog is to read."""
+        backlog, pos = self._backlog, self._pos
+        self._backlog = data if pos == len(backlog) else backlog[pos:] + data
+        self._pos = 0
+        self._wake_loop()
 
     def step(self) -> bool:
         """Decode and submit one chunk of what :meth:`look` found; ``True`` if more."""
