@@ -26,29 +26,8 @@ from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
     from aiotimer import events
-    from aiotimer._clock import Clock, MonotonicClock
-    from aiotimer._exits import ExitKind, ExitReason
-    from aiotimer._kill_policy import KillPolicy
-    from aiotimer._launch import Launch, Launcher, launched
-    from aiotimer._policy import Escalation, ReapPolicy
-    from aiotimer._protocol import (
-        PIPE_BUF,
-        Decoded,
-        LineDecoder,
-        Rejection,
-        Request,
-        RequestTooLargeError,
-        encode,
-    )
-    from aiotimer._restart import (
-        Backoff,
-        RestartPolicy,
-        RestartScope,
-        WorkerState,
-    )
-    from aiotimer._stats import DurationStats, SiteSummary
-    from aiotimer._table import Timer, TimerKey, TimerTable
-    from aiotimer.client import (
+    from aiotimer._edges.clock import Clock, MonotonicClock
+    from aiotimer.client._expires import (
         Expires,
         FifoClient,
         InProcessClient,
@@ -61,6 +40,9 @@ if TYPE_CHECKING:
         under_timer_server,
         use_client,
     )
+    from aiotimer.client._launch import Launch, Launcher, launched
+    from aiotimer.core._stats import DurationStats, SiteSummary
+    from aiotimer.core._table import Timer, TimerKey, TimerTable
     from aiotimer.errors import (
         AiotimerError,
         ClientBackpressureError,
@@ -79,7 +61,9 @@ if TYPE_CHECKING:
         StoreUnavailableError,
     )
     from aiotimer.events import Event
-    from aiotimer.reapers import Reaper, SignalReaper
+    from aiotimer.reapers._kill_policy import KillPolicy
+    from aiotimer.reapers._policy import Escalation, ReapPolicy
+    from aiotimer.reapers._signal import Reaper, SignalReaper
     from aiotimer.server import (
         Counters,
         Lifecycle,
@@ -89,7 +73,28 @@ if TYPE_CHECKING:
         TimerServerThread,
     )
     from aiotimer.sources import FifoSource, QueueSource, RequestSink, SocketSource, Source
-    from aiotimer.supervisor import RunOutcome, Supervisor, SupervisorState, WorkerSnapshot
+    from aiotimer.supervisor._exits import ExitKind, ExitReason
+    from aiotimer.supervisor._restart import (
+        Backoff,
+        RestartPolicy,
+        RestartScope,
+        WorkerState,
+    )
+    from aiotimer.supervisor._supervisor import (
+        RunOutcome,
+        Supervisor,
+        SupervisorState,
+        WorkerSnapshot,
+    )
+    from aiotimer.wire import (
+        PIPE_BUF,
+        Decoded,
+        LineDecoder,
+        Rejection,
+        Request,
+        RequestTooLargeError,
+        encode,
+    )
 
 from aiotimer._version import __version__
 
@@ -106,31 +111,31 @@ logging.getLogger("aiotimer").addHandler(logging.NullHandler())
 #: to ``__all__``; tests/test_public_api.py checks that the three agree.
 _LAZY: Final[dict[str, str]] = {
     "events": "aiotimer.events",
-    "Clock": "aiotimer._clock",
-    "MonotonicClock": "aiotimer._clock",
-    "Launch": "aiotimer._launch",
-    "Launcher": "aiotimer._launch",
-    "launched": "aiotimer._launch",
-    "Escalation": "aiotimer._policy",
-    "ReapPolicy": "aiotimer._policy",
-    "PIPE_BUF": "aiotimer._protocol",
-    "Decoded": "aiotimer._protocol",
-    "LineDecoder": "aiotimer._protocol",
-    "Rejection": "aiotimer._protocol",
-    "Request": "aiotimer._protocol",
-    "RequestTooLargeError": "aiotimer._protocol",
-    "encode": "aiotimer._protocol",
-    "Backoff": "aiotimer._restart",
-    "ExitKind": "aiotimer._exits",
-    "ExitReason": "aiotimer._exits",
-    "RestartPolicy": "aiotimer._restart",
-    "RestartScope": "aiotimer._restart",
-    "WorkerState": "aiotimer._restart",
-    "DurationStats": "aiotimer._stats",
-    "SiteSummary": "aiotimer._stats",
-    "Timer": "aiotimer._table",
-    "TimerKey": "aiotimer._table",
-    "TimerTable": "aiotimer._table",
+    "Clock": "aiotimer._edges.clock",
+    "MonotonicClock": "aiotimer._edges.clock",
+    "Launch": "aiotimer.client._launch",
+    "Launcher": "aiotimer.client._launch",
+    "launched": "aiotimer.client._launch",
+    "Escalation": "aiotimer.reapers._policy",
+    "ReapPolicy": "aiotimer.reapers._policy",
+    "PIPE_BUF": "aiotimer.wire",
+    "Decoded": "aiotimer.wire",
+    "LineDecoder": "aiotimer.wire",
+    "Rejection": "aiotimer.wire",
+    "Request": "aiotimer.wire",
+    "RequestTooLargeError": "aiotimer.wire",
+    "encode": "aiotimer.wire",
+    "Backoff": "aiotimer.supervisor._restart",
+    "ExitKind": "aiotimer.supervisor._exits",
+    "ExitReason": "aiotimer.supervisor._exits",
+    "RestartPolicy": "aiotimer.supervisor._restart",
+    "RestartScope": "aiotimer.supervisor._restart",
+    "WorkerState": "aiotimer.supervisor._restart",
+    "DurationStats": "aiotimer.core._stats",
+    "SiteSummary": "aiotimer.core._stats",
+    "Timer": "aiotimer.core._table",
+    "TimerKey": "aiotimer.core._table",
+    "TimerTable": "aiotimer.core._table",
     "Expires": "aiotimer.client",
     "FifoClient": "aiotimer.client",
     "InProcessClient": "aiotimer.client",
@@ -160,7 +165,7 @@ _LAZY: Final[dict[str, str]] = {
     "Event": "aiotimer.events",
     "Reaper": "aiotimer.reapers",
     "SignalReaper": "aiotimer.reapers",
-    "KillPolicy": "aiotimer._kill_policy",
+    "KillPolicy": "aiotimer.reapers._kill_policy",
     "Counters": "aiotimer.server",
     "Lifecycle": "aiotimer.server",
     "ReapRetry": "aiotimer.server",

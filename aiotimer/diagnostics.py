@@ -1,73 +1,39 @@
 """Stack dumps of a hung worker: the worker-side hook and the server-side collector.
 
-Worker side
------------
-:func:`install_dump_handler` (called by the worker, from its main thread) creates the
-dump file (:func:`dump_path_for` of its pid: ``aiotimer-dump-<pid>.txt`` in
-``$AIOTIMER_DUMP_DIR``, else in the private directory ``aiotimer-dumps-<uid>`` of the
-system temp dir) and writes a header line naming the pid, the process start time and
-the dump signal.
+Worker side (:mod:`aiotimer.client._dump_hook`): :func:`install_dump_handler` makes the
+worker write every thread's stack and every asyncio task's await chain to its dump file
+on a signal (default ``SIGUSR1``); :func:`ensure_dump_handler` installs it once.
 
-Files in a shared directory are an attack surface, so: the dump directory must be a
-real directory of this user that nobody else can write to (the default one is created
-with mode 0700 by whoever comes first, worker or server; :func:`private_dump_dir`), and
-the worker creates its file exclusively (``O_CREAT | O_EXCL | O_NOFOLLOW``, mode 0600):
-it never adopts a file that was there before (a stale regular file of its own is
-replaced; anything else is refused), so a FIFO planted at the path never blocks it.
+Server side (:mod:`aiotimer.reapers._dumps`): :func:`collect_dump` asks a hooked worker
+for its dump and reads it, bounded; :func:`py_spy_dump` is the fallback when ``py-spy``
+is installed. These are loaded on first use, so a worker importing this module loads no
+server code.
 
-On the dump signal (default ``SIGUSR1``):
-
-1. :mod:`faulthandler`, from inside the C signal handler, appends every thread's stack.
-   This works even when the main thread is stuck in C code and Python cannot run;
-2. it then chains to a Python-level handler which, when the main thread next runs
-   Python code (at once if it is blocked in ``time.sleep``, a lock, a read ...), appends
-   every asyncio task's await chain (coroutine names, ``file:line``) and the line
-   :data:`END_MARKER`.
-
-A dump whose end marker never comes (the main thread holds the GIL in C code) still has
-the thread stacks.
-
-Server side
------------
-(In :mod:`aiotimer._dump_collect`; its names are importable from here too, loaded on
-first use, so that a worker importing this module loads no server code.)
-
-:func:`collect_dump` opens the file without blocking and only if it is a regular file of
-this user in a private directory (a planted FIFO or a symlink is refused, never
-waited on), reads it in a worker thread, checks the worker's header (same pid, same
-process start time, and the signal the *server* expects: a header naming another signal
-counts as no hook, so a forged header cannot make the server send, say, SIGSTOP), notes
-the file's size, sends the signal through the caller's
-``send_signal`` (a pidfd-pinned sender), and waits, bounded, for the end marker
-(:func:`read_dump`). A worker without the hook is never signalled: the default action of
-``SIGUSR1`` would kill it. :func:`py_spy_dump` is the external fallback when ``py-spy``
-is installed.
+The dump file's place and format (:func:`dump_path_for`, :data:`END_MARKER`) are shared
+by both sides (:mod:`aiotimer.wire._dumpfile`).
 """
 
 from __future__ import annotations
 
-import asyncio
-import atexit
-import contextlib
-import faulthandler
-import logging
-import os
-import signal
-import stat
-import tempfile
-import threading
-import time
-import types
-from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from aiotimer._procstat import read_start_time
-from aiotimer._task_stacks import format_tasks
-from aiotimer.errors import ProcessGoneError
+from aiotimer._edges.files import private_dump_dir
+from aiotimer.client._dump_hook import (
+    ensure_dump_handler,
+    install_dump_handler,
+    uninstall_dump_handler,
+)
+from aiotimer.client._task_stacks import format_tasks
+from aiotimer.wire._dumpfile import (
+    DEFAULT_DUMP_SIGNAL,
+    END_MARKER,
+    ENV_DUMP_DIR,
+    dump_dir_for,
+    dump_path_for,
+)
 
 if TYPE_CHECKING:
-    from aiotimer._dump_collect import (
+    from aiotimer.reapers._dumps import (
         HookInfo,
         collect_dump,
         hook_info,
@@ -95,274 +61,6 @@ __all__ = [
     "uninstall_dump_handler",
 ]
 
-logger = logging.getLogger("aiotimer")
-
-#: The environment variable naming the directory of dump files (worker and server alike).
-ENV_DUMP_DIR: Final[str] = "AIOTIMER_DUMP_DIR"
-#: The signal a worker's hook listens to unless told otherwise.
-DEFAULT_DUMP_SIGNAL: Final[int] = int(signal.SIGUSR1)
-#: The last line of a complete dump.
-END_MARKER: Final[str] = "=== end of aiotimer dump ==="
-#: The first word of a dump file's header line.
-_HEADER_TAG: Final[str] = "aiotimer-dump-hook"
-#: The most a reader takes of one dump.
-MAX_DUMP_BYTES: Final[int] = 4 * 1024 * 1024
-
-
-def dump_dir_for(dump_dir: str | os.PathLike[str] | None = None) -> Path:
-    """The dump directory: ``dump_dir``, else ``$AIOTIMER_DUMP_DIR``, else
-    ``aiotimer-dumps-<uid>`` in the system temp dir (``tempfile.gettempdir()``, which
-    follows ``$TMPDIR``: give the worker and the server the same environment, or set
-    ``AIOTIMER_DUMP_DIR`` for both)."""
-    if dump_dir is not None:
-        return Path(dump_dir)
-    env = os.environ.get(ENV_DUMP_DIR)
-    if env:
-        return Path(env)
-    return Path(tempfile.gettempdir()) / f"aiotimer-dumps-{os.geteuid()}"
-
-
-def dump_path_for(pid: int, dump_dir: str | os.PathLike[str] | None = None) -> Path:
-    """The dump file of worker ``pid``: ``<dir>/aiotimer-dump-<pid>.txt`` in
-    :func:`dump_dir_for` ``(dump_dir)``."""
-    return dump_dir_for(dump_dir) / f"aiotimer-dump-{pid}.txt"
-
-
-def private_dump_dir(
-    dump_dir: str | os.PathLike[str] | None = None, *, create: bool = True
-) -> Path:
-    """:func:`dump_dir_for` ``(dump_dir)``, checked: a directory (not a symlink) of this
-    user that neither group nor others can write to. Created with mode 0700 when missing
-    and ``create`` (its parent must exist).
-
-    Raises:
-        OSError: it cannot be created, or it is not private (the message says why).
-    """
-    path = dump_dir_for(dump_dir)
-    if create:
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(path, 0o700)
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode):
-        raise NotADirectoryError(f"dump directory {path} is not a directory (or a symlink)")
-    if st.st_uid != os.geteuid():
-        raise PermissionError(
-            f"dump directory {path} belongs to uid {st.st_uid}, not to this user "
-            f"({os.geteuid()}); refusing it (someone may have planted it). Set "
-            f"{ENV_DUMP_DIR} to a directory of your own"
-        )
-    if st.st_mode & 0o022:
-        raise PermissionError(
-            f"dump directory {path} is writable by group or others (mode "
-            f"{stat.S_IMODE(st.st_mode):04o}); use a private one (chmod 700)"
-        )
-    return path
-
-
-def _create_exclusively(target: Path) -> int:
-    """Create ``target`` (mode 0600) for appending; never open a file that was there.
-
-    A stale regular file of this user (a dead process with the same pid) is removed
-    and the creation tried once more; anything else in the way is refused.
-    """
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW
-    try:
-        return os.open(target, flags, 0o600)
-    except FileExistsError:
-        st = os.lstat(target)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
-            raise FileExistsError(
-                f"{target} exists and is not a regular file of this user; refusing to use it"
-            ) from None
-        os.unlink(target)
-        return os.open(target, flags, 0o600)
-
-
-# -- worker side ------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class _Hook:
-    fd: int
-    path: Path
-    signum: int
-    previous: Any  # the Python-level handler that was installed before ours
-    default_path: bool
-    dump_dir: str | None
-
-
-# Only the main thread installs, removes and (in the signal handler) reads the hook.
-_hook: _Hook | None = None
-
-
-def _start_time_field(pid: int) -> str:
-    try:
-        start = read_start_time(pid)
-    except ProcessGoneError:
-        start = None
-    return "-" if start is None else str(start)
-
-
-def install_dump_handler(
-    path: str | os.PathLike[str] | None = None,
-    *,
-    signum: int = DEFAULT_DUMP_SIGNAL,
-    dump_dir: str | os.PathLike[str] | None = None,
-) -> Path:
-    """Make this process write a stack dump to a file when it receives ``signum``.
-
-    Call it from the main thread (Python only runs signal handlers there), ideally early
-    in the worker. Installing again replaces the previous hook. A forked child re-installs
-    the hook for its own pid when the default path is used (and drops it otherwise, so it
-    never writes into its parent's file).
-
-    Args:
-        path: the dump file; default :func:`dump_path_for` ``(os.getpid(), dump_dir)``,
-            the path the server computes.
-        signum: the dump signal (default ``SIGUSR1``).
-        dump_dir: the directory for the default path (see :func:`dump_path_for`).
-
-    Returns:
-        The dump file's path.
-
-    Raises:
-        RuntimeError: not called from the main thread.
-        OSError: the file cannot be created: the dump directory is not private (see
-            :func:`private_dump_dir`), or something other than a stale file of this
-            user is in the way (the file is created exclusively, mode 0600).
-    """
-    global _hook
-    if threading.current_thread() is not threading.main_thread():
-        raise RuntimeError("install_dump_handler() must be called from the main thread")
-    if _hook is not None:
-        _remove(_hook, unlink=True)
-        _hook = None
-    pid = os.getpid()
-    default_path = path is None
-    target = Path(path) if path is not None else dump_path_for(pid, private_dump_dir(dump_dir))
-    fd = _create_exclusively(target)
-    try:
-        header = f"{_HEADER_TAG} pid={pid} start={_start_time_field(pid)} signal={signum}\n"
-        _write_all(fd, header.encode())
-        previous = signal.signal(signum, _on_dump_signal)
-        try:
-            faulthandler.register(signum, file=fd, all_threads=True, chain=True)
-        except BaseException:
-            signal.signal(signum, previous)
-            raise
-    except BaseException:
-        os.close(fd)
-        with contextlib.suppress(OSError):
-            target.unlink()
-        raise
-    _hook = _Hook(
-        fd=fd,
-        path=target,
-        signum=signum,
-        previous=previous,
-        default_path=default_path,
-        dump_dir=None if dump_dir is None else os.fspath(dump_dir),
-    )
-    return target
-
-
-def ensure_dump_handler() -> Path | None:
-    """Install the default dump hook unless one is installed; never raises.
-
-    For library code such as ``aiotimer.configure()``: a no-op when this process already
-    has a hook (keeping its path and signal), and ``None`` instead of an error when the
-    hook cannot be installed (not the main thread, or the dump file cannot be created;
-    the latter is logged). The file is :func:`dump_path_for` ``(os.getpid())``, i.e. in
-    ``$AIOTIMER_DUMP_DIR`` or the system temp dir, where the server looks by default.
-
-    Returns:
-        The dump file's path, or ``None`` if no hook is installed.
-    """
-    if _hook is not None:
-        return _hook.path
-    if threading.current_thread() is not threading.main_thread():
-        return None
-    try:
-        return install_dump_handler()
-    except OSError as exc:
-        logger.warning("no stack dumps for this worker: cannot create its dump file: %s", exc)
-        return None
-
-
-def uninstall_dump_handler() -> None:
-    """Remove the hook: restore the previous handler, close and delete the dump file.
-
-    Does nothing when no hook is installed. Call it from the main thread.
-    """
-    global _hook
-    if _hook is not None:
-        _remove(_hook, unlink=True)
-        _hook = None
-
-
-def _remove(hook: _Hook, *, unlink: bool) -> None:
-    faulthandler.unregister(hook.signum)
-    signal.signal(hook.signum, hook.previous if hook.previous is not None else signal.SIG_DFL)
-    os.close(hook.fd)
-    if unlink:
-        with contextlib.suppress(OSError):
-            hook.path.unlink()
-
-
-def _after_fork_in_child() -> None:
-    global _hook
-    inherited = _hook
-    if inherited is None:
-        return
-    _hook = None
-    try:
-        _remove(inherited, unlink=False)  # the parent's file stays the parent's
-        if inherited.default_path:
-            install_dump_handler(signum=inherited.signum, dump_dir=inherited.dump_dir)
-    except Exception:  # pragma: no cover - a forked child must not die of its diagnostics
-        _hook = None
-
-
-def _at_exit() -> None:
-    with contextlib.suppress(Exception):
-        uninstall_dump_handler()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
-atexit.register(_at_exit)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
-def _on_dump_signal(signum: int, frame: types.FrameType | None) -> None:
-    """The Python-level half of a dump: asyncio tasks, then the end marker."""
-    hook = _hook
-    if hook is None:
-        return
-    try:
-        text = _asyncio_section(frame)
-    except Exception as exc:  # the dump must end even if formatting fails
-        text = f"[aiotimer: formatting asyncio tasks failed: {exc!r}]\n"
-    with contextlib.suppress(OSError):
-        _write_all(hook.fd, (text + END_MARKER + "\n").encode("utf-8", "replace"))
-    if callable(hook.previous):
-        hook.previous(signum, frame)
-
-
-def _asyncio_section(frame: types.FrameType | None) -> str:
-    when = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    lines = [f"=== aiotimer asyncio tasks: pid {os.getpid()}, {when} ==="]
-    loop = asyncio._get_running_loop()
-    if loop is None:
-        lines.append("no asyncio event loop is running in the main thread")
-        return "\n".join(lines) + "\n"
-    return "\n".join(lines) + "\n" + format_tasks(loop, current_frame=frame)
-
-
 _SERVER_SIDE: Final = frozenset(
     {"HookInfo", "collect_dump", "hook_info", "py_spy_dump", "py_spy_executable", "read_dump"}
 )
@@ -370,9 +68,9 @@ _SERVER_SIDE: Final = frozenset(
 
 def __getattr__(name: str) -> Any:
     if name in _SERVER_SIDE:
-        from aiotimer import _dump_collect  # noqa: PLC0415 (lazy: server side)
+        from aiotimer.reapers import _dumps  # noqa: PLC0415 (lazy: server side)
 
-        return getattr(_dump_collect, name)
+        return getattr(_dumps, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -25,12 +25,12 @@ from dataclasses import dataclass
 import anyio
 import anyio.abc
 
-from aiotimer._clients import DEFAULT_SIGNAL
-from aiotimer._protocol import Decoded, LineDecoder, Request
+from aiotimer.client._clients import DEFAULT_SIGNAL
 from aiotimer.cluster._memory import MemoryStore
 from aiotimer.errors import ProcessGoneError, ReapError
-from aiotimer.reapers import NoDump
+from aiotimer.reapers._signal import NoDump
 from aiotimer.sources._base import RequestSink, Source
+from aiotimer.wire import Decoded, LineDecoder, Request
 
 __all__ = [
     "FakeClock",

@@ -55,9 +55,9 @@ from pathlib import Path
 from typing import Any
 
 from aiotimer import client as client_module
-from aiotimer._protocol import ENV_FIFO, MARKER_SUFFIX, Request, encode
-from aiotimer._scope import default_scope
 from aiotimer.client import FifoClient, configure, expires
+from aiotimer.core._scope import default_scope
+from aiotimer.wire import ENV_FIFO, MARKER_SUFFIX, Request, encode
 from benchmarks._util import format_table, gc_paused
 
 #: The clock every case is timed with (``--clock``): by default the measuring thread's CPU

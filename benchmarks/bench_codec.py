@@ -29,7 +29,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from aiotimer._protocol import LineDecoder, Request, encode
+from aiotimer.wire import LineDecoder, Request, encode
 from benchmarks._util import Timing, format_table, time_repeated
 
 CHUNK = 64 * 1024

@@ -28,7 +28,7 @@ import anyio
 import uvloop
 
 from aiotimer import FifoSource
-from aiotimer._protocol import Decoded
+from aiotimer.wire import Decoded
 from benchmarks._util import format_table
 
 LINE = (

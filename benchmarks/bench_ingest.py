@@ -66,8 +66,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from aiotimer._protocol import LineDecoder
 from aiotimer.sources.fifo import CHUNK_SIZE, grow_pipe
+from aiotimer.wire import LineDecoder
 from benchmarks._util import format_table, wake_first, woken
 
 TARGET_RATIO = 0.5

@@ -39,15 +39,15 @@ from pathlib import Path
 
 import anyio
 
-from aiotimer._clock import MonotonicClock
-from aiotimer._escalator import ReapRetry
-from aiotimer._journal import Journal
-from aiotimer._policy import ReapPolicy
-from aiotimer._protocol import Decoded, LineDecoder
-from aiotimer._server_engine import Engine
+from aiotimer._edges.clock import MonotonicClock
 from aiotimer.events import Event
+from aiotimer.reapers._escalator import ReapRetry
+from aiotimer.reapers._policy import ReapPolicy
+from aiotimer.server._engine import Engine
+from aiotimer.server._journal import Journal
 from aiotimer.sources.fifo import CHUNK_SIZE
 from aiotimer.testing import RecordingReaper
+from aiotimer.wire import Decoded, LineDecoder
 from benchmarks._util import Timing, format_table, time_repeated
 from benchmarks.bench_codec import GARBAGE, chunks_of, split_only
 from benchmarks.bench_ingest import writer_lines

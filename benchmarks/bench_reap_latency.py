@@ -40,10 +40,10 @@ from collections.abc import Sequence
 
 import anyio
 
-from aiotimer._protocol import Request, encode
 from aiotimer.reapers import SignalReaper
 from aiotimer.server import TimerServer, loop_factory
 from aiotimer.testing import MemorySource
+from aiotimer.wire import Request, encode
 from benchmarks._util import GcPauses, format_table
 
 BASE_PID = 1_000_000  # fake pids for the timestamping reaper: never real processes

@@ -47,7 +47,7 @@ from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 
-from aiotimer._table import Timer, TimerTable
+from aiotimer.core._table import Timer, TimerTable
 from benchmarks._util import format_table, gc_paused
 
 #: Cycles between acquiring a dynamic scope and releasing it.

@@ -10,10 +10,10 @@ import time
 import anyio
 import pytest
 
-from aiotimer._protocol import scope_id_problem
-from aiotimer._scope import scope_site
 from aiotimer.client import DEFAULT_KILL_AFTER, Expires, expires, expires_at
+from aiotimer.core._scope import scope_site
 from aiotimer.testing import RecordingClient
+from aiotimer.wire import scope_id_problem
 
 #: Upper bound for "the task was cancelled at its deadline": generous for a loaded
 #: 2-core machine, far below the never-cancelled alternative (the body's hour).

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from _procs import BOUND, env, events, serving
 
-from aiotimer._protocol import ENV_FIFO, TORCH_ENV_FIFO
+from aiotimer.wire import ENV_FIFO, TORCH_ENV_FIFO
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(90)]
 

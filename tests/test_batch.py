@@ -14,15 +14,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aiotimer import Request
-from aiotimer._batch import fold
-from aiotimer._escalator import ReapRetry
-from aiotimer._journal import Journal
-from aiotimer._policy import ReapPolicy
-from aiotimer._protocol import Decoded
-from aiotimer._server_engine import MAX_TIMERS, Engine
+from aiotimer.core._fold import fold
 from aiotimer.events import Event
+from aiotimer.reapers._escalator import ReapRetry
+from aiotimer.reapers._policy import ReapPolicy
 from aiotimer.server import TimerServer
+from aiotimer.server._engine import MAX_TIMERS, Engine
+from aiotimer.server._journal import Journal
 from aiotimer.testing import FakeClock, MemorySource, RecordingReaper
+from aiotimer.wire import Decoded
 
 KILL = int(signal.SIGKILL)
 FAR = 4e9  # an epoch deadline in 2096

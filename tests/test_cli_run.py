@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from aiotimer import Backoff, RestartScope
-from aiotimer._cli_run import _policy
 from aiotimer.cli import build_parser, main
+from aiotimer.cli._run import _policy
 
 
 def test_defaults() -> None:

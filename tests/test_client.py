@@ -25,17 +25,7 @@ import anyio
 import msgspec
 import pytest
 
-from aiotimer import _clients
-from aiotimer._clients._common import delivered_late
-from aiotimer._procstat import own_start_time
-from aiotimer._protocol import (
-    ENV_FIFO,
-    MARKER_SUFFIX,
-    TORCH_ENV_FIFO,
-    LineDecoder,
-    Request,
-    encode,
-)
+from aiotimer._edges.procfs import own_start_time
 from aiotimer.client import (
     DEFAULT_KILL_AFTER,
     FifoClient,
@@ -43,13 +33,23 @@ from aiotimer.client import (
     QueueClient,
     QueueRequest,
     TimerClient,
+    _fifo,
     configure,
     current_client,
     expires,
     under_timer_server,
     use_client,
 )
+from aiotimer.client._transport import delivered_late
 from aiotimer.errors import ClientBackpressureError, NotConfiguredError, ServerUnavailableError
+from aiotimer.wire import (
+    ENV_FIFO,
+    MARKER_SUFFIX,
+    TORCH_ENV_FIFO,
+    LineDecoder,
+    Request,
+    encode,
+)
 
 #: Slack added to every "within N seconds" bound: a loaded shared machine can stall a
 #: process for a while; the bounds still catch a client that waits forever.
@@ -645,13 +645,13 @@ def test_releases_skip_the_marker_check(
     client = fifo_client(client_factory, aiotimer_fifo)
     client.marker_check_interval = 0.0
     reads: list[str] = []
-    real_read_marker = _clients.fifo.read_live_marker
+    real_read_marker = _fifo.read_live_marker
 
     def counting(path: str) -> object:
         reads.append(path)
         return real_read_marker(path)
 
-    monkeypatch.setattr(_clients.fifo, "read_live_marker", counting)
+    monkeypatch.setattr(_fifo, "read_live_marker", counting)
     with expires(5, scope="a", client=client):
         acquire_reads = len(reads)
         assert acquire_reads >= 1

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from aiotimer._protocol import ENV_FIFO, MARKER_SUFFIX, TORCH_ENV_FIFO
 from aiotimer.events import Event, WorkerReaped
 from aiotimer.server import TimerServer, TimerServerThread
+from aiotimer.wire import ENV_FIFO, MARKER_SUFFIX, TORCH_ENV_FIFO
 
 pytestmark = pytest.mark.process
 

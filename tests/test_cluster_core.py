@@ -8,7 +8,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aiotimer._restart import Backoff, RestartPolicy
 from aiotimer.cluster import (
     GenerationRecord,
     MemberRecord,
@@ -20,6 +19,7 @@ from aiotimer.cluster import (
 )
 from aiotimer.cluster._generation import next_generation
 from aiotimer.cluster._record import PublishSchedule, decode, encode, node_key
+from aiotimer.supervisor._restart import Backoff, RestartPolicy
 
 NOW = 1_700_000_000.0
 

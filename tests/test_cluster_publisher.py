@@ -11,7 +11,6 @@ import sys
 import anyio
 import pytest
 
-from aiotimer._restart import Backoff, RestartPolicy
 from aiotimer.cluster import (
     GenerationRecord,
     JobRestarts,
@@ -27,6 +26,7 @@ from aiotimer.cluster._record import encode, member_key, node_key
 from aiotimer.cluster._store import Entry
 from aiotimer.errors import NodeNameTakenError
 from aiotimer.events import WorkerReaped
+from aiotimer.supervisor._restart import Backoff, RestartPolicy
 from aiotimer.testing import FakeClock, MemoryStore
 
 pytestmark = pytest.mark.timeout(30)

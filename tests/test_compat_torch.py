@@ -35,8 +35,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import aiotimer.compat.torch as timer
-from aiotimer._clock import MonotonicClock
-from aiotimer._protocol import LineDecoder, Request, encode
+from aiotimer._edges.clock import MonotonicClock
 from aiotimer.errors import (
     NotConfiguredError,
     ServerStateError,
@@ -52,6 +51,7 @@ from aiotimer.events import (
     WorkerReaped,
 )
 from aiotimer.testing import RecordingReaper
+from aiotimer.wire import LineDecoder, Request, encode
 
 #: Generous bound for "the server handled it" waits on a busy 2-core machine.
 WAIT = 10.0

@@ -14,7 +14,7 @@ import pytest
 from _procs import BOUND, Sentinel, events, serving
 
 from aiotimer import diagnostics
-from aiotimer._procstat import read_start_time
+from aiotimer._edges.procfs import read_start_time
 from aiotimer.diagnostics import (
     collect_dump,
     dump_path_for,

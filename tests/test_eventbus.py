@@ -5,8 +5,8 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from aiotimer._eventbus import EventBus
 from aiotimer.events import Event, WorkerUnknown
+from aiotimer.server._eventbus import EventBus
 
 
 def event(i: int) -> Event:

@@ -11,7 +11,7 @@ import anyio
 import pytest
 
 from aiotimer import events as ev
-from aiotimer._eventlog import EventLog
+from aiotimer._edges.eventlog import EventLog
 from aiotimer.errors import EventLogError
 from aiotimer.testing import wait_until
 

@@ -11,8 +11,8 @@ import anyio
 import pytest
 
 from aiotimer import events as ev
-from aiotimer._eventlog import EventLog
-from aiotimer._stats import SiteSummary
+from aiotimer._edges.eventlog import EventLog
+from aiotimer.core._stats import SiteSummary
 
 SUMMARY = SiteSummary(
     site="w.py:3",

@@ -20,10 +20,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aiotimer import _scope
-from aiotimer import client as client_module
-from aiotimer._protocol import Request, number_problem, scope_id_problem
-from aiotimer._scope import default_scope, scope_at_site, scope_site, with_task
 from aiotimer.client import (
     MAX_DEADLINE_AHEAD,
     Expires,
@@ -35,7 +31,11 @@ from aiotimer.client import (
     expires_at,
     use_client,
 )
+from aiotimer.client import _expires as client_module
+from aiotimer.core import _scope
+from aiotimer.core._scope import default_scope, scope_at_site, scope_site, with_task
 from aiotimer.errors import ClientBackpressureError, ServerUnavailableError
+from aiotimer.wire import Request, number_problem, scope_id_problem
 
 
 class RecordingClient:

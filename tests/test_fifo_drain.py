@@ -27,11 +27,11 @@ import anyio
 import pytest
 
 from aiotimer import TimerServer
-from aiotimer._protocol import Request, encode
 from aiotimer.events import Event, TimerExpired
 from aiotimer.sources import fifo
 from aiotimer.sources.fifo import FifoSource
 from aiotimer.testing import FakeClock, RecordingReaper
+from aiotimer.wire import Request, encode
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(30)]
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import anyio
 import pytest
 
-from aiotimer._journal import Journal, boot_id
-from aiotimer._procstat import read_start_time
-from aiotimer._table import ReapOptions, Timer, TimerTable
+from aiotimer._edges.procfs import read_start_time
+from aiotimer.core._table import ReapOptions, Timer, TimerTable
+from aiotimer.server._journal import Journal, boot_id
 from aiotimer.testing import wait_until
 
 pytestmark = pytest.mark.skipif(boot_id() is None, reason="needs Linux's boot id")
@@ -113,7 +113,7 @@ def test_a_recycled_pid_a_past_deadline_and_foreign_files(tmp_path: Path, sleepe
 async def test_a_huge_worker_is_left_out_rather_than_scanned_in_the_loop(
     tmp_path: Path, sleeper: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("aiotimer._journal.MAX_SCAN", 3)
+    monkeypatch.setattr("aiotimer.server._journal.MAX_SCAN", 3)
     path, table = tmp_path / "j", TimerTable()
     journal = Journal(path, interval=0.01)
     for i in range(5):

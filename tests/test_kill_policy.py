@@ -1,4 +1,4 @@
-"""The pure kill policy (aiotimer/_kill_policy.py): examples, then properties over any
+"""The pure kill policy (aiotimer/reapers/_kill_policy.py): examples, then properties over any
 facts: the never-signalled targets stay refused whatever the policy, a narrower policy
 never allows more, and the default allows exactly what its rules say."""
 
@@ -10,8 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aiotimer._cli_serve import kill_policy_from_args
-from aiotimer._kill_policy import (
+from aiotimer.cli import build_parser
+from aiotimer.cli._serve import kill_policy_from_args
+from aiotimer.reapers._kill_policy import (
     DEFAULT_SIGNALS,
     JOB_CONTROL_SIGNALS,
     KillPolicy,
@@ -19,8 +20,7 @@ from aiotimer._kill_policy import (
     Target,
     fifo_mode_warning,
 )
-from aiotimer._protocol import MAX_SIGNAL
-from aiotimer.cli import build_parser
+from aiotimer.wire import MAX_SIGNAL
 
 SERVER = ServerIdentity(pid=100, uid=1000, pgid=90, ancestors=frozenset({90, 50, 1}))
 ROOT = ServerIdentity(pid=100, uid=0, pgid=90, ancestors=frozenset({90, 50, 1}))

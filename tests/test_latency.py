@@ -7,12 +7,12 @@ import doctest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import aiotimer._latency
-from aiotimer._latency import LATENCY_BUCKETS, LatencyHistogram
+import aiotimer.core._latency
+from aiotimer.core._latency import LATENCY_BUCKETS, LatencyHistogram
 
 
 def test_doctests() -> None:
-    assert doctest.testmod(aiotimer._latency).failed == 0
+    assert doctest.testmod(aiotimer.core._latency).failed == 0
 
 
 @given(st.lists(st.floats(-1, 100, allow_nan=False)))

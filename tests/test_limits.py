@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from aiotimer._limits import raise_open_file_limit
+from aiotimer._edges.limits import raise_open_file_limit
 
 
 @pytest.fixture

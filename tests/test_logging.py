@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aiotimer._logging import EventLogger, NoiseLimiter, queued_logging
+from aiotimer._edges.logs import EventLogger, NoiseLimiter, queued_logging
 from aiotimer.events import RequestRejected, WorkerReaped
 
 

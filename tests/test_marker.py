@@ -12,7 +12,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from aiotimer._marker import (
+from aiotimer.wire import MARKER_SUFFIX
+from aiotimer.wire._marker import (
     AIOTIMER,
     MARKER_MODE,
     Marker,
@@ -22,7 +23,6 @@ from aiotimer._marker import (
     remove_marker,
     write_marker,
 )
-from aiotimer._protocol import MARKER_SUFFIX
 
 
 @pytest.fixture

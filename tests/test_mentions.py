@@ -8,9 +8,9 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aiotimer._decoder import LineDecoder
-from aiotimer._mentions import MAX_SCANNED_PIDS, mentions_end
-from aiotimer._protocol import Request, encode
+from aiotimer.wire import Request, encode
+from aiotimer.wire._decoder import LineDecoder
+from aiotimer.wire._mentions import MAX_SCANNED_PIDS, mentions_end
 
 # Pids that are prefixes, suffixes and infixes of each other's digits.
 PIDS = st.sampled_from([1, 2, 12, 21, 123, 1234, 2341, 12345, 41234, 9])

@@ -24,11 +24,11 @@ import anyio
 import pytest
 
 from aiotimer import KillPolicy, SignalReaper, TimerServer
-from aiotimer._procstat import read_start_time
-from aiotimer._protocol import Request, encode
+from aiotimer._edges.procfs import read_start_time
 from aiotimer.errors import RefusedTargetError
 from aiotimer.events import Event, SignalRefused, WorkerReaped, WorkerUnknown
 from aiotimer.testing import wait_until
+from aiotimer.wire import Request, encode
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(40)]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from aiotimer._pathwatch import PathWatch
+from aiotimer.sources._pathwatch import PathWatch
 
 
 @pytest.mark.asyncio
@@ -33,7 +33,7 @@ async def test_changes_of_the_entry_wake_it_and_neighbours_do_not(tmp_path: Path
 
 @pytest.mark.asyncio
 async def test_without_inotify_it_polls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("aiotimer._pathwatch._libc", lambda: None)
+    monkeypatch.setattr("aiotimer.sources._pathwatch._libc", lambda: None)
     with PathWatch(tmp_path / "x", poll_interval=0.01) as watch:
         assert watch.polling
         with anyio.fail_after(5):

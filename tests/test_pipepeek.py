@@ -7,7 +7,7 @@ import pathlib
 
 import pytest
 
-from aiotimer._pipepeek import open_peek
+from aiotimer.sources._pipepeek import open_peek
 from aiotimer.sources.fifo import grow_pipe
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(10)]

@@ -8,12 +8,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aiotimer._cli_args import policy_from_args
-from aiotimer._escalator import Escalator, Outcome, ReapRetry, Result, WaitUntil
-from aiotimer._policy import Escalation, ReapPolicy
-from aiotimer._steps import DumpStacks, SendSignal, Step, Wait, format_plan
-from aiotimer._table import ReapOptions, Timer
 from aiotimer.cli import build_parser
+from aiotimer.cli._args import policy_from_args
+from aiotimer.core._table import ReapOptions, Timer
+from aiotimer.reapers._escalator import Escalator, Outcome, ReapRetry, Result, WaitUntil
+from aiotimer.reapers._policy import Escalation, ReapPolicy
+from aiotimer.reapers._steps import DumpStacks, SendSignal, Step, Wait, format_plan
 from aiotimer.testing import FakeClock
 
 TERM = int(signal.SIGTERM)

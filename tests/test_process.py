@@ -1,4 +1,4 @@
-"""Process identity (aiotimer._process.WorkerProcess) against real child processes."""
+"""Process identity (aiotimer.reapers._identity.WorkerProcess) against real child processes."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from collections.abc import Iterator
 import anyio
 import pytest
 
-from aiotimer._process import WorkerProcess, server_identity
-from aiotimer._procstat import ancestors, is_descendant, read_start_time, read_status
+from aiotimer._edges.procfs import ancestors, is_descendant, read_start_time, read_status
 from aiotimer.errors import ProcessGoneError, ReapError, RefusedTargetError
+from aiotimer.reapers._identity import WorkerProcess, server_identity
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(20)]
 
@@ -157,7 +157,7 @@ def test_group_signal_reaches_grandchildren() -> None:
 
 _EPERM_PROBE = """
 import os, signal, sys
-from aiotimer._process import WorkerProcess
+from aiotimer.reapers._identity import WorkerProcess
 from aiotimer.errors import ProcessGoneError, ReapError
 os.setgid(65534)
 os.setuid(65534)

@@ -1,4 +1,4 @@
-"""Tests for the pure wire codec (aiotimer/_protocol.py).
+"""Tests for the pure wire codec (aiotimer/wire/__init__.py).
 
 Torch's own lines (design §4) decode and re-encode byte for byte; every malformed shape
 becomes exactly one rejection without costing a neighbouring valid line; hypothesis
@@ -23,8 +23,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aiotimer._decoder import REJECTED_BYTES_KEPT
-from aiotimer._protocol import (
+from aiotimer.wire import (
     MAX_LINE_BYTES,
     MAX_SCOPE_ID_LENGTH,
     MAX_SIGNAL,
@@ -40,6 +39,7 @@ from aiotimer._protocol import (
     encode,
     validate,
 )
+from aiotimer.wire._decoder import REJECTED_BYTES_KEPT
 
 TORCH_ACQUIRE = (
     b'{"version": 1, "pid": 4242, "scope_id": "train.py#42", '
@@ -694,7 +694,7 @@ def test_blocks_of_unusual_valid_lines_take_the_fast_path(lines: list[bytes]) ->
     """CRLF, braces in scope ids and nested extension keys do not cost the one-call path."""
     want = one_line_at_a_time(lines)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr("aiotimer._decoder._decode_line", None)  # the line-by-line path fails
+        patch.setattr("aiotimer.wire._decoder._decode_line", None)  # the line-by-line path fails
         assert LineDecoder().feed(b"".join(line + b"\n" for line in lines)) == want
 
 

@@ -29,9 +29,7 @@ import anyio
 import pytest
 
 from aiotimer import diagnostics
-from aiotimer._policy import Escalation, ReapPolicy
-from aiotimer._process import WorkerProcess
-from aiotimer._procstat import read_start_time
+from aiotimer._edges.procfs import read_start_time
 from aiotimer.errors import ProcessGoneError
 from aiotimer.events import (
     Event,
@@ -45,6 +43,8 @@ from aiotimer.events import (
     WorkerSurvived,
 )
 from aiotimer.reapers import NoDump, SignalReaper
+from aiotimer.reapers._identity import WorkerProcess
+from aiotimer.reapers._policy import Escalation, ReapPolicy
 from aiotimer.server import TimerServer
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(30)]

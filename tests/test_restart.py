@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aiotimer._exits import ExitKind, ExitReason, classify_exit
-from aiotimer._restart import (
+from aiotimer.supervisor._exits import ExitKind, ExitReason, classify_exit
+from aiotimer.supervisor._restart import (
     Backoff,
     Finish,
     GiveUp,

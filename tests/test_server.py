@@ -22,10 +22,7 @@ import anyio.abc
 import pytest
 
 from aiotimer import Request
-from aiotimer._clock import MonotonicClock
-from aiotimer._policy import Escalation, ReapPolicy
-from aiotimer._protocol import Decoded
-from aiotimer._server_engine import EXPIRE_BUDGET
+from aiotimer._edges.clock import MonotonicClock
 from aiotimer.errors import ProcessGoneError, ServerStateError, SourceError
 from aiotimer.events import (
     Event,
@@ -47,10 +44,13 @@ from aiotimer.events import (
     WorkerUnknown,
 )
 from aiotimer.reapers import NoDump
+from aiotimer.reapers._policy import Escalation, ReapPolicy
 from aiotimer.server import Lifecycle, ReapRetry, TimerServer, TimerServerThread
+from aiotimer.server._engine import EXPIRE_BUDGET
 from aiotimer.sources import RequestSink
 from aiotimer.sources._base import draining
 from aiotimer.testing import FakeClock, MemorySource, RecordingReaper
+from aiotimer.wire import Decoded
 
 E = TypeVar("E", bound=Event)
 KILL = int(signal.SIGKILL)

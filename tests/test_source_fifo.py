@@ -16,10 +16,10 @@ from contextlib import contextmanager
 import anyio
 import pytest
 
-from aiotimer._protocol import MARKER_SUFFIX
 from aiotimer.errors import SourceError
 from aiotimer.sources.fifo import MAX_READS_PER_WAKE, PIPE_SIZE, FifoSource
 from aiotimer.testing import RecordingSink, running_source, wait_until
+from aiotimer.wire import MARKER_SUFFIX
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(30)]
 

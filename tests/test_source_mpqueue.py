@@ -16,11 +16,11 @@ from typing import Any, TypeAlias, cast
 import anyio
 import pytest
 
-from aiotimer._clients import QueueRequest
-from aiotimer._protocol import Decoded, Request
+from aiotimer.client._clients import QueueRequest
 from aiotimer.errors import SourceError
 from aiotimer.sources.mpqueue import QueueSource, _Bridge
 from aiotimer.testing import RecordingSink, running_source, wait_until
+from aiotimer.wire import Decoded, Request
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(30)]
 

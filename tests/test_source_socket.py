@@ -16,10 +16,9 @@ import textwrap
 import anyio
 import pytest
 
-from aiotimer._cli_serve import socket_path
-from aiotimer._procstat import read_start_time
-from aiotimer._protocol import MARKER_SUFFIX, Request, encode
+from aiotimer._edges.procfs import read_start_time
 from aiotimer.cli import build_parser
+from aiotimer.cli._serve import socket_path
 from aiotimer.errors import SourceError
 from aiotimer.events import (
     Event,
@@ -31,6 +30,7 @@ from aiotimer.events import (
 from aiotimer.server import TimerServer
 from aiotimer.sources.socket import SocketSource, _Connection, peer_credentials
 from aiotimer.testing import RecordingSink, running_source, wait_until
+from aiotimer.wire import MARKER_SUFFIX, Request, encode
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(30), pytest.mark.asyncio]
 
@@ -79,7 +79,7 @@ async def test_a_client_cannot_name_another_pid(sock_path: pathlib.Path) -> None
     client = textwrap.dedent(
         f"""
         import os, socket
-        from aiotimer._protocol import MARKER_SUFFIX, Request, encode
+        from aiotimer.wire import MARKER_SUFFIX, Request, encode
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         conn.connect({os.fspath(sock_path)!r})
         conn.sendall(encode(Request(os.getppid(), "forged", 1e10, 9)))
@@ -166,7 +166,7 @@ async def test_a_peer_that_exits_before_it_is_read_is_still_its_own(
     client = textwrap.dedent(
         f"""
         import os, socket
-        from aiotimer._protocol import MARKER_SUFFIX, Request, encode
+        from aiotimer.wire import MARKER_SUFFIX, Request, encode
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         conn.connect({os.fspath(sock_path)!r})
         for i in range({size}):
@@ -195,7 +195,7 @@ async def test_a_peer_that_exits_before_it_is_read_is_still_its_own(
 # bystander), then its own, then hangs past both deadlines.
 SOCKET_WORKER = r"""
 import os, socket, sys, time
-from aiotimer._protocol import MARKER_SUFFIX, Request, encode
+from aiotimer.wire import MARKER_SUFFIX, Request, encode
 conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
 conn.connect(sys.argv[1])
 deadline = time.time() + 0.2

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aiotimer._sketch import MIN_TRACKED, DurationSketch
-from aiotimer._stats import (
+from aiotimer.core._sketch import MIN_TRACKED, DurationSketch
+from aiotimer.core._stats import (
     MIN_SUGGESTION,
     OTHER_SITE,
     DurationStats,

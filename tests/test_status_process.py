@@ -22,8 +22,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from aiotimer._stats import StatsState
 from aiotimer.control import ControlClient
+from aiotimer.core._stats import StatsState
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(60)]
 

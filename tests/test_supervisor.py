@@ -21,8 +21,6 @@ from aiotimer import (
     WorkerState,
     launched,
 )
-from aiotimer._restart import Restart
-from aiotimer._workers import WORKER_ENV, worker_env
 from aiotimer.events import (
     Event,
     RestartScheduled,
@@ -31,6 +29,8 @@ from aiotimer.events import (
     WorkerStarted,
 )
 from aiotimer.supervisor import Decision, WorkerFailure
+from aiotimer.supervisor._pool import WORKER_ENV, worker_env
+from aiotimer.supervisor._restart import Restart
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
 CRASHER = [sys.executable, "-c", "raise SystemExit(4)"]

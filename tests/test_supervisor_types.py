@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from aiotimer._exits import ExitKind, ExitReason
-from aiotimer._restart import Attempt, SlotRecord, WorkerState
-from aiotimer._supervisor_types import RunOutcome, run_outcome, worker_snapshot, worker_summaries
+from aiotimer.supervisor._exits import ExitKind, ExitReason
+from aiotimer.supervisor._records import RunOutcome, run_outcome, worker_snapshot, worker_summaries
+from aiotimer.supervisor._restart import Attempt, SlotRecord, WorkerState
 
 S = WorkerState
 

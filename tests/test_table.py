@@ -1,4 +1,4 @@
-"""Tests for the pure timer table (aiotimer/_table.py).
+"""Tests for the pure timer table (aiotimer/core/_table.py).
 
 Unit tests pin each operation; a hypothesis state machine drives the table against a
 naive dict model and checks that both agree after every step, including that the heap
@@ -23,8 +23,8 @@ from hypothesis.stateful import (
     rule,
 )
 
-import aiotimer._table
-from aiotimer._table import MIN_STALE, REBUILD_STEP, Timer, TimerTable
+import aiotimer.core._table
+from aiotimer.core._table import MIN_STALE, REBUILD_STEP, Timer, TimerTable
 
 
 def heap_bound(live: int, min_stale: int = MIN_STALE) -> int:
@@ -45,7 +45,7 @@ def timer(pid: int, scope: str, deadline: float, signal: int = 9) -> Timer:
 
 
 def test_docstring_examples() -> None:
-    assert doctest.testmod(aiotimer._table).failed == 0
+    assert doctest.testmod(aiotimer.core._table).failed == 0
 
 
 def test_acquire_new_and_replace_returns_old() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aiotimer._table import Timer, TimerTable
+from aiotimer.core._table import Timer, TimerTable
 
 ops = st.lists(
     st.tuples(

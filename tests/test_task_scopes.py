@@ -11,12 +11,12 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from aiotimer import diagnostics
-from aiotimer._protocol import Request
-from aiotimer._scope import scope_site
-from aiotimer._task_stacks import format_tasks
+from aiotimer.client import _dump_hook as diagnostics
 from aiotimer.client import expires
+from aiotimer.client._task_stacks import format_tasks
+from aiotimer.core._scope import scope_site
 from aiotimer.testing import RecordingClient
+from aiotimer.wire import Request
 
 
 @pytest.mark.asyncio

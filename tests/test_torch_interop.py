@@ -33,10 +33,10 @@ import pytest
 torch_timer = pytest.importorskip("torch.distributed.elastic.timer")
 
 import aiotimer.compat.torch as compat  # noqa: E402
-from aiotimer._protocol import TORCH_ENV_FIFO  # noqa: E402
 from aiotimer.client import FifoClient, expires  # noqa: E402
 from aiotimer.events import Event, WorkerReaped  # noqa: E402
 from aiotimer.server import TimerServer, TimerServerThread  # noqa: E402
+from aiotimer.wire import TORCH_ENV_FIFO  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.process, pytest.mark.timeout(60)]
 

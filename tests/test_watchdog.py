@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aiotimer._protocol import Request
 from aiotimer.errors import ServerUnavailableError
 from aiotimer.testing import FakeClock, RecordingClient
 from aiotimer.watchdog import LoopWatchdog, Watchdog, loop_watchdog, watchdog
+from aiotimer.wire import Request
 
 
 def test_entry_is_the_first_kick_and_exit_releases() -> None:

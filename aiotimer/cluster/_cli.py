@@ -21,7 +21,7 @@ from aiotimer.cluster import connect, format_view, read_view
 from aiotimer.cluster._publisher import NodePublisher, NodeStatus
 from aiotimer.cluster._record import WorkerRecord
 from aiotimer.errors import AiotimerError, ClusterError, StoreUnavailableError
-from aiotimer.server import TimerServer
+from aiotimer.server._server import TimerServer
 
 __all__ = [
     "NodeConfig",

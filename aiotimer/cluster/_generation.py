@@ -26,7 +26,7 @@ import math
 
 import msgspec
 
-from aiotimer._restart import RestartPolicy
+from aiotimer.supervisor._restart import RestartPolicy
 
 __all__ = ["GenerationRecord", "next_generation"]
 

@@ -21,12 +21,12 @@ from collections.abc import AsyncIterator, Callable
 import anyio
 import msgspec
 
-from aiotimer._clock import Clock, MonotonicClock
-from aiotimer._restart import RestartPolicy
+from aiotimer._edges.clock import Clock, MonotonicClock
 from aiotimer.cluster._generation import GenerationRecord, next_generation
 from aiotimer.cluster._record import decode, encode, generation_key
 from aiotimer.cluster._store import Entry, Store
 from aiotimer.errors import ClusterError, StoreUnavailableError
+from aiotimer.supervisor._restart import RestartPolicy
 
 __all__ = ["JobRestarts"]
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import anyio
 from anyio.streams.memory import MemoryObjectSendStream
 
-from aiotimer._clock import Clock
+from aiotimer._edges.clock import Clock
 from aiotimer.cluster._store import Entry
 from aiotimer.errors import LeaseLostError, StoreUnavailableError
 

@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 import anyio
 import anyio.abc
 
-from aiotimer._restart import RestartPolicy
 from aiotimer.cluster import connect
 from aiotimer.cluster._cli import MAX_RECORD_WORKERS, NodeConfig
 from aiotimer.cluster._job import JobRestarts
@@ -33,8 +32,9 @@ from aiotimer.cluster._record import WorkerRecord
 from aiotimer.cluster._store import Store
 from aiotimer.errors import ClusterError, ServerStateError
 from aiotimer.events import Event, SupervisorGaveUp, WorkerStarted
-from aiotimer.server import Lifecycle
-from aiotimer.supervisor import Decision, Supervisor, WorkerFailure
+from aiotimer.server._server import Lifecycle
+from aiotimer.supervisor._restart import RestartPolicy
+from aiotimer.supervisor._supervisor import Decision, Supervisor, WorkerFailure
 
 __all__ = ["ClusterSession", "JobCoordinator", "cluster_session", "supervisor_status"]
 

@@ -22,7 +22,7 @@ import anyio
 import anyio.abc
 import msgspec
 
-from aiotimer._clock import Clock, MonotonicClock
+from aiotimer._edges.clock import Clock, MonotonicClock
 from aiotimer.cluster._record import (
     MemberRecord,
     NodeRecord,

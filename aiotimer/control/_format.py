@@ -7,8 +7,8 @@ summary ``aiotimer serve`` logs on SIGUSR1.
 
 from __future__ import annotations
 
-from aiotimer._stats_format import format_seconds
 from aiotimer.control.snapshot import StatusSnapshot
+from aiotimer.core._stats_format import format_seconds
 
 __all__ = ["format_status"]
 

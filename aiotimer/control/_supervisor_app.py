@@ -31,8 +31,8 @@ from aiotimer.control.snapshot import (
 from aiotimer.errors import ServerStateError
 
 if TYPE_CHECKING:
-    from aiotimer._supervisor_types import SupervisorState
-    from aiotimer.supervisor import Supervisor
+    from aiotimer.supervisor._records import SupervisorState
+    from aiotimer.supervisor._supervisor import Supervisor
 
 __all__ = ["SUPERVISOR_ENDPOINTS", "supervised", "supervisor_routes"]
 

@@ -31,7 +31,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from aiotimer._latency import LatencyHistogram
+from aiotimer.core._latency import LatencyHistogram
 
 __all__ = ["CONTENT_TYPE", "MetricsSample", "ServerCollector", "render"]
 

@@ -22,13 +22,13 @@ from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 
-from aiotimer._policy import ReapPolicy
-from aiotimer._stats import SiteSummary
-from aiotimer._steps import format_plan
+from aiotimer.core._stats import SiteSummary
+from aiotimer.reapers._policy import ReapPolicy
+from aiotimer.reapers._steps import format_plan
 
 if TYPE_CHECKING:
-    from aiotimer._clock import Clock
-    from aiotimer._server_engine import Counters, Engine
+    from aiotimer._edges.clock import Clock
+    from aiotimer.server._engine import Counters, Engine
 
 __all__ = [
     "API_VERSION",

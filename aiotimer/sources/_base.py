@@ -40,7 +40,7 @@ from typing import Protocol
 import anyio
 import anyio.abc
 
-from aiotimer._protocol import Decoded
+from aiotimer.wire import Decoded
 
 __all__ = ["Drain", "RequestSink", "Source", "draining", "serve_source"]
 

@@ -13,7 +13,7 @@ How it works:
   descriptor is kept open, so the reader never sees end-of-file when clients come and
   go (no spinning). Each wake-up (the loop's ``add_reader``) reads chunks until the pipe
   is empty or ``MAX_READS_PER_WAKE`` chunks were read, feeds each to a
-  :class:`~aiotimer._protocol.LineDecoder` and hands its batch to the sink, then lets
+  :class:`~aiotimer.wire.LineDecoder` and hands its batch to the sink, then lets
   the loop run other work: a flood costs other work at most one chunk's decoding.
   The loop is asyncio's (or uvloop), used directly, with the pipe registered once per
   run: a wake-up through it costs a fraction of one through ``anyio.wait_readable`` in
@@ -23,7 +23,7 @@ How it works:
   The decoder bounds a partial line and recovers lines glued to it, so a writer that
   stops mid-line delays nobody.
 * **Before an expiry** the server's drain (:class:`_Reader`) scans what the pipe holds
-  for the due workers' pids through a copy (Linux ``tee(2)``, :mod:`aiotimer._pipepeek`),
+  for the due workers' pids through a copy (Linux ``tee(2)``, :mod:`aiotimer.sources._pipepeek`),
   leaving it in the pipe, so clients waiting for room do not all wake and compete with
   the reap for a CPU. Only the lines up to the last one that may name a due worker are
   taken out, into the reader's backlog, and decoded. Without ``tee`` the drain moves
@@ -33,7 +33,7 @@ How it works:
 * **The marker.** Once clients can send, ``path + MARKER_SUFFIX`` is written atomically
   (JSON naming the server and the FIFO's inode), so clients know they may keep a
   descriptor open, and refuse the path if it names another file.
-* **Watching the path** (:class:`~aiotimer._pathwatch.PathWatch`: inotify, no polling).
+* **Watching the path** (:class:`~aiotimer.sources._pathwatch.PathWatch`: inotify, no polling).
   A FIFO removed from under the server is made anew and published (the old one is
   still read, for clients holding it open); a path replaced by anything else (a symlink,
   a file, another FIFO) is reported and left alone until it is free again; a marker
@@ -59,7 +59,13 @@ from typing import Final
 import anyio
 import anyio.abc
 
-from aiotimer._marker import (
+from aiotimer._version import __version__
+from aiotimer.errors import SourceError
+from aiotimer.sources._base import RequestSink, draining
+from aiotimer.sources._pathwatch import PathWatch
+from aiotimer.sources._pipepeek import open_peek, read_exactly
+from aiotimer.wire import MAX_LINE_BYTES, LineDecoder
+from aiotimer.wire._marker import (
     AIOTIMER,
     Marker,
     marker_path,
@@ -67,13 +73,7 @@ from aiotimer._marker import (
     remove_marker,
     write_marker,
 )
-from aiotimer._mentions import mentions_end
-from aiotimer._pathwatch import PathWatch
-from aiotimer._pipepeek import open_peek, read_exactly
-from aiotimer._protocol import MAX_LINE_BYTES, LineDecoder
-from aiotimer._version import __version__
-from aiotimer.errors import SourceError
-from aiotimer.sources._base import RequestSink, draining
+from aiotimer.wire._mentions import mentions_end
 
 __all__ = [
     "BACKLOG_LIMIT",
@@ -387,9 +387,9 @@ class _Reader:
     """Reads one FIFO: the read loop, and the drain the server runs before an expiry
     (a :class:`~aiotimer.sources._base.Drain`).
 
-    The drain scans what the pipe holds without taking it out (:mod:`aiotimer._pipepeek`)
+    The drain scans what the pipe holds without taking it out (:mod:`aiotimer.sources._pipepeek`)
     and moves into the backlog, undecoded, only the lines up to the last one that may
-    name a due worker (:func:`~aiotimer._mentions.mentions_end`); it decodes them from
+    name a due worker (:func:`~aiotimer.wire._mentions.mentions_end`); it decodes them from
     the backlog's front. The read loop decodes the backlog before it reads the pipe
     again, so every byte is decoded once, in arrival order.
     """
@@ -434,7 +434,7 @@ class _Reader:
         ``pids``, and take out of the pipe (into the backlog) what must be decoded to
         apply them: ``True`` if there is such input.
 
-        The pipe's contents are seen through a copy (:mod:`aiotimer._pipepeek`) and left
+        The pipe's contents are seen through a copy (:mod:`aiotimer.sources._pipepeek`) and left
         in place, so writers waiting for room do not wake; only the lines up to the last
         mention are taken out. Without a copy, the pipe's contents are moved into the
         backlog (up to ``BACKLOG_LIMIT`` bytes in all: one ``read(2)``).

@@ -14,10 +14,10 @@ Accepted items:
 
 * objects shaped like torch's ``TimerRequest`` (attributes ``worker_id``, ``scope_id``,
   ``expiration_time``), sent with the source's ``default_signal``;
-* aiotimer :class:`~aiotimer._protocol.Request` objects, as they are.
+* aiotimer :class:`~aiotimer.wire.Request` objects, as they are.
 
 Anything else, or a field of the wrong type or value, becomes a
-:class:`~aiotimer._protocol.Rejection`, and so does an item that cannot be decoded or
+:class:`~aiotimer.wire.Rejection`, and so does an item that cannot be decoded or
 inspected: bytes that are not a pickle, a class the server cannot import, an attribute or
 a ``repr`` that raises. Each item is judged on its own; the source keeps serving.
 
@@ -54,9 +54,9 @@ import anyio.from_thread
 import anyio.lowlevel
 import msgspec
 
-from aiotimer._protocol import Decoded, Rejection, Request, validate
 from aiotimer.errors import SourceError
 from aiotimer.sources._base import RequestSink, draining
+from aiotimer.wire import Decoded, Rejection, Request, validate
 
 __all__ = ["MAX_ITEM_BYTES", "QueueSource"]
 

@@ -22,7 +22,7 @@ How it works:
   carrying another is rejected), so the server never pins a process that got the
   peer's pid after the peer died.
 * **Reading.** One task per connection reads what is readable into its own
-  :class:`~aiotimer._protocol.LineDecoder` (lines of different clients never mix) and
+  :class:`~aiotimer.wire.LineDecoder` (lines of different clients never mix) and
   hands each batch to the sink, and registers a drain (see :mod:`aiotimer.sources._base`)
   so what a peer sent before a deadline is applied before that deadline is acted on:
   only when one of the peer's own timers is due, as a connection carries requests for
@@ -51,8 +51,10 @@ import anyio
 import anyio.abc
 import msgspec
 
-from aiotimer._procstat import read_start_time
-from aiotimer._protocol import (
+from aiotimer._edges.procfs import read_start_time
+from aiotimer.errors import ProcessGoneError, SourceError
+from aiotimer.sources._base import RequestSink, draining
+from aiotimer.wire import (
     MAX_LINE_BYTES,
     Decoded,
     LineDecoder,
@@ -60,8 +62,6 @@ from aiotimer._protocol import (
     Request,
     encode,
 )
-from aiotimer.errors import ProcessGoneError, SourceError
-from aiotimer.sources._base import RequestSink, draining
 
 __all__ = ["SocketSource", "peer_credentials"]
 

@@ -27,9 +27,9 @@ import time
 from pathlib import Path
 
 import aiotimer
-from aiotimer._protocol import TORCH_ENV_FIFO
 from aiotimer.events import Event, WorkerReaped
 from aiotimer.server import TimerServer, TimerServerThread
+from aiotimer.wire import TORCH_ENV_FIFO
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "worker.py"

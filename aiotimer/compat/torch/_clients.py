@@ -8,9 +8,7 @@ import queue as _queue
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
-from aiotimer._protocol import Request, RequestTooLargeError
-from aiotimer._scope import current_pid
-from aiotimer.client import (
+from aiotimer.client._expires import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_WRITE_TIMEOUT,
     FifoClient,
@@ -23,11 +21,13 @@ from aiotimer.compat.torch._requests import (
     TimerRequestTooLargeError,
     TimerServerUnavailableError,
 )
+from aiotimer.core._scope import current_pid
 from aiotimer.errors import ServerUnavailableError
+from aiotimer.wire import Request, RequestTooLargeError
 
 if TYPE_CHECKING:
-    from aiotimer._clients.queue import _PutQueue
-    from aiotimer.client import TimerClient as _AioTimerClient
+    from aiotimer.client._expires import TimerClient as _AioTimerClient
+    from aiotimer.client._queue import _PutQueue
 
 # -- clients ------------------------------------------------------------------------------
 

@@ -6,8 +6,8 @@ import json
 import signal as _signal
 from typing import Any, Final
 
-from aiotimer._protocol import Request, RequestTooLargeError
 from aiotimer.errors import NotConfiguredError, ServerUnavailableError
+from aiotimer.wire import Request, RequestTooLargeError
 
 #: torch's default reap signal.
 _SIGKILL: Final[int] = int(_signal.SIGKILL)

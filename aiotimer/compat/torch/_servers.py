@@ -13,9 +13,9 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, Final, Self
 
-from aiotimer._clock import Clock, MonotonicClock
-from aiotimer._table import Timer
+from aiotimer._edges.clock import Clock, MonotonicClock
 from aiotimer.compat.torch._requests import FileTimerRequest, TimerRequest, _to_request
+from aiotimer.core._table import Timer
 from aiotimer.errors import ServerStateError
 from aiotimer.events import (
     Event,
@@ -25,9 +25,9 @@ from aiotimer.events import (
     WorkerExited,
     WorkerReaped,
 )
-from aiotimer.reapers import Reaper
-from aiotimer.server import TimerServer as _AioTimerServer
-from aiotimer.server import TimerServerThread
+from aiotimer.reapers._signal import Reaper
+from aiotimer.server._server import TimerServer as _AioTimerServer
+from aiotimer.server._thread import TimerServerThread
 
 logger = logging.getLogger("aiotimer.compat.torch")
 

@@ -1,1 +1,0 @@
-"""The event records, by family; :mod:`aiotimer.events` is their public face."""

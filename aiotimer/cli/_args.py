@@ -1,0 +1,189 @@
+"""Command-line values shared by the subcommands: argument types that reject bad values
+with a message saying what to change, and the reaping and logging options."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from typing import NoReturn
+
+from aiotimer.reapers._policy import Escalation, ReapPolicy
+
+__all__ = [
+    "add_log_level_argument",
+    "add_reap_arguments",
+    "argument_error",
+    "event_log_path",
+    "existing_dir",
+    "fifo_path",
+    "octal_mode",
+    "policy_from_args",
+    "positive",
+    "seconds",
+    "uid",
+    "whole_number",
+]
+
+
+def add_log_level_argument(parser: argparse.ArgumentParser) -> None:
+    """Add ``--log-level``: the lowest level of events printed to stderr."""
+    parser.add_argument(
+        "--log-level",
+        default="INFO",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
+        help="lowest level of events printed to stderr (default: INFO)",
+    )
+
+
+def add_reap_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+    """Add the reaping options (read by :func:`policy_from_args`); return their group."""
+    reaping = parser.add_argument_group(
+        "reaping",
+        "Without --grace/--group/--dump each timer is reaped with exactly the signal its "
+        "request names (torch semantics). With any of them the server uses a ladder: "
+        "[stack dump] -> [SIGTERM -> wait GRACE] -> SIGKILL, to the process group with "
+        "--group; request keys may add to it.",
+    )
+    reaping.add_argument(
+        "--grace",
+        type=seconds,
+        metavar="SECONDS",
+        help="send SIGTERM first and SIGKILL only if the worker still runs SECONDS later",
+    )
+    reaping.add_argument(
+        "--group", action="store_true", help="signal the worker's whole process group"
+    )
+    reaping.add_argument(
+        "--dump",
+        action="store_true",
+        help="ask the worker for a stack dump before signalling it (its dump hook, else "
+        "py-spy when installed)",
+    )
+    reaping.add_argument(
+        "--dump-dir",
+        type=existing_dir,
+        metavar="DIR",
+        help="directory of the workers' dump files (implies --dump; default: "
+        "$AIOTIMER_DUMP_DIR or the system temp dir)",
+    )
+    reaping.add_argument(
+        "--dump-timeout",
+        type=seconds,
+        default=2.0,
+        metavar="SECONDS",
+        help="how long to wait for a stack dump (default: 2)",
+    )
+    reaping.add_argument(
+        "--unkillable-after",
+        type=seconds,
+        default=5.0,
+        metavar="SECONDS",
+        help="report a worker still alive this long after its last signal (default: 5)",
+    )
+    return reaping
+
+
+def uid(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"need a numeric uid >= 0, got {text!r}")
+    return value
+
+
+def argument_error(parser: argparse.ArgumentParser, message: str) -> NoReturn:
+    """One line instead of the usage block: the message says what to change."""
+    parser.exit(2, f"{parser.prog}: error: {message} (see {parser.prog} --help)\n")
+
+
+def seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (value >= 0 and value != math.inf):
+        raise argparse.ArgumentTypeError(f"need a finite number of seconds >= 0, got {text!r}")
+    return value
+
+
+def whole_number(minimum: int) -> Callable[[str], int]:
+    """The argument type of a whole number ``>= minimum``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = minimum - 1
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"need a whole number >= {minimum}, got {text!r}")
+        return value
+
+    return parse
+
+
+#: The argument type of a whole number >= 1.
+positive = whole_number(1)
+
+
+def octal_mode(text: str) -> int:
+    try:
+        value = int(text, 8)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 0o777:
+        raise argparse.ArgumentTypeError(
+            f"need octal permission bits between 0000 and 0777 (e.g. 0600), got {text!r}"
+        )
+    return value
+
+
+def _parent_dir(path: Path, what: str) -> None:
+    parent = path.parent
+    if not parent.is_dir():
+        problem = "is not a directory" if parent.exists() else "does not exist"
+        raise argparse.ArgumentTypeError(
+            f"the directory of {what} {str(path)!r} {problem}; create it or choose another path"
+        )
+
+
+def fifo_path(text: str) -> str:
+    _parent_dir(Path(text), "the FIFO")
+    return text
+
+
+def event_log_path(text: str) -> str:
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a directory; give a file path")
+    _parent_dir(path, "the event log")
+    return text
+
+
+def existing_dir(text: str) -> str:
+    path = Path(text)
+    if not path.is_dir():
+        problem = "is not a directory" if path.exists() else "does not exist"
+        raise argparse.ArgumentTypeError(f"{text!r} {problem}; create it or choose another")
+    return text
+
+
+def policy_from_args(args: argparse.Namespace) -> ReapPolicy:
+    """The reap policy the options of :func:`add_reap_arguments` ask for."""
+    dump = bool(args.dump or args.dump_dir)
+    ladder = None
+    if args.grace is not None or args.group or dump:
+        ladder = Escalation(
+            dump=dump,
+            dump_timeout=args.dump_timeout,
+            soft_signal=signal.SIGTERM if args.grace is not None else None,
+            grace=args.grace if args.grace is not None else 0.0,
+            kill_signal=signal.SIGKILL,
+            group=args.group,
+        )
+    shadow = getattr(args, "shadow", False)
+    return ReapPolicy(ladder, shadow=shadow, unkillable_after=args.unkillable_after)

@@ -1,0 +1,229 @@
+"""``aiotimer run [options] -- CMD [ARGS...]``: supervise ``--nproc`` workers.
+
+Exit status: 0 every worker succeeded; 1 a worker failed for good (a no-restart exit
+code); 2 usage error; 3 the supervisor gave up (the restart budget was exhausted, ...);
+4 stopped before the end; 5 the run cannot start (the command cannot be run, ...);
+128+N interrupted by signal N (130 for SIGINT, 143 for SIGTERM).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import signal
+import sys
+
+from aiotimer._edges.logs import queued_logging
+from aiotimer.cli._args import (
+    add_log_level_argument,
+    add_reap_arguments,
+    event_log_path,
+    policy_from_args,
+    seconds,
+    whole_number,
+)
+from aiotimer.cluster._cli import add_node_arguments, node_config
+from aiotimer.cluster._node import ClusterSession, cluster_session
+from aiotimer.errors import AiotimerError
+from aiotimer.reapers._signal import SignalReaper
+from aiotimer.server._thread import loop_factory
+from aiotimer.supervisor._restart import (
+    DEFAULT_NO_RESTART_EXIT_CODES,
+    Backoff,
+    RestartPolicy,
+    RestartScope,
+)
+from aiotimer.supervisor._supervisor import Supervisor, format_summary
+
+__all__ = ["configure_run", "run_run"]
+
+#: Exit status when the run cannot start (the command cannot be run, no FIFO, ...).
+EXIT_CANNOT_START = 5
+
+
+def _window(text: str) -> float:
+    return math.inf if text in ("inf", "none") else seconds(text)
+
+
+_count = whole_number(0)
+
+
+def _backoff(text: str) -> Backoff:
+    """``INITIAL[:CAP[:FACTOR]]``, e.g. ``1:30:2``."""
+    parts = text.split(":")
+    if not 1 <= len(parts) <= 3:
+        raise argparse.ArgumentTypeError(f"expected INITIAL[:CAP[:FACTOR]], got {text!r}")
+    initial = seconds(parts[0])
+    cap = seconds(parts[1]) if len(parts) > 1 else max(30.0, initial)
+    try:
+        factor = float(parts[2]) if len(parts) > 2 else 2.0
+        return Backoff(initial=initial, cap=cap, factor=factor)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"bad --backoff {text!r}: {exc}") from None
+
+
+def configure_run(parser: argparse.ArgumentParser) -> None:
+    """Add ``aiotimer run``'s arguments to ``parser``."""
+    parser.epilog = (
+        "exit status: 0 every worker succeeded; 1 a worker failed for good (no-restart "
+        "exit code); 2 usage error; 3 gave up (restart budget exhausted, ...); 4 stopped "
+        "before the end; 5 cannot start; 128+N interrupted by signal N"
+    )
+    parser.add_argument("--nproc", type=_count, default=1, help="worker processes (default 1)")
+    parser.add_argument(
+        "--restart-scope",
+        choices=[*(s.value for s in RestartScope), "job"],
+        default="worker",
+        help="on a failure restart the worker alone (one_for_one), every worker of this "
+        "node (one_for_all), or every worker of every node of the job (needs --etcd; the "
+        "budget is then job-wide) (default: worker)",
+    )
+    parser.add_argument(
+        "--max-restarts",
+        type=_count,
+        default=3,
+        metavar="K",
+        help="give up after K restarts within --restart-window (default 3)",
+    )
+    parser.add_argument(
+        "--restart-window",
+        type=_window,
+        default=600.0,
+        metavar="SECONDS",
+        help="the restart budget's sliding window; 'inf' never refills it (default 600)",
+    )
+    parser.add_argument(
+        "--backoff",
+        type=_backoff,
+        default=Backoff(),
+        metavar="INITIAL[:CAP[:FACTOR]]",
+        help="delay before a restart: INITIAL * FACTOR**n for the n-th restart in the "
+        "window, at most CAP, +-10%% jitter (default 1:30:2)",
+    )
+    parser.add_argument(
+        "--min-uptime",
+        type=seconds,
+        default=1.0,
+        metavar="SECONDS",
+        help="a worker that dies sooner, without having sent a timer request, is "
+        "reported as a start failure (default 1)",
+    )
+    parser.add_argument(
+        "--no-restart-exit-code",
+        type=int,
+        action="append",
+        metavar="CODE",
+        help="an exit code that means 'do not restart' (repeatable; default 93)",
+    )
+    parser.add_argument(
+        "--stop-timeout",
+        type=seconds,
+        default=10.0,
+        metavar="SECONDS",
+        help="seconds between SIGTERM and SIGKILL when stopping workers (default 10)",
+    )
+    parser.add_argument("--run-id", help="exported as AIOTIMER_RUN_ID (default: random)")
+    parser.add_argument(
+        "--event-log",
+        type=event_log_path,
+        help="append every event (the server's and the supervisor's) as a JSON line to this file",
+    )
+    add_log_level_argument(parser)
+    parser.add_argument(
+        "--control",
+        metavar="PATH",
+        help="serve the control socket here (default: beside the private FIFO); "
+        "`aiotimer status --control PATH` shows the workers, and restarts or stops one",
+    )
+    add_reap_arguments(parser)
+    add_node_arguments(parser)
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
+
+
+def _policy(args: argparse.Namespace) -> RestartPolicy:
+    codes = args.no_restart_exit_code
+    return RestartPolicy(
+        # Job scope: this node's workers restart together, when the job says so.
+        scope=RestartScope("group" if args.restart_scope == "job" else args.restart_scope),
+        max_restarts=args.max_restarts,
+        window=args.restart_window,
+        backoff=args.backoff,
+        min_uptime=args.min_uptime,
+        no_restart_exit_codes=DEFAULT_NO_RESTART_EXIT_CODES if codes is None else frozenset(codes),
+    )
+
+
+async def _run(args: argparse.Namespace, command: list[str]) -> int:
+    policy = _policy(args)
+    job_policy = policy if args.restart_scope == "job" else None
+    async with cluster_session(node_config(args), job_policy) as cluster:
+        return await _supervise(args, command, policy, cluster)
+
+
+async def _supervise(
+    args: argparse.Namespace, command: list[str], policy: RestartPolicy, cluster: ClusterSession
+) -> int:
+    supervisor = Supervisor(
+        command,
+        nproc=args.nproc,
+        policy=policy,
+        stop_timeout=args.stop_timeout,
+        run_id=args.run_id or (args.job if cluster.config is not None else None),
+        reap_policy=policy_from_args(args),
+        reaper=SignalReaper(dump_dir=args.dump_dir),
+        event_log=args.event_log,
+        subreaper=True,
+        coordinator=cluster.coordinator,
+        restart_count=cluster.restart_count,
+        on_event=cluster.on_event,
+        control=args.control or True,
+    )
+    loop = asyncio.get_running_loop()
+    interrupted: list[int] = []
+    stop = asyncio.Event()
+
+    def on_signal(signum: int) -> None:
+        if interrupted:  # a second signal: do not wait for --stop-timeout
+            supervisor.kill()
+        interrupted.append(signum)
+        stop.set()
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, on_signal, signum)
+    try:
+        async with cluster.publishing(supervisor), supervisor, cluster.coordinating(supervisor):
+            ended = asyncio.ensure_future(supervisor.wait())
+            stopped = asyncio.ensure_future(stop.wait())
+            await asyncio.wait({ended, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            for fut in (ended, stopped):
+                fut.cancel()
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
+    print(format_summary(supervisor.summary), end="", file=sys.stderr, flush=True)
+    if interrupted:
+        return 128 + interrupted[0]
+    assert supervisor.outcome is not None
+    return int(supervisor.outcome)
+
+
+def run_run(args: argparse.Namespace) -> int:
+    """``aiotimer run``: supervise the command; the exit status says how the run ended."""
+    command = list(args.command)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if not command:
+        print("aiotimer run: no command given: aiotimer run [options] -- CMD [ARGS...]",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    if args.nproc < 1:
+        print("aiotimer run: --nproc must be at least 1", file=sys.stderr)
+        return 2
+    with queued_logging(args.log_level, sys.stderr):
+        try:
+            with asyncio.Runner(loop_factory=loop_factory("auto")) as runner:
+                return runner.run(_run(args, command))
+        except (AiotimerError, OSError) as exc:  # the command or the server cannot start
+            print(f"aiotimer run: error: {exc}", file=sys.stderr, flush=True)
+            return EXIT_CANNOT_START

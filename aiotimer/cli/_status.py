@@ -1,0 +1,115 @@
+"""``aiotimer status``: what a running server is doing, from its control socket; with
+``--etcd``, what a whole job is doing, from the nodes' records in etcd.
+
+Exit status, as ``systemctl status`` and the LSB define them: 0 the server runs and
+answered; 3 nothing serves there (no FIFO or socket, or a stale one); 4 a usage error;
+1 anything else (the server runs without a control socket, or answered with an error).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from typing import NoReturn
+
+import msgspec
+
+from aiotimer.cluster._cli import add_job_status_arguments, run_job_status
+from aiotimer.control._format import format_status
+from aiotimer.control.client import ControlClient
+from aiotimer.control.snapshot import DEFAULT_LIMIT, MAX_LIMIT
+from aiotimer.errors import ControlError, ServerUnavailableError
+from aiotimer.server._server import TimerServer
+
+__all__ = ["EXIT_NOT_RUNNING", "EXIT_USAGE", "configure_parser", "log_summary", "run_status"]
+
+logger = logging.getLogger("aiotimer")
+
+#: Nothing serves at the given path (LSB "program is not running").
+EXIT_NOT_RUNNING = 3
+#: Bad arguments (LSB "program or service status is unknown" is 4; the usage code here).
+EXIT_USAGE = 4
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    """Add ``aiotimer status``'s arguments; argument errors exit with :data:`EXIT_USAGE`."""
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--fifo", help="the server's FIFO (its marker names the control socket)")
+    where.add_argument("--control", help="the server's control socket")
+    add_job_status_arguments(parser, where)
+    parser.add_argument("--json", action="store_true", help="print the state as JSON")
+    parser.add_argument(
+        "--watch",
+        nargs="?",
+        const=2.0,
+        type=float,
+        metavar="SECONDS",
+        help="refresh every SECONDS (default 2) until interrupted",
+    )
+    parser.add_argument(
+        "--limit",
+        type=int,
+        default=DEFAULT_LIMIT,
+        help=f"list at most this many workers and timers (default {DEFAULT_LIMIT})",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=5.0, help="seconds to wait for the server (default 5)"
+    )
+
+    def usage_error(message: str) -> NoReturn:
+        parser.print_usage(sys.stderr)
+        parser.exit(EXIT_USAGE, f"{parser.prog}: error: {message}\n")
+
+    parser.error = usage_error  # type: ignore[method-assign]
+
+
+def run_status(args: argparse.Namespace) -> int:
+    """Print the state once (or every ``--watch`` seconds); return the exit status."""
+    if args.etcd is not None:
+        return run_job_status(args)
+    if not 0 <= args.limit <= MAX_LIMIT:
+        print(f"aiotimer status: --limit must be 0..{MAX_LIMIT}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.watch is not None and not args.watch > 0:
+        print("aiotimer status: --watch needs a positive number of seconds", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        client = (
+            ControlClient.for_fifo(args.fifo, timeout=args.timeout)
+            if args.fifo is not None
+            else ControlClient(args.control, timeout=args.timeout)
+        )
+        while True:
+            snap = client.state(limit=args.limit)
+            text = (
+                msgspec.json.format(msgspec.json.encode(snap)).decode() + "\n"
+                if args.json
+                else format_status(snap)
+            )
+            if args.watch is not None and sys.stdout.isatty():
+                text = "\x1b[H\x1b[2J" + text  # clear the screen between refreshes
+            sys.stdout.write(text)
+            sys.stdout.flush()
+            if args.watch is None:
+                return 0
+            time.sleep(args.watch)
+    except ServerUnavailableError as exc:
+        print(f"aiotimer status: {exc}", file=sys.stderr)
+        return EXIT_NOT_RUNNING
+    except ControlError as exc:
+        print(f"aiotimer status: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+
+
+def log_summary(server: TimerServer) -> None:
+    """Log ``server``'s state in the human view (``aiotimer serve`` does on SIGUSR1)."""
+    try:
+        text = format_status(server.status())
+    except Exception:
+        logger.exception("could not summarise the server's state")
+        return
+    logger.warning("state summary (SIGUSR1):\n%s", text.rstrip("\n"))

@@ -1,0 +1,42 @@
+"""Transport clients: how a worker's requests reach a timer server.
+
+Every client implements :class:`TimerClient` (``_common``); one module per transport:
+:class:`FifoClient` (``fifo``: the named pipe of ``aiotimer serve`` or of torch's
+``FileTimerServer``), :class:`QueueClient` (``queue``: a ``multiprocessing`` queue,
+torch's ``TimerRequest`` shape), :class:`InProcessClient` (``inprocess``: a server
+embedded in this process). ``discovery`` decides which client a block uses when it
+names none.
+"""
+
+from __future__ import annotations
+
+from aiotimer.client._discovery import configure, current_client, under_timer_server, use_client
+from aiotimer.client._fifo import FifoClient
+from aiotimer.client._inprocess import InProcessClient, RequestSubmitter
+from aiotimer.client._queue import QueueClient, QueueRequest
+from aiotimer.client._transport import (
+    DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_SIGNAL,
+    DEFAULT_WRITE_TIMEOUT,
+    TimerClient,
+    release_failed,
+    release_undelivered,
+)
+
+__all__ = [
+    "DEFAULT_CONNECT_TIMEOUT",
+    "DEFAULT_SIGNAL",
+    "DEFAULT_WRITE_TIMEOUT",
+    "FifoClient",
+    "InProcessClient",
+    "QueueClient",
+    "QueueRequest",
+    "RequestSubmitter",
+    "TimerClient",
+    "configure",
+    "current_client",
+    "release_failed",
+    "release_undelivered",
+    "under_timer_server",
+    "use_client",
+]

@@ -1,0 +1,553 @@
+"""The FIFO transport: requests into the named pipe of ``aiotimer serve`` or of torch's
+``FileTimerServer``.
+
+How it works:
+
+* **Which server.** The marker beside the FIFO (:mod:`aiotimer.wire._marker`) says an aiotimer
+  server reads it: then the client keeps one ``O_WRONLY | O_NONBLOCK`` descriptor and
+  sends the ``mono`` extension. Without a marker it opens, writes and closes for every
+  request, with torch's exact bytes (torch's server stops reaping while a writer keeps
+  the pipe open).
+* **The socket.** When the marker names the server's Unix socket (``aiotimer serve
+  --socket``), the persistent descriptor is a connection to it instead of the FIFO: the
+  kernel tells the server who this process is, so nobody can register timers in its
+  name. It is ``SOCK_SEQPACKET`` (a write is whole or refused, like a FIFO write), so
+  everything below is the same over both; a socket that cannot be reached falls back
+  to the FIFO.
+* **The fast path** (:meth:`FifoClient.send_nowait`): with the descriptor open and room
+  in the pipe, a request is one ``os.write`` under a lock. An acquire of this process
+  encodes both lines of its block at once (:func:`~aiotimer.wire.block_encoder`),
+  so the release line is ready when the block ends.
+* **The slow path** (:meth:`FifoClient._sending`, driven blocking or awaiting): connect,
+  retry while no server reads, reopen after a broken pipe, wait for room in a full pipe.
+* **Replay.** The client remembers the acquire line of every open block it delivered
+  (an acquire that failed is forgotten); when it reconnects to a new server (a broken
+  pipe, or a new marker, checked at most every ``marker_check_interval`` seconds on an
+  acquire) it re-sends them before anything else, because a new server starts empty.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import math
+import os
+import select
+import stat
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+from typing import Final
+
+import msgspec
+
+from aiotimer._edges.procfs import own_start_time
+from aiotimer.client._transport import (
+    DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_SIGNAL,
+    DEFAULT_WRITE_TIMEOUT,
+    RETRY_FIRST,
+    Sleep,
+    Steps,
+    Writable,
+    client_signal,
+    delivered_late,
+    drive,
+    drive_async,
+    next_retry,
+)
+from aiotimer.errors import ClientBackpressureError, ServerUnavailableError
+from aiotimer.wire._encoder import BlockEncoder, block_encoder, encode
+from aiotimer.wire._marker import MarkerFile, read_live_marker
+from aiotimer.wire._request import Request
+
+__all__ = ["FifoClient"]
+
+log = logging.getLogger("aiotimer.client")
+
+#: How many times in a row a broken pipe (server gone) triggers an immediate reopen.
+_MAX_REOPENS: Final[int] = 3
+_NO_READER_ERRNOS: Final = frozenset({errno.ENXIO, errno.ENOENT})
+#: A persistent descriptor whose reader left: the FIFO (EPIPE) or the socket (ECONNRESET).
+_BROKEN_ERRNOS: Final = frozenset({errno.EPIPE, errno.ECONNRESET})
+_monotonic: Final = time.monotonic
+_live_fifo_clients: weakref.WeakSet[FifoClient] = weakref.WeakSet()
+
+
+# Why one attempt to write did not complete (see FifoClient._attempt; None: it did).
+@dataclass(frozen=True, slots=True)
+class _NoReader:
+    error: OSError
+
+
+@dataclass(frozen=True, slots=True)
+class _Full:
+    dup_fd: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Broken:
+    error: OSError
+
+
+_Outcome = _NoReader | _Full | _Broken
+
+
+class FifoClient:
+    """Send requests into a timer server's named pipe (aiotimer's or torch's).
+
+    Which server is on the other end decides how the client talks, per connection:
+
+    * **aiotimer server** (its marker file ``path + ".aiotimer"`` names a live process):
+      one persistent ``O_WRONLY | O_NONBLOCK`` descriptor, one ``os.write`` per request,
+      lines carry the ``mono`` (``time.monotonic()``) deadline extension;
+    * **anything else** (torch's ``FileTimerServer``): open, write, close for every
+      request, exactly torch's bytes — torch's server reads with a blocking
+      ``readline()`` and stops reaping while any writer keeps the pipe open.
+
+    Failure handling:
+
+    * no server (no FIFO, or no reader: ``ENOENT``/``ENXIO``) → retry with short sleeps
+      for up to ``connect_timeout`` seconds, then
+      :class:`~aiotimer.errors.ServerUnavailableError`;
+    * server restarted (``EPIPE`` on the persistent descriptor, or a new marker: checked
+      at most every ``marker_check_interval`` seconds, when an acquire is sent) → reopen
+      at once, then re-send the acquires of every block still open in this process (the
+      new server starts empty) before the request itself; a marker gone means the
+      aiotimer server left: the descriptor is closed and the client talks torch's way;
+    * full pipe (``EAGAIN``) → wait for room up to ``write_timeout`` seconds (``send``
+      polls, ``send_async`` awaits writability), then
+      :class:`~aiotimer.errors.ClientBackpressureError`; a release that failed so is
+      still written before anything else and by a background thread once there is room,
+      while the same server is there;
+    * an acquire that raised is forgotten (never replayed); one that had to wait is sent
+      with its deadline moved later by the wait.
+
+    Thread-safe (a lock guards the descriptor) and fork-safe (a forked child drops the
+    parent's descriptor and open blocks and reconnects on first use).
+
+    Args:
+        path: the FIFO's path.
+        signal: the default signal for timers acquired through this client.
+        connect_timeout: seconds to keep retrying while no server reads the FIFO.
+        write_timeout: seconds to wait for room in a full pipe.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        signal: int = DEFAULT_SIGNAL,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        write_timeout: float = DEFAULT_WRITE_TIMEOUT,
+    ) -> None:
+        if not (math.isfinite(connect_timeout) and connect_timeout >= 0):
+            raise ValueError(f"connect_timeout must be a finite number >= 0: {connect_timeout}")
+        if not (math.isfinite(write_timeout) and write_timeout >= 0):
+            raise ValueError(f"write_timeout must be a finite number >= 0: {write_timeout}")
+        self._path = os.fspath(path)
+        self._signal = client_signal(signal)
+        self.connect_timeout = float(connect_timeout)
+        self.write_timeout = float(write_timeout)
+        #: At most this often (seconds), an acquire also checks that the server that
+        #: published the marker is still the one reading (see the class docstring).
+        self.marker_check_interval = 1.0
+        self._lock = threading.Lock()
+        self._pid = os.getpid()  # refreshed in a forked child, with the encoder
+        self._start_time = own_start_time()
+        self._encode_block: BlockEncoder = block_encoder(self._pid, self._signal, self._start_time)
+        self._encode_dump_block: BlockEncoder = block_encoder(
+            self._pid, self._signal, self._start_time, dump=True
+        )
+        self._fd: int | None = None  # persistent descriptor (aiotimer server only)
+        self._server: MarkerFile | None = None  # whom the persistent descriptor talks to
+        self._recheck_at = 0.0  # when the marker is due to be checked again (monotonic)
+        self._connected_before = False
+        # Live blocks: scope -> (acquire line, release line). The acquire lines are
+        # replayed after a restart; the release line is ready for the block's exit.
+        self._open_scopes: dict[str, tuple[bytes, bytes]] = {}
+        # Lines written before anything else: acquires replayed to a new server, and
+        # releases that could not be written in time (retried by the flusher thread).
+        self._backlog: list[bytes] = []
+        self._flusher: threading.Thread | None = None
+        _live_fifo_clients.add(self)
+
+    @property
+    def path(self) -> str:
+        """The FIFO's path."""
+        return self._path
+
+    @property
+    def signal(self) -> int:
+        """The default signal for timers acquired through this client."""
+        return self._signal
+
+    @property
+    def persistent(self) -> bool:
+        """True while a persistent descriptor to an aiotimer server is open."""
+        return self._fd is not None
+
+    def send(self, request: Request) -> None:
+        """Deliver ``request``, blocking at most ``connect_timeout + write_timeout``."""
+        if not self._send_request_nowait(request):
+            drive(self._sending(request))
+
+    async def send_async(self, request: Request) -> None:
+        """Deliver ``request``; waits are awaited (releases are shielded from cancellation)."""
+        if not self._send_request_nowait(request):
+            await drive_async(self._sending(request), shield=request.is_release)
+
+    def send_nowait(
+        self,
+        scope_id: str,
+        expiration_time: float,
+        signal: int | None = None,
+        mono: float | None = None,
+        dump: bool = False,
+    ) -> bool:
+        """This process's request for ``scope_id`` (see :class:`~aiotimer.TimerClient`),
+        with one ``os.write`` if nothing needs a wait: the persistent descriptor is open,
+        nothing is queued before it, the marker is not due for a check (acquires only)
+        and the pipe has room. ``False``: nothing was written; :meth:`send` or
+        :meth:`send_async` will.
+
+        A delivered acquire's block is remembered for replay, with both its lines
+        encoded at once (the release line is ready for the block's end); a release
+        forgets its block whether or not it is delivered.
+        """
+        if expiration_time < 0:  # a release: it forgets its block
+            tracked = self._open_scopes.pop(scope_id, None)
+            line = encode(Request(self._pid, scope_id, -1, 0)) if tracked is None else tracked[1]
+            lines = None
+        else:
+            if mono is None or _monotonic() > self._recheck_at:
+                return False
+            encode_block = (
+                self._encode_block if signal is None and not dump else self._encoder(signal, dump)
+            )
+            lines = encode_block(scope_id, expiration_time, mono)
+            line = lines[0]
+        lock = self._lock
+        lock.acquire()  # not `with`: half the cost, and this is the path of every block
+        try:
+            fd = self._fd
+            if fd is None or self._backlog:
+                return False
+            os.write(fd, line)
+        except OSError:
+            return False  # full, or broken: the slow path knows what to do
+        finally:
+            lock.release()
+        if lines is not None:
+            self._open_scopes[scope_id] = lines
+        return True
+
+    def close(self) -> None:
+        """Close the persistent descriptor, if any (the client reconnects on next use)."""
+        with self._lock:
+            self._close_locked()
+
+    def __enter__(self) -> FifoClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        fd = getattr(self, "_fd", None)  # None also when __init__ raised early
+        if fd is not None:
+            self._fd = None
+            os.close(fd)
+
+    def __repr__(self) -> str:
+        mode = "persistent" if self._fd is not None else "per-request"
+        return f"<FifoClient {self._path!r} {mode}, {len(self._open_scopes)} open scopes>"
+
+    # -- internals --------------------------------------------------------------------
+
+    def _send_request_nowait(self, request: Request) -> bool:
+        """:meth:`send_nowait` for ``request``, if it is one (a request of this process
+        with no other extension): what ``send`` tries first."""
+        if request.pid != self._pid or request.grace is not None or request.group:
+            return False
+        if request.is_release:
+            return (
+                request.signal == 0
+                and not request.dump
+                and self.send_nowait(request.scope_id, -1, 0, None, False)
+            )
+        return self.send_nowait(
+            request.scope_id, request.expiration_time, request.signal, request.mono, request.dump
+        )
+
+    def _encoder(self, signal: int | None, dump: bool) -> BlockEncoder:
+        """The block encoder of this process's blocks reaped with ``signal`` (``None``:
+        the client's), asking for a stack dump first if ``dump``."""
+        if signal is None or signal == self._signal:
+            return self._encode_dump_block if dump else self._encode_block
+        return block_encoder(self._pid, signal, self._start_time, dump=dump)
+
+    def _block_lines(self, request: Request) -> tuple[bytes, bytes]:
+        """The acquire line of ``request`` and the release line of its block."""
+        mono = request.mono
+        if (
+            mono is not None
+            and request.pid == self._pid
+            and request.grace is None
+            and not request.group
+        ):
+            encoder = self._encoder(request.signal, request.dump)
+            return encoder(request.scope_id, request.expiration_time, mono)
+        if request.pid == self._pid and request.start_time is None:  # as the fast path does
+            request = msgspec.structs.replace(request, start_time=self._start_time)
+        return encode(request), encode(Request(request.pid, request.scope_id, -1, 0))
+
+    def _sending(self, request: Request) -> Steps:
+        """The whole sending logic; yields what it must wait for (see the module docstring)."""
+        started = time.monotonic()
+        retry = RETRY_FIRST
+        reopens = 0
+        waited = False
+        while True:
+            # Waiting for the server is not counted against the block (TimerClient).
+            now = request if not waited else delivered_late(request, time.monotonic() - started)
+            with self._lock:
+                outcome = self._attempt(now)
+            if outcome is None:
+                return
+            if isinstance(outcome, _Broken):
+                reopens += 1
+                if reopens > _MAX_REOPENS:
+                    raise ServerUnavailableError(
+                        f"the timer server's FIFO {self._path!r} keeps closing "
+                        f"({outcome.error.strerror}); is the server restarting in a loop?"
+                    ) from outcome.error
+                continue
+            waited = True
+            if isinstance(outcome, _NoReader):
+                elapsed = time.monotonic() - started
+                if elapsed >= self.connect_timeout:
+                    raise ServerUnavailableError(self._unavailable_message(outcome.error, elapsed))
+                yield Sleep(min(retry, self.connect_timeout - elapsed))
+                retry = next_retry(retry)
+                continue
+            try:
+                remaining = self.write_timeout - (time.monotonic() - started)
+                ready = remaining > 0 and (yield Writable(outcome.dup_fd, remaining))
+            finally:
+                os.close(outcome.dup_fd)
+            if not ready and time.monotonic() - started >= self.write_timeout:
+                if request.is_release:
+                    self._retry_release(request)
+                raise ClientBackpressureError(
+                    f"the timer server's FIFO {self._path!r} stayed full for "
+                    f"{self.write_timeout:g}s; the server is overloaded or stuck "
+                    "(raise write_timeout, or check the server)"
+                    + ("; the release is retried in the background" if request.is_release else "")
+                )
+
+    def _attempt(self, request: Request) -> _Outcome | None:
+        """Try once to write what is queued, then ``request``; on success an acquire's
+        block is remembered for replay. Holds the lock."""
+        if self._fd is not None:
+            self._recheck_marker_locked()
+        if self._fd is None:
+            try:
+                fd = self._open_locked()
+            except OSError as exc:
+                if exc.errno in _NO_READER_ERRNOS:
+                    return _NoReader(exc)
+                raise ServerUnavailableError(
+                    f"cannot open the timer server's FIFO {self._path!r}: {exc.strerror}"
+                ) from exc
+            persistent = self._fd is not None
+        else:
+            fd, persistent = self._fd, True
+        lines = None if request.is_release else self._block_lines(request)
+        try:
+            if persistent:
+                self._write_backlog_locked(fd)
+                os.write(fd, encode(request) if lines is None else lines[0])
+            else:
+                os.write(fd, encode(_torch_request(request)))
+        except BlockingIOError:
+            return _Full(os.dup(fd))
+        except OSError as exc:
+            if exc.errno not in _BROKEN_ERRNOS:
+                raise ServerUnavailableError(
+                    f"cannot write to the timer server's FIFO {self._path!r}: {exc.strerror}"
+                ) from exc
+            if persistent:
+                self._close_locked()
+            return _Broken(exc)
+        finally:
+            if not persistent:
+                os.close(fd)
+        if lines is not None:
+            self._open_scopes[request.scope_id] = lines
+        return None
+
+    def _write_backlog_locked(self, fd: int) -> None:
+        """Write what is queued (replayed acquires, releases to retry), oldest first."""
+        while self._backlog:
+            os.write(fd, self._backlog[0])
+            del self._backlog[0]
+
+    def _retry_release(self, request: Request) -> None:
+        """Queue a release that could not be written in time: it goes out before anything
+        else, and a background thread delivers it while the same server is there."""
+        with self._lock:
+            if self._fd is None:
+                return  # no aiotimer server to retry against (torch's, or gone)
+            self._backlog.append(encode(request))
+            if self._flusher is None or not self._flusher.is_alive():
+                self._flusher = threading.Thread(
+                    target=self._flush_backlog, name="aiotimer-release-retry", daemon=True
+                )
+                self._flusher.start()
+
+    def _flush_backlog(self) -> None:
+        """Deliver the backlog as soon as the pipe has room; stop when it is empty or the
+        server is gone (a broken pipe: a new server would not know these blocks)."""
+        while True:
+            with self._lock:
+                fd = self._fd
+                if fd is None or not self._backlog:
+                    return
+                try:
+                    self._write_backlog_locked(fd)
+                    return
+                except BlockingIOError:
+                    wait_fd = os.dup(fd)
+                except OSError:
+                    self._close_locked()  # the server is gone; so is what it should learn
+                    return
+            try:  # writable: room for PIPE_BUF bytes, so for a line
+                poller = select.poll()
+                poller.register(wait_fd, select.POLLOUT)
+                poller.poll(1000.0)
+            finally:
+                os.close(wait_fd)
+
+    def _open_locked(self) -> int:
+        """Open the FIFO; keep the descriptor (and queue a replay) for an aiotimer server."""
+        fd = os.open(self._path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISFIFO(st.st_mode):
+                raise ServerUnavailableError(
+                    f"{self._path!r} is not a FIFO; point the client at the path the timer "
+                    "server was started with (aiotimer serve --fifo PATH)"
+                )
+            server = read_live_marker(self._path)
+            if server is not None and not server.marker.reads(st):
+                raise ServerUnavailableError(
+                    f"{self._path!r} is not the FIFO the timer server (pid "
+                    f"{server.marker.pid}) reads: the path was replaced (a symlink or "
+                    "another FIFO); refusing to send there. Check who changed the path; "
+                    "the server recreates its FIFO once the path is free"
+                )
+            if server is not None:
+                sock = None if server.marker.socket is None else _connect(server.marker.socket)
+                if sock is not None:  # the server's socket names this process: prefer it
+                    os.close(fd)
+                    fd = sock
+                self._fd, self._server = fd, server
+                self._recheck_at = time.monotonic() + self.marker_check_interval
+                if self._connected_before:
+                    self._queue_replay_locked()
+                self._connected_before = True
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _recheck_marker_locked(self) -> None:
+        """Every ``marker_check_interval``: has another server taken over the FIFO?"""
+        now = time.monotonic()
+        if now <= self._recheck_at:
+            return
+        self._recheck_at = now + self.marker_check_interval
+        server = read_live_marker(self._path)
+        if server == self._server:
+            return
+        if server is None:  # the aiotimer server left; whoever reads now, be torch-safe
+            log.info("the aiotimer server of %s left; closing the descriptor", self._path)
+            self._close_locked()
+            return
+        self._server = server  # a new server reads the same FIFO: it starts empty
+        self._queue_replay_locked()
+
+    def _queue_replay_locked(self) -> None:
+        self._backlog = [lines[0] for lines in list(self._open_scopes.values())]
+        log.info("(re)connected to %s; re-sending %d open scopes", self._path, len(self._backlog))
+
+    def _close_locked(self) -> None:
+        fd, self._fd = self._fd, None
+        self._server = None
+        self._backlog = []
+        if fd is not None:
+            os.close(fd)
+
+    def _unavailable_message(self, error: OSError, waited: float) -> str:
+        why = "does not exist" if error.errno == errno.ENOENT else "has no reader"
+        return (
+            f"no timer server reads {self._path!r} (the FIFO {why}; waited {waited:.2f}s): "
+            "start one with `aiotimer serve --fifo PATH` (or embed TimerServer) before the "
+            "workers, or raise connect_timeout if it is still starting"
+        )
+
+    def _after_fork_in_child(self) -> None:
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._start_time = own_start_time()
+        self._encode_block = block_encoder(self._pid, self._signal, self._start_time)
+        self._encode_dump_block = block_encoder(
+            self._pid, self._signal, self._start_time, dump=True
+        )
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+        self._server = None
+        self._backlog = []
+        self._flusher = None  # threads do not survive a fork
+        self._open_scopes = {}  # the parent's blocks are not the child's
+        self._connected_before = False
+
+
+def _connect(path: str) -> int | None:
+    """A non-blocking descriptor connected to the server's Unix socket, or ``None``.
+
+    The socket is ``SOCK_SEQPACKET``: a write is one message, whole or refused with
+    ``EAGAIN`` like a FIFO write, so the rest of the client is the same over both.
+    """
+    import socket  # noqa: PLC0415 (only clients of a server that offers a socket pay for it)
+
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+    try:
+        sock.connect(path)
+        sock.setblocking(False)
+    except OSError as exc:
+        sock.close()
+        log.info("cannot connect to the timer server's socket %s (%s); using its FIFO", path, exc)
+        return None
+    return sock.detach()
+
+
+def _torch_request(request: Request) -> Request:
+    """``request`` without aiotimer's extension fields (torch's exact bytes)."""
+    return Request(
+        pid=request.pid,
+        scope_id=request.scope_id,
+        expiration_time=request.expiration_time,
+        signal=request.signal,
+    )
+
+
+def _reset_fifo_clients_in_child() -> None:
+    for client in list(_live_fifo_clients):
+        client._after_fork_in_child()
+
+
+os.register_at_fork(after_in_child=_reset_fifo_clients_in_child)

@@ -1,0 +1,98 @@
+"""What the server tells the world: typed, immutable event records.
+
+Every event has the wall-clock ``time`` it happened (epoch seconds) and a class-level
+``kind`` (a short stable string, also the ``"event"`` key of :meth:`Event.to_dict`).
+The server delivers each event to the ``on_event`` callback, to the ``aiotimer`` logger
+(at :attr:`Event.level`, with the event's dict as ``extra={"aiotimer": ...}``) and, when
+configured, to a JSON-lines event log.
+
+Pids and scope ids are the worker's; ``signal`` values are signal numbers (``0`` or
+negative: report only).
+
+Long texts (stack dumps) are kept whole in the event objects; their logged forms
+(:meth:`Event.to_dict`, used by the logger and the event log, and :meth:`Event.describe`)
+are cut at :data:`MAX_LOGGED_TEXT` characters with a note saying how much was left out.
+
+The records are defined by family in :mod:`aiotimer._events`; this module is their public
+face.
+"""
+
+from __future__ import annotations
+
+from aiotimer.events._base import (
+    MAX_LOGGED_TEXT,
+    MAX_REPORTED_SCOPES,
+    Event,
+    clip_text,
+    signal_name,
+)
+from aiotimer.events._reaping import (
+    ReapAbandoned,
+    ReapFailed,
+    SignalRefused,
+    SignalSent,
+    StacksDumped,
+    WorkerReaped,
+    WorkerSurvived,
+)
+from aiotimer.events._server import (
+    ControlRefused,
+    Counters,
+    EventsLost,
+    LoopLagged,
+    ServerStarted,
+    ServerStopped,
+    SourceFailed,
+)
+from aiotimer.events._supervisor import (
+    RestartScheduled,
+    SupervisorGaveUp,
+    SupervisorStopped,
+    WorkerEnded,
+    WorkerRunning,
+    WorkerStarted,
+    WorkerSummary,
+)
+from aiotimer.events._timers import (
+    RequestRejected,
+    TimerAcquired,
+    TimerExpired,
+    TimerReleased,
+    WorkerExited,
+    WorkerUnknown,
+)
+
+__all__ = [
+    "MAX_LOGGED_TEXT",
+    "MAX_REPORTED_SCOPES",
+    "ControlRefused",
+    "Counters",
+    "Event",
+    "EventsLost",
+    "LoopLagged",
+    "ReapAbandoned",
+    "ReapFailed",
+    "RequestRejected",
+    "RestartScheduled",
+    "ServerStarted",
+    "ServerStopped",
+    "SignalRefused",
+    "SignalSent",
+    "SourceFailed",
+    "StacksDumped",
+    "SupervisorGaveUp",
+    "SupervisorStopped",
+    "TimerAcquired",
+    "TimerExpired",
+    "TimerReleased",
+    "WorkerEnded",
+    "WorkerExited",
+    "WorkerReaped",
+    "WorkerRunning",
+    "WorkerStarted",
+    "WorkerSummary",
+    "WorkerSurvived",
+    "WorkerUnknown",
+    "clip_text",
+    "signal_name",
+]

@@ -1,0 +1,302 @@
+"""Stack dumps, server side: read a hooked worker's dump, or ask py-spy.
+
+:func:`collect_dump` checks the worker's header (same pid, same process start time, and
+the signal the server expects: never one the header merely names), notes the file's
+size, sends the signal through the caller's ``send_signal`` (a pidfd-pinned sender),
+and waits, bounded, for the end marker (:func:`read_dump`).
+
+Nothing here can block the event loop on a file an outsider controls: the file is
+opened ``O_NONBLOCK | O_NOFOLLOW`` and read only if it is a regular file of this user in
+a private directory (:func:`~aiotimer.diagnostics.private_dump_dir`), and every open and
+read runs in a worker thread. A worker without the hook is never signalled: the default action of
+``SIGUSR1`` would kill it. :func:`py_spy_dump` is the external fallback when ``py-spy``
+is installed. The worker side (the hook, the file's format) is :mod:`aiotimer.diagnostics`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import shutil
+import stat
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+import anyio.to_thread
+
+from aiotimer._edges.files import private_dump_dir
+from aiotimer._edges.procfs import read_start_time
+from aiotimer.errors import ProcessGoneError
+from aiotimer.wire._dumpfile import (
+    DEFAULT_DUMP_SIGNAL,
+    END_MARKER,
+    HEADER_TAG,
+    MAX_DUMP_BYTES,
+    dump_path_for,
+)
+
+logger = logging.getLogger("aiotimer")
+
+__all__ = [
+    "HookInfo",
+    "NoDump",
+    "collect_dump",
+    "collect_dump_or_why",
+    "hook_info",
+    "py_spy_dump",
+    "py_spy_dump_or_why",
+    "py_spy_executable",
+    "read_dump",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class NoDump:
+    """Why no stack dump came: what a reaper's ``dump_stacks`` returns instead of text,
+    so the ``stacks_dumped`` event can say it (no hook, no py-spy, timed out ...)."""
+
+    reason: str
+
+
+#: How a worker gets the hook, for the reason a dump did not come.
+_HOOK_HINT = (
+    "the worker installs it with aiotimer.configure(), with its first block in the main "
+    "thread when it finds its server through the environment, or with "
+    "aiotimer.diagnostics.install_dump_handler()"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class HookInfo:
+    """What a dump file's header says about the hook that wrote it."""
+
+    path: Path
+    pid: int
+    start_time: int | None
+    signum: int
+
+
+def _parse_header(line: str, path: Path) -> HookInfo | None:
+    parts = line.split()
+    if len(parts) != 4 or parts[0] != HEADER_TAG:
+        return None
+    try:
+        fields = dict(p.split("=", 1) for p in parts[1:])
+        start = fields["start"]
+        return HookInfo(
+            path=path,
+            pid=int(fields["pid"]),
+            start_time=None if start == "-" else int(start),
+            signum=int(fields["signal"]),
+        )
+    except (KeyError, ValueError):
+        return None
+
+
+def _open_checked(path: Path) -> int:
+    """Open ``path`` for reading without blocking, if it is a regular file of this user
+    in a private directory.
+
+    Raises:
+        OSError: it is anything else (a FIFO, a symlink, another user's file ...).
+    """
+    private_dump_dir(path.parent, create=False)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+            raise PermissionError(f"{path} is not a regular file of this user; not read")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def hook_info(pid: int, dump_dir: str | os.PathLike[str] | None = None) -> HookInfo | None:
+    """The dump hook of the live process ``pid``, or ``None`` if it has none.
+
+    ``None`` also when the file was left by an earlier process with the same pid (its
+    start time differs), cannot be read, or is not a regular file of this user in a
+    private directory. Never blocks on the file (:func:`collect_dump` still calls it in
+    a worker thread: a disk can be slow).
+    """
+    path = dump_path_for(pid, dump_dir)
+    try:
+        fd = _open_checked(path)
+    except OSError as exc:
+        if not isinstance(exc, FileNotFoundError):
+            logger.warning("stack dump of worker %d: %s", pid, exc)
+        return None
+    try:
+        first = os.pread(fd, 256, 0).split(b"\n", 1)[0].decode("ascii", "replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    info = _parse_header(first, path)
+    if info is None or info.pid != pid:
+        return None
+    try:
+        start = read_start_time(pid)
+    except ProcessGoneError:
+        return None
+    if info.start_time is not None and start is not None and info.start_time != start:
+        return None
+    return info
+
+
+def _read_tail(path: Path, offset: int) -> str:
+    try:
+        fd = _open_checked(path)
+    except OSError:
+        return ""
+    try:
+        data = os.pread(fd, MAX_DUMP_BYTES, offset)
+    finally:
+        os.close(fd)
+    return data.decode("utf-8", "replace")
+
+
+def _size(path: Path) -> int | None:
+    try:
+        fd = _open_checked(path)
+    except OSError:
+        return None
+    try:
+        return os.fstat(fd).st_size
+    finally:
+        os.close(fd)
+
+
+async def read_dump(
+    path: str | os.PathLike[str],
+    *,
+    offset: int = 0,
+    timeout: float = 2.0,
+    poll_interval: float = 0.01,
+) -> str | None:
+    """Wait (at most ``timeout`` seconds) for a complete dump after byte ``offset``.
+
+    Polls the file (``poll_interval``, doubling up to 0.1 s). Returns the dump up to and
+    including :data:`END_MARKER`; on timeout, what was written (typically the thread
+    stacks alone) plus a note that the dump is incomplete; ``None`` if nothing was.
+    """
+    if not (math.isfinite(timeout) and timeout >= 0):
+        raise ValueError(f"timeout must be a finite number >= 0, got {timeout!r}")
+    target = Path(path)
+    deadline = anyio.current_time() + timeout
+    delay = poll_interval
+    while True:
+        text = await anyio.to_thread.run_sync(_read_tail, target, offset)
+        end = text.find(END_MARKER)
+        if end != -1:
+            return text[: end + len(END_MARKER)] + "\n"
+        remaining = deadline - anyio.current_time()
+        if remaining <= 0:
+            break
+        await anyio.sleep(min(delay, remaining))
+        delay = min(delay * 2, 0.1)
+    if not text.strip():
+        return None
+    return (
+        text + f"\n[aiotimer: dump incomplete: no end marker within {timeout:g}s; the worker's"
+        " main thread did not get to run Python code (stuck in C code holding the GIL?)]\n"
+    )
+
+
+async def collect_dump(
+    pid: int,
+    *,
+    send_signal: Callable[[int], None],
+    signum: int = DEFAULT_DUMP_SIGNAL,
+    dump_dir: str | os.PathLike[str] | None = None,
+    timeout: float = 2.0,
+) -> str | None:
+    """Ask worker ``pid`` for a stack dump and return it (``None`` if it has no hook).
+
+    Args:
+        pid: the worker.
+        send_signal: sends a signal to exactly that worker, e.g. the bound method
+            ``WorkerProcess.send_signal`` (a pidfd-pinned sender; its errors propagate).
+        signum: the signal the hook must listen to (the server's choice: a header
+            naming another signal counts as no hook, and is never obeyed).
+        dump_dir: the dump directory (see :func:`dump_path_for`).
+        timeout: how long to wait for the end marker (see :func:`read_dump`).
+
+    The worker is signalled only when its dump file's header proves the hook is there,
+    installed by this very process (same pid and start time).
+    :func:`collect_dump_or_why` says why when no dump comes.
+    """
+    result = await collect_dump_or_why(
+        pid, send_signal=send_signal, signum=signum, dump_dir=dump_dir, timeout=timeout
+    )
+    return result if isinstance(result, str) else None
+
+
+async def collect_dump_or_why(
+    pid: int,
+    *,
+    send_signal: Callable[[int], None],
+    signum: int = DEFAULT_DUMP_SIGNAL,
+    dump_dir: str | os.PathLike[str] | None = None,
+    timeout: float = 2.0,
+) -> str | NoDump:
+    """:func:`collect_dump`, with the reason instead of ``None`` when no dump came."""
+    info = await anyio.to_thread.run_sync(hook_info, pid, dump_dir)
+    if info is None:
+        where = dump_path_for(pid, dump_dir)
+        return NoDump(f"no dump hook in the worker (no valid {where}; {_HOOK_HINT})")
+    if info.signum != signum:
+        return NoDump(
+            f"the worker's dump hook listens to signal {info.signum}, not {signum}: "
+            "it is not signalled"
+        )
+    offset = await anyio.to_thread.run_sync(_size, info.path)
+    if offset is None:
+        return NoDump(f"the worker's dump file {info.path} vanished")
+    send_signal(signum)
+    text = await read_dump(info.path, offset=offset, timeout=timeout)
+    if text is None:
+        return NoDump(f"the worker's dump hook wrote nothing within {timeout:g}s")
+    return text
+
+
+def py_spy_executable() -> str | None:
+    """The ``py-spy`` executable: on ``PATH``, or beside this Python (an unactivated venv)."""
+    found = shutil.which("py-spy")
+    if found is not None:
+        return found
+    beside = Path(sys.executable).parent / "py-spy"
+    return str(beside) if os.access(beside, os.X_OK) else None
+
+
+async def py_spy_dump(pid: int, *, timeout: float = 10.0) -> str | None:
+    """``py-spy dump --pid <pid>`` output, or ``None`` (not installed, failed, timed out).
+
+    py-spy reads the process from outside (ptrace), so it needs no hook in the worker,
+    but it needs the permission to trace it (same user and ``ptrace_scope`` 0, or
+    ``CAP_SYS_PTRACE``). :func:`py_spy_dump_or_why` says why when no dump comes.
+    """
+    result = await py_spy_dump_or_why(pid, timeout=timeout)
+    return result if isinstance(result, str) else None
+
+
+async def py_spy_dump_or_why(pid: int, *, timeout: float = 10.0) -> str | NoDump:
+    """:func:`py_spy_dump`, with the reason instead of ``None`` when no dump came."""
+    exe = py_spy_executable()
+    if exe is None:
+        return NoDump("py-spy is not installed")
+    with anyio.move_on_after(timeout):
+        result = await anyio.run_process([exe, "dump", "--pid", str(pid)], check=False)
+        if result.returncode == 0:
+            return result.stdout.decode("utf-8", "replace")
+        err = result.stderr.decode("utf-8", "replace").strip().splitlines()
+        return NoDump(
+            f"py-spy failed (exit status {result.returncode}"
+            + (f": {err[-1][:200]})" if err else ")")
+        )
+    return NoDump(f"py-spy timed out after {timeout:g}s")

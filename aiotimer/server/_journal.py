@@ -1,0 +1,401 @@
+"""The journal of live timers, so that a restarted server still reaps a hung worker.
+
+Why
+---
+A client re-sends its open blocks to a new server with its next request, but a hung
+worker sends nothing: without a record, a server restarted after a crash would never
+reap it. The journal is that record: a small file beside the FIFO naming, per worker,
+its earliest live timer that would signal it.
+
+How this works
+--------------
+The engine tells the journal what happens to timers (:meth:`Journal.acquired`,
+:meth:`~Journal.released`, :meth:`~Journal.cleared`): an acquire earlier than a worker's
+entry becomes its entry at once; only when the entry's own timer goes is the worker's
+earliest timer looked up again, at the next write (one pass over that worker's timers).
+The :meth:`Journal.run` task waits until something changed, encodes every entry and
+hands the bytes to a thread that writes a temporary file and renames it over the
+journal. Writes are at least
+``interval`` apart, so a busy server writes a few times a second, an idle one never; the
+loop's work per write is bounded by the number of workers (capped at ``max_workers``).
+
+Each entry carries the worker's start time (its identity) and the deadline on
+``CLOCK_MONOTONIC``; the file carries the boot id. :meth:`Journal.load`, at the next
+start, drops a journal of another boot, entries of processes that are gone or whose pid
+now names another process (a different start time), and returns the rest as requests.
+A restored deadline already past is moved ``grace`` seconds ahead, and the engine drops a
+worker's restored timers as soon as that worker sends anything: a live client re-sends
+the blocks it still has open, so the journal only speaks for workers that stay silent.
+
+Limits: the journal lags the table by up to ``interval``; a block that ended in that lag
+before a crash, or during the downtime, and whose worker then says nothing until the
+restored deadline (plus ``grace``) has passed, is reaped as if it had hung. Only timers
+that would signal (``signal > 0``) are journaled, and a worker holding more than
+:data:`MAX_SCAN` timers drops out when its earliest one goes, until its next acquire
+(then journaled by that timer, which may not be its earliest: a later deadline, never a
+false one).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import stat
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Final
+
+import anyio
+import anyio.abc
+import anyio.to_thread
+import msgspec
+
+from aiotimer._edges.procfs import read_start_time
+from aiotimer.core._table import ReapOptions, Timer, TimerTable
+from aiotimer.errors import ProcessGoneError
+from aiotimer.wire import Request
+
+__all__ = ["JOURNAL_SUFFIX", "MAX_SCAN", "Journal", "JournalEntry", "boot_id", "journal_path"]
+
+logger = logging.getLogger("aiotimer")
+
+#: The journal of the FIFO ``P`` is ``P + JOURNAL_SUFFIX``.
+JOURNAL_SUFFIX: Final[str] = ".journal"
+_FORMAT: Final[str] = "aiotimer-journal-1"
+_BOOT_ID: Final[str] = "/proc/sys/kernel/random/boot_id"
+#: A worker with more timers than this is left out of the journal when its earliest
+#: timer goes (finding the next one would scan them all in the loop), until its next
+#: acquire.
+MAX_SCAN: Final[int] = 10_000
+#: Bytes per entry a reader accepts at most (an entry is ~150 bytes plus its scope id).
+_MAX_ENTRY_BYTES: Final[int] = 1024
+
+
+def journal_path(
+    journal: bool | str | os.PathLike[str] | None,
+    fifo: str | os.PathLike[str] | None,
+    *,
+    default: bool,
+) -> Path | None:
+    """Where a server keeps its journal: ``journal`` as given (a path, ``True`` for beside
+    ``fifo``, ``False`` for none) or, when ``None``, beside ``fifo`` if ``default``.
+
+    Raises:
+        ValueError: ``journal=True`` without a ``fifo``.
+    """
+    if journal is None:
+        journal = default and fifo is not None
+    if journal is False:
+        return None
+    if journal is True:
+        if fifo is None:
+            raise ValueError("journal=True needs a fifo to put the journal beside")
+        return Path(f"{os.fspath(fifo)}{JOURNAL_SUFFIX}")
+    return Path(journal)
+
+
+class JournalEntry(msgspec.Struct, frozen=True, kw_only=True):
+    """A worker's earliest live timer that would signal it, as journaled."""
+
+    pid: int
+    start_time: int | None
+    scope_id: str
+    mono: float
+    expiration_time: float
+    signal: int
+    grace: float | None = None
+    group: bool = False
+    dump: bool = False
+
+
+class _File(msgspec.Struct, frozen=True, kw_only=True):
+    format: str
+    boot_id: str | None
+    server_pid: int
+    entries: list[JournalEntry]
+
+
+_decoder: Final = msgspec.json.Decoder(_File)
+_encode: Final = msgspec.json.Encoder().encode
+
+
+def boot_id() -> str | None:
+    """This boot's id (Linux), or ``None``: monotonic times and start times are per boot."""
+    try:
+        with open(_BOOT_ID) as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def _entry(timer: Timer, start_time: int | None, mono_to_wall: float) -> JournalEntry:
+    options = timer.options if timer.options is not None else ReapOptions()
+    return JournalEntry(
+        pid=timer.pid,
+        start_time=start_time,
+        scope_id=timer.scope_id,
+        mono=timer.deadline,
+        expiration_time=timer.deadline + mono_to_wall,
+        signal=timer.signal,
+        grace=options.grace,
+        group=options.group,
+        dump=options.dump,
+    )
+
+
+class Journal:
+    """The journal file ``path`` of one server (see the module docs).
+
+    Args:
+        path: the file (mode 0600; the directory must be the server's).
+        interval: the least time between two writes, in seconds.
+        max_workers: the most workers journaled; more are left out (and reported once).
+        grace: seconds a restored deadline that has already passed is moved ahead.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        interval: float = 0.05,
+        max_workers: int = 65536,
+        grace: float = 1.0,
+    ) -> None:
+        self.path = Path(path)
+        self._interval = interval
+        self._max_workers = max_workers
+        self._grace = grace
+        self._entries: dict[int, JournalEntry] = {}
+        self._start_times: dict[int, int | None] = {}
+        self._earliest: dict[int, Timer] = {}  # new earliest timers, not yet written
+        self._recompute: set[int] = set()  # workers whose earliest timer must be looked up
+        self._wakeup = anyio.Event()
+        self._failing = False
+        self._omitted_reported = False
+        #: Workers left out because ``max_workers`` were journaled already.
+        self.omitted = 0
+
+    # -- the engine's side -----------------------------------------------------------
+
+    def acquired(self, timer: Timer) -> None:
+        """``timer`` was set (new or replacing one of the same key)."""
+        pid = timer.pid
+        if pid in self._recompute:
+            return  # the next write looks the worker's earliest timer up anyway
+        entry, pending = self._entries.get(pid), self._earliest.get(pid)
+        if (entry is not None and entry.scope_id == timer.scope_id) or (
+            pending is not None and pending.scope_id == timer.scope_id
+        ):
+            self._earliest.pop(pid, None)  # the earliest timer moved: look it up again
+            self._recompute.add(pid)
+        elif timer.signal > 0:
+            best = math.inf if entry is None else entry.mono
+            if pending is not None:
+                best = pending.deadline
+            if timer.deadline >= best:
+                return
+            self._earliest[pid] = timer
+        else:
+            return
+        self._wakeup.set()
+
+    def released(self, pid: int, scope_id: str) -> None:
+        """The timer ``(pid, scope_id)`` is gone (released or expired)."""
+        entry = self._entries.get(pid)
+        earliest = self._earliest.get(pid)
+        if (entry is not None and entry.scope_id == scope_id) or (
+            earliest is not None and earliest.scope_id == scope_id
+        ):
+            self._earliest.pop(pid, None)
+            self._recompute.add(pid)
+            self._wakeup.set()
+
+    def cleared(self, pid: int) -> None:
+        """Every timer of worker ``pid`` is gone."""
+        self._earliest.pop(pid, None)
+        self._recompute.discard(pid)
+        if self._entries.pop(pid, None) is not None:
+            self._wakeup.set()
+
+    def forget(self, pid: int) -> None:
+        """Worker ``pid`` is gone: drop its entry and its remembered start time."""
+        self._start_times.pop(pid, None)
+        self.cleared(pid)
+
+    # -- restoring -------------------------------------------------------------------
+
+    def load(self, mono_now: float) -> list[Request]:
+        """The requests that restore the journaled timers still valid (see module docs).
+
+        Never raises: an unreadable or malformed journal is reported and ignored.
+        """
+        data = self._read()
+        if data is None:
+            return []
+        try:
+            journal = _decoder.decode(data)
+        except msgspec.DecodeError as exc:
+            logger.error("journal %s is malformed (%s); ignored", self.path, exc)
+            return []
+        if journal.format != _FORMAT or journal.boot_id != boot_id() or boot_id() is None:
+            logger.warning("journal %s is of another boot or format; ignored", self.path)
+            return []
+        restored = []
+        for entry in journal.entries:
+            if entry.pid == os.getpid() or not self._same_process(entry):
+                continue
+            mono = max(entry.mono, mono_now + self._grace)
+            restored.append(
+                Request(
+                    pid=entry.pid,
+                    scope_id=entry.scope_id,
+                    expiration_time=entry.expiration_time + (mono - entry.mono),
+                    signal=entry.signal,
+                    mono=mono,
+                    grace=entry.grace,
+                    group=entry.group,
+                    dump=entry.dump,
+                    start_time=entry.start_time,
+                )
+            )
+        return restored
+
+    def _read(self) -> bytes | None:
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            logger.error("cannot read journal %s (%s); ignored", self.path, exc)
+            return None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+                logger.error("journal %s is not a regular file of this user; ignored", self.path)
+                return None
+            limit = 4096 + self._max_workers * _MAX_ENTRY_BYTES
+            if st.st_size > limit:
+                logger.error("journal %s is larger than %d bytes; ignored", self.path, limit)
+                return None
+            with os.fdopen(os.dup(fd), "rb") as f:
+                return f.read(limit)
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def _same_process(entry: JournalEntry) -> bool:
+        try:
+            now = read_start_time(entry.pid)
+        except ProcessGoneError:
+            return False
+        return now is None or now == entry.start_time
+
+    # -- writing ---------------------------------------------------------------------
+
+    async def run(
+        self,
+        table: TimerTable,
+        mono_to_wall: Callable[[], float],
+        *,
+        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Write the journal whenever timers changed, at most every ``interval`` seconds.
+
+        ``mono_to_wall()`` is the offset from the server's monotonic clock to epoch time.
+        """
+        task_status.started()
+        while True:
+            await self._wakeup.wait()
+            self._wakeup = anyio.Event()
+            self._update(table, mono_to_wall())
+            data = self._encode()
+            try:
+                await anyio.to_thread.run_sync(self._write, data)
+            except OSError as exc:
+                if not self._failing:
+                    logger.error(
+                        "cannot write journal %s (%s); a restarted server may not learn "
+                        "the open timers; retrying",
+                        self.path,
+                        exc,
+                    )
+                self._failing = True
+                self._wakeup.set()  # try again after the interval
+            else:
+                if self._failing:
+                    logger.warning("journal %s is written again", self.path)
+                self._failing = False
+            await anyio.sleep(self._interval)
+
+    def _update(self, table: TimerTable, mono_to_wall: float) -> None:
+        earliest, self._earliest = self._earliest, {}
+        for pid in self._recompute:  # O(timers of the worker), only when its earliest went
+            if table.worker_size(pid) > MAX_SCAN:
+                self._entries.pop(pid, None)  # too many to scan in the loop: left out
+                continue
+            timer = _earliest_signalling(table.worker_timers(pid))
+            if timer is None:
+                self._entries.pop(pid, None)
+            else:
+                earliest[pid] = timer
+        self._recompute = set()
+        for pid, timer in earliest.items():
+            if pid not in self._entries and len(self._entries) >= self._max_workers:
+                self.omitted += 1
+                if not self._omitted_reported:
+                    self._omitted_reported = True
+                    logger.warning(
+                        "journal %s holds %d workers, its maximum; others are left out",
+                        self.path,
+                        self._max_workers,
+                    )
+                continue
+            if pid not in self._start_times:
+                self._start_times[pid] = _start_time(pid)
+            self._entries[pid] = _entry(timer, self._start_times[pid], mono_to_wall)
+
+    def _encode(self) -> bytes:
+        body = _File(
+            format=_FORMAT,
+            boot_id=boot_id(),
+            server_pid=os.getpid(),
+            entries=list(self._entries.values()),
+        )
+        return _encode(body)
+
+    def _write(self, data: bytes) -> None:
+        tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(tmp, flags, 0o600)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, self.path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+
+    def remove(self) -> None:
+        """Delete the journal file (a server that stops on purpose drops its timers)."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+
+
+def _earliest_signalling(timers: Iterable[Timer]) -> Timer | None:
+    best: Timer | None = None
+    for timer in timers:
+        if timer.signal > 0 and (best is None or timer.deadline < best.deadline):
+            best = timer
+    return best
+
+
+def _start_time(pid: int) -> int | None:
+    try:
+        return read_start_time(pid)
+    except ProcessGoneError:
+        return None

@@ -1,0 +1,193 @@
+"""Process trees of supervised workers: find every process a worker left, stop them all.
+
+Each worker is started in its own session (``start_new_session``), so it leads a new
+session and process group whose id is its pid; its children stay in that session (and
+usually that group) unless they call ``setsid()``. :func:`scan` finds processes by
+session or group id, reading ``/proc``. A descendant that escaped with ``setsid()`` and
+lost its parent is found only if the supervisor is a *child subreaper*
+(:func:`become_subreaper`): the kernel then re-parents orphans to it instead of to init,
+and :func:`scan` reports children of this process in a session other than its own.
+
+:func:`terminate` stops what a finder returns: SIGTERM, wait up to ``timeout``, SIGKILL,
+rescanning after every wait (processes may fork while they stop), each process pinned by
+a pidfd (:class:`~aiotimer.reapers._identity.WorkerProcess`) so a recycled pid is never signalled.
+It waits on pidfds, never polls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+from collections.abc import Callable, Collection, Iterator
+from dataclasses import dataclass
+from typing import Final
+
+import anyio
+
+from aiotimer._edges.procfs import EXITED_STATES, stat_fields
+from aiotimer.errors import ProcessGoneError, ReapError, RefusedTargetError
+from aiotimer.reapers._identity import WorkerProcess
+
+__all__ = ["ProcInfo", "become_subreaper", "reap_orphans", "scan", "terminate"]
+
+logger = logging.getLogger("aiotimer")
+
+_PR_SET_CHILD_SUBREAPER: Final[int] = 36
+
+
+def become_subreaper() -> bool:
+    """Make this process a child subreaper (Linux >= 3.4); ``False`` where unsupported."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class ProcInfo:
+    """One process as ``/proc/<pid>/stat`` shows it."""
+
+    pid: int
+    state: str
+    ppid: int
+    pgid: int
+    sid: int
+
+    @property
+    def exited(self) -> bool:
+        """A zombie (or dead) process."""
+        return self.state in EXITED_STATES
+
+
+def _processes() -> Iterator[ProcInfo]:
+    try:
+        names = os.listdir("/proc")
+    except FileNotFoundError:
+        return
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:  # os.open/os.read: half the cost of open() here (no buffered file object)
+            fd = os.open(f"/proc/{name}/stat", os.O_RDONLY)
+        except OSError:
+            continue  # it exited meanwhile
+        try:
+            data = os.read(fd, 4096)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+        if not data:
+            continue
+        fields = stat_fields(data)
+        yield ProcInfo(
+            int(name), fields[0].decode("ascii"), int(fields[1]), int(fields[2]), int(fields[3])
+        )
+
+
+def scan(
+    sessions: Collection[int], *, orphans: bool = False, exclude: Collection[int] = ()
+) -> list[ProcInfo]:
+    """Live processes in one of ``sessions`` (as session or process group id).
+
+    With ``orphans``, also this process's children in a session other than its own
+    (descendants of workers re-parented here by the subreaper). Zombies and ``exclude``
+    are left out.
+    """
+    me, my_sid = os.getpid(), os.getsid(0)
+    found = []
+    for p in _processes():
+        if p.exited or p.pid in exclude or p.pid == me:
+            continue
+        if (
+            p.sid in sessions
+            or p.pgid in sessions
+            or (orphans and p.ppid == me and p.sid != my_sid)
+        ):
+            found.append(p)
+    return found
+
+
+def reap_orphans(exclude: Collection[int]) -> None:
+    """Collect exited re-parented orphans: zombie children of this process in another
+    session than its own, except ``exclude`` (the workers, waited for elsewhere)."""
+    me, my_sid = os.getpid(), os.getsid(0)
+    for p in _processes():
+        if p.exited and p.ppid == me and p.sid != my_sid and p.pid not in exclude:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(p.pid, os.WNOHANG)
+
+
+async def terminate(
+    find: Callable[[], list[int]],
+    *,
+    timeout: float,
+    unkillable_after: float = 5.0,
+    hurry: asyncio.Event | None = None,
+) -> tuple[int, ...]:
+    """Stop every process ``find()`` returns, until it returns none.
+
+    SIGTERM first; what is left ``timeout`` seconds later, or once ``hurry`` is set,
+    gets SIGKILL. Returns the pids still found ``unkillable_after`` seconds after
+    SIGKILL (stuck in the kernel), ``()`` when all are gone.
+    """
+    kill_at = anyio.current_time() + timeout
+    pinned: dict[int, tuple[WorkerProcess, int]] = {}  # pid -> (handle, last signal sent)
+    try:
+        while True:
+            pids = find()
+            now = anyio.current_time()
+            if hurry is not None and hurry.is_set() and now < kill_at:
+                kill_at = now
+            if not pids:
+                return ()
+            sig = int(signal.SIGKILL if now >= kill_at else signal.SIGTERM)
+            if sig == signal.SIGKILL and now >= kill_at + unkillable_after:
+                return tuple(pids)
+            waiting = []
+            for pid in pids:
+                entry = pinned.get(pid)
+                if entry is None:
+                    try:
+                        entry = pinned[pid] = (WorkerProcess.pin(pid), 0)
+                    except (ProcessGoneError, RefusedTargetError):
+                        continue
+                proc, sent = entry
+                if sent != sig:
+                    try:
+                        proc.send_signal(sig)
+                    except ProcessGoneError:
+                        continue
+                    except ReapError as exc:
+                        logger.error("could not stop process %d: %s", pid, exc)
+                    pinned[pid] = (proc, sig)
+                waiting.append(proc)
+            until = kill_at if sig == signal.SIGTERM else kill_at + unkillable_after
+            with anyio.move_on_after(max(0.0, until - now)):
+                async with anyio.create_task_group() as tg:
+                    if hurry is not None and sig == signal.SIGTERM:
+                        tg.start_soon(_cancel_when_set, hurry, tg.cancel_scope)
+                    if waiting:
+                        await _all_exited(waiting)
+                    else:  # found but not pinnable (it exited meanwhile): look again soon
+                        await anyio.sleep(0.01)
+                    tg.cancel_scope.cancel()
+    finally:
+        for proc, _ in pinned.values():
+            proc.close()
+
+
+async def _cancel_when_set(event: asyncio.Event, scope: anyio.CancelScope) -> None:
+    await event.wait()
+    scope.cancel()
+
+
+async def _all_exited(procs: list[WorkerProcess]) -> None:
+    async with anyio.create_task_group() as tg:
+        for proc in procs:
+            tg.start_soon(proc.wait_exit)

@@ -1,0 +1,189 @@
+"""The supervisor's public data: outcomes, snapshots, and the restart coordinator hook;
+and how outcomes, snapshots and summaries are read off the planner's slot records. Pure.
+
+Re-exported by :mod:`aiotimer.supervisor`.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from aiotimer.events import WorkerSummary
+from aiotimer.server._server import Lifecycle, ServerState
+from aiotimer.supervisor._exits import ExitReason
+from aiotimer.supervisor._restart import GiveUp, Restart, RestartPolicy, SlotRecord, WorkerState
+
+if TYPE_CHECKING:
+    from aiotimer.supervisor._supervisor import Supervisor
+
+__all__ = [
+    "Decision",
+    "LocalCoordinator",
+    "RestartCoordinator",
+    "RunOutcome",
+    "SupervisorState",
+    "WorkerFailure",
+    "WorkerSnapshot",
+    "format_summary",
+    "run_outcome",
+    "worker_snapshot",
+    "worker_summaries",
+]
+
+#: What a coordinator may answer: carry this out, or ``None`` (it will call back).
+Decision = Restart | GiveUp
+
+
+class RunOutcome(enum.IntEnum):
+    """How a supervised run ended; the value is ``aiotimer run``'s exit status."""
+
+    SUCCEEDED = 0  #: every worker exited 0
+    FAILED = 1  #: a worker failed for good (a no-restart exit code)
+    #: the supervisor gave up (restart budget exhausted, the timer server could no
+    #: longer watch the workers, or a coordinator's give-up)
+    GAVE_UP = 3
+    STOPPED = 4  #: stopped before every worker finished (aclose, an operator's stop)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSnapshot:
+    """One worker slot, as :meth:`Supervisor.get_state` sees it.
+
+    ``pid`` is the running attempt's (``None`` between attempts); ``uptime`` the running
+    attempt's seconds so far; ``reasons`` why each ended attempt ended.
+    """
+
+    rank: int
+    state: WorkerState
+    pid: int | None
+    restarts: int
+    attempts: int
+    start_failures: int
+    uptime: float | None
+    reasons: tuple[ExitReason, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SupervisorState:
+    """A snapshot of a supervisor: plain typed data (see :meth:`Supervisor.get_state`)."""
+
+    state: Lifecycle
+    run_id: str
+    command: tuple[str, ...]
+    policy: RestartPolicy
+    fifo: Path | None
+    restarts_in_window: int
+    workers: tuple[WorkerSnapshot, ...]
+    outcome: RunOutcome | None
+    gave_up: str | None
+    server: ServerState | None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerFailure:
+    """A worker exit that calls for a restart (or a give-up): given to the coordinator."""
+
+    rank: int
+    pid: int
+    reason: ExitReason
+    start_failure: bool
+
+
+class RestartCoordinator(Protocol):
+    """Who carries out the planner's restart decisions.
+
+    The local default, :class:`LocalCoordinator`, returns the proposal unchanged. A
+    job-wide coordinator (restarts across nodes) may return another decision, or
+    ``None`` to defer: it then calls :meth:`Supervisor.restart_workers` (with the
+    job-wide restart count) or :meth:`Supervisor.give_up` when the job decides. It may
+    run as long as it needs; the supervisor keeps serving meanwhile.
+    """
+
+    async def decide(
+        self, supervisor: Supervisor, failure: WorkerFailure, proposal: Decision
+    ) -> Decision | None:
+        """The decision to carry out for ``failure`` (``proposal`` is the local one)."""
+        ...
+
+
+class LocalCoordinator:
+    """The default :class:`RestartCoordinator`: the local restart policy decides."""
+
+    async def decide(
+        self, supervisor: Supervisor, failure: WorkerFailure, proposal: Decision
+    ) -> Decision | None:
+        """Return ``proposal``."""
+        return proposal
+
+
+def run_outcome(slots: Iterable[SlotRecord], *, gave_up: bool) -> RunOutcome:
+    """How a run ended, from its slots' states and whether a coordinator gave up (e.g. a
+    job-wide give-up, which leaves the slots ``STOPPED``)."""
+    states = {s.state for s in slots}
+    if WorkerState.FATAL in states:
+        return RunOutcome.GAVE_UP
+    if WorkerState.FAILED in states:
+        return RunOutcome.FAILED
+    if gave_up:
+        return RunOutcome.GAVE_UP
+    if states == {WorkerState.SUCCEEDED}:
+        return RunOutcome.SUCCEEDED
+    return RunOutcome.STOPPED
+
+
+def worker_snapshot(slot: SlotRecord, running: tuple[int, float] | None) -> WorkerSnapshot:
+    """``slot`` as a :class:`WorkerSnapshot`; ``running`` is its live attempt's
+    ``(pid, uptime)``, ``None`` between attempts."""
+    return WorkerSnapshot(
+        rank=slot.rank,
+        state=slot.state,
+        pid=None if running is None else running[0],
+        restarts=slot.restarts,
+        attempts=len(slot.attempts) + (running is not None),
+        start_failures=slot.start_failures,
+        uptime=None if running is None else running[1],
+        reasons=tuple(a.reason for a in slot.attempts),
+    )
+
+
+def worker_summaries(slots: Iterable[SlotRecord]) -> tuple[WorkerSummary, ...]:
+    """One line of the final summary per slot: its attempts, why each ended, uptime."""
+    return tuple(
+        WorkerSummary(
+            rank=s.rank,
+            state=s.state.value,
+            attempts=len(s.attempts),
+            restarts=s.restarts,
+            start_failures=s.start_failures,
+            reasons=tuple(a.reason.describe() for a in s.attempts),
+            uptime=sum(a.uptime for a in s.attempts),
+        )
+        for s in slots
+    )
+
+
+def format_summary(workers: Sequence[WorkerSummary]) -> str:
+    """The final summary as a table: one row per worker."""
+    rows = [("rank", "state", "attempts", "start failures", "uptime", "exits")]
+    for w in workers:
+        exits = "; ".join(w.reasons) or "-"
+        rows.append(
+            (
+                str(w.rank),
+                w.state,
+                str(w.attempts),
+                str(w.start_failures),
+                f"{w.uptime:.1f}s",
+                exits,
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    lines = []
+    for r in rows:
+        cells = [c.ljust(widths[i]) for i, c in enumerate(r[:-1])]
+        lines.append("  ".join([*cells, r[-1]]))
+    return "\n".join(lines) + "\n"

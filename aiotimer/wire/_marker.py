@@ -1,0 +1,163 @@
+"""The marker file beside an aiotimer server's FIFO: written by the server, read by clients.
+
+Beside the FIFO ``P`` of an aiotimer server lies ``P + MARKER_SUFFIX``, one JSON object
+that says an aiotimer server (not torch's) reads the pipe, so a client may keep one
+descriptor open and send aiotimer's extension keys. It is written atomically (a temporary
+file renamed over it) once the server reads, and removed when it stops.
+
+The keys are the fields of :class:`Marker`. To publish something new (another socket,
+an identity), add a field with a default: older readers ignore keys they do not know,
+and newer readers see the default in an older server's marker. Readers never raise: a
+missing, unreadable or malformed marker, or one naming another kind of server, reads as
+no marker at all (the client then talks to the FIFO the way torch's server needs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final
+
+import msgspec
+
+from aiotimer.wire._request import MARKER_SUFFIX, PROTOCOL_VERSION
+
+__all__ = [
+    "AIOTIMER",
+    "MARKER_MODE",
+    "Marker",
+    "MarkerFile",
+    "marker_path",
+    "read_live_marker",
+    "read_marker",
+    "remove_marker",
+    "write_marker",
+]
+
+#: The marker's permission bits: clients of other users may need to read it.
+MARKER_MODE: Final[int] = 0o644
+#: The most of a marker file a reader reads (a marker is a few hundred bytes).
+_MAX_MARKER_BYTES: Final[int] = 65536
+#: The ``server`` of every aiotimer marker.
+AIOTIMER: Final[str] = "aiotimer"
+
+
+class Marker(msgspec.Struct, frozen=True, kw_only=True):
+    """What the marker says: which server reads the FIFO, and what else it offers.
+
+    Unknown keys are ignored on reading (a newer server's marker still reads).
+    """
+
+    #: Always :data:`AIOTIMER`: a marker without it, or with another value, is not ours.
+    server: str
+    #: The process reading the FIFO (a client checks it is alive).
+    pid: int | None = None
+    #: The aiotimer version of that server.
+    version: str | None = None
+    #: The wire protocol version (torch's lines: ``1``).
+    protocol: int = PROTOCOL_VERSION
+    #: The path of the server's Unix socket for the same requests, if it offers one.
+    socket: str | None = None
+    #: The device and inode of the FIFO the server reads: a client refuses a path that
+    #: now names another file (e.g. replaced by a symlink to someone else's FIFO).
+    fifo_dev: int | None = None
+    fifo_ino: int | None = None
+    #: The path of the server's control socket (``aiotimer status``), if it serves one.
+    control: str | None = None
+
+    def reads(self, st: os.stat_result) -> bool:
+        """Whether the file ``st`` describes is the FIFO this server reads (``True`` when
+        the marker does not say, as older servers' markers do not)."""
+        if self.fifo_ino is None or self.fifo_dev is None:
+            return True
+        return (st.st_dev, st.st_ino) == (self.fifo_dev, self.fifo_ino)
+
+
+@dataclass(frozen=True, slots=True)
+class MarkerFile:
+    """A marker as read from disk, with the identity of the file it was read from.
+
+    A server that publishes again (a restart, even in the same process) writes a new
+    file, so two reads compare equal only while the same publication is in place.
+    """
+
+    marker: Marker
+    inode: int
+    mtime_ns: int
+
+
+_decoder: Final = msgspec.json.Decoder(Marker)
+
+
+def marker_path(fifo_path: str | os.PathLike[str]) -> str:
+    """Where the marker of the FIFO at ``fifo_path`` lives."""
+    return os.fspath(fifo_path) + MARKER_SUFFIX
+
+
+def read_marker(fifo_path: str | os.PathLike[str]) -> MarkerFile | None:
+    """The marker beside ``fifo_path``, or ``None`` if there is no readable aiotimer one."""
+    try:
+        with open(marker_path(fifo_path), "rb") as f:
+            st = os.fstat(f.fileno())
+            marker = _decoder.decode(f.read(_MAX_MARKER_BYTES))
+    except (OSError, msgspec.DecodeError):
+        return None
+    if marker.server != AIOTIMER:
+        return None
+    if marker.pid is not None and marker.pid <= 0:
+        marker = msgspec.structs.replace(marker, pid=None)
+    return MarkerFile(marker, st.st_ino, st.st_mtime_ns)
+
+
+def read_live_marker(fifo_path: str | os.PathLike[str]) -> MarkerFile | None:
+    """Like :func:`read_marker`, but ``None`` also when the named server has died
+    (a stale marker left behind by a server that was killed)."""
+    found = read_marker(fifo_path)
+    if found is None:
+        return None
+    pid = found.marker.pid
+    if pid is not None and pid != os.getpid():
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass  # alive, owned by another user
+    return found
+
+
+def write_marker(
+    fifo_path: str | os.PathLike[str],
+    marker: Marker,
+    extra: Mapping[str, object] | None = None,
+) -> None:
+    """Publish ``marker`` (plus ``extra`` keys, which never override its fields that are
+    set) atomically beside ``fifo_path``, with mode :data:`MARKER_MODE`. Fields that are
+    ``None`` are left out."""
+    body: dict[str, object] = dict(extra or {})
+    body.update((k, v) for k, v in msgspec.to_builtins(marker).items() if v is not None)
+    path = marker_path(fifo_path)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), MARKER_MODE)
+            f.write(msgspec.json.encode(body))
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def remove_marker(fifo_path: str | os.PathLike[str], pid: int | None = None) -> None:
+    """Remove the marker beside ``fifo_path`` if it names ``pid`` (default: this process);
+    a marker another server published since is left alone."""
+    found = read_marker(fifo_path)
+    if found is not None and found.marker.pid == (os.getpid() if pid is None else pid):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(marker_path(fifo_path))
