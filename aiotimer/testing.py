@@ -1,6 +1,9 @@
 """Public test helpers: deterministic fakes for aiotimer and for code that uses it.
 
-* :class:`FakeClock` — a :class:`~aiotimer.Clock` that moves only when told to.
+* :class:`FakeClock` — a :class:`~aiotimer.Clock` that moves only when told to, or by
+  itself to the next deadline once every task is blocked (:meth:`FakeClock.autojump`).
+* :func:`settle` — wait until every other task of the loop is blocked (exactly: no
+  fixed sleep), the step between "do something" and "look at what it did".
 * :class:`RecordingReaper` — a reaper that records every call and kills nothing.
 * :class:`RecordingClient` — a client (transport) that records the requests of the
   blocks given it, instead of sending them to a server.
@@ -14,6 +17,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import itertools
 import signal
@@ -41,8 +45,43 @@ __all__ = [
     "RecordingReaper",
     "RecordingSink",
     "running_source",
+    "settle",
     "wait_until",
 ]
+
+#: Loop iterations in a row with every other task blocked that :func:`settle` waits for:
+#: a task woken by a callback (``call_soon``) or by I/O readiness becomes runnable
+#: within a few iterations, so one quiet iteration is not yet proof of rest.
+SETTLE_TURNS = 20
+
+
+def _others_blocked(this: asyncio.Task[object] | None) -> bool:
+    for task in asyncio.all_tasks():
+        if task is this:
+            continue
+        waiter = task._fut_waiter  # type: ignore[attr-defined]  # asyncio (and uvloop) tasks
+        if waiter is None or waiter.done():
+            return False
+    return True
+
+
+async def settle(*, turns: int = SETTLE_TURNS, timeout: float = 10.0) -> None:
+    """Return once every other task of the running asyncio loop has been blocked (waiting
+    on a future: input, an event, a fake clock) for ``turns`` loop iterations in a row.
+
+    Unlike ``anyio.wait_all_tasks_blocked()`` on asyncio, which sleeps 0.1 s whenever a
+    task is runnable, this costs only the loop iterations it waits, so a test can settle
+    hundreds of times. A task that blocks on a real timer or on I/O counts as blocked.
+
+    Raises:
+        TimeoutError: the other tasks were still busy after ``timeout`` seconds.
+    """
+    this = asyncio.current_task()
+    quiet = 0
+    with anyio.fail_after(timeout):
+        while quiet < turns:
+            await asyncio.sleep(0)
+            quiet = quiet + 1 if _others_blocked(this) else 0
 
 
 class RecordingClient:
@@ -95,6 +134,7 @@ class FakeClock:
         self._wall_offset = float(wall_offset)
         self._sleepers: list[tuple[float, int, anyio.Event]] = []
         self._seq = itertools.count()
+        self._new_sleeper: anyio.Event | None = None
 
     def monotonic(self) -> float:
         """The fake monotonic time."""
@@ -127,7 +167,46 @@ class FakeClock:
             return
         event = anyio.Event()
         heapq.heappush(self._sleepers, (deadline, next(self._seq), event))
+        if self._new_sleeper is not None:
+            self._new_sleeper.set()
         await event.wait()
+
+    async def jump(self) -> float | None:
+        """:func:`settle`, then advance to the earliest sleeper's deadline (if any) and
+        settle again; returns the time jumped to, or ``None`` when nobody sleeps."""
+        await settle()
+        wakeup = self.next_wakeup()
+        if wakeup is None:
+            return None
+        self.advance(max(0.0, wakeup - self._now))
+        await settle()
+        return wakeup
+
+    @asynccontextmanager
+    async def autojump(self) -> AsyncIterator[None]:
+        """Inside the block, time jumps by itself to the next sleeper's deadline whenever
+        every task is blocked (trio's ``MockClock(autojump_threshold=0)``): a test of
+        timeouts runs at once, without choosing how far to advance. Tasks blocked on
+        real I/O count as blocked, so only use it where the fake clock drives the test.
+        """
+
+        async def jumper() -> None:
+            while True:
+                await settle()
+                wakeup = self.next_wakeup()
+                if wakeup is None:
+                    self._new_sleeper = anyio.Event()
+                    await self._new_sleeper.wait()
+                    self._new_sleeper = None
+                else:
+                    self.advance(max(0.0, wakeup - self._now))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(jumper, name="aiotimer-fakeclock-autojump")
+            try:
+                yield
+            finally:
+                tg.cancel_scope.cancel()
 
     def __repr__(self) -> str:
         return f"<FakeClock monotonic={self._now:.6f} sleepers={len(self._sleepers)}>"

@@ -42,6 +42,7 @@ from aiotimer.client import (
 )
 from aiotimer.client._transport import delivered_late
 from aiotimer.errors import ClientBackpressureError, NotConfiguredError, ServerUnavailableError
+from aiotimer.testing import settle
 from aiotimer.wire import (
     ENV_FIFO,
     MARKER_SUFFIX,
@@ -715,7 +716,7 @@ async def test_queue_client_async_waits_for_room() -> None:
     await client.send_async(acquire("a"))
     async with anyio.create_task_group() as tg:
         tg.start_soon(client.send_async, acquire("b"))
-        await anyio.wait_all_tasks_blocked()  # the sender waits (by awaiting) for room
+        await settle()  # the sender waits (by awaiting) for room
         assert q.qsize() == 1
         assert q.get_nowait().scope_id == "a"
     assert q.get_nowait().scope_id == "b"

@@ -7,7 +7,7 @@ import anyio
 import pytest
 
 from aiotimer import Clock, MonotonicClock
-from aiotimer.testing import FakeClock
+from aiotimer.testing import FakeClock, settle
 
 
 def test_clocks_satisfy_protocol() -> None:
@@ -40,10 +40,10 @@ async def test_fake_clock_sleep_until_wakes_on_advance() -> None:
     async with anyio.create_task_group() as tg:
         tg.start_soon(sleeper, 3.0)
         tg.start_soon(sleeper, 1.0)
-        await anyio.wait_all_tasks_blocked()
+        await settle()
         assert clock.next_wakeup() == 1.0
         clock.advance(1.0)
-        await anyio.wait_all_tasks_blocked()
+        await settle()
         assert woke == [1.0]
         clock.advance(5.0)
     assert woke == [1.0, 6.0]

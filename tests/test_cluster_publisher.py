@@ -27,7 +27,7 @@ from aiotimer.cluster._store import Entry
 from aiotimer.errors import NodeNameTakenError
 from aiotimer.events import WorkerReaped
 from aiotimer.supervisor._restart import Backoff, RestartPolicy
-from aiotimer.testing import FakeClock, MemoryStore
+from aiotimer.testing import FakeClock, MemoryStore, settle
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -46,11 +46,11 @@ class Node:
         return self.status
 
 
-async def settle(clock: FakeClock, seconds: float = 0.0) -> None:
-    """Advance the fake clock, then let every task run until all are blocked."""
-    await anyio.wait_all_tasks_blocked()
+async def advance(clock: FakeClock, seconds: float = 0.0) -> None:
+    """Let every task run until all are blocked, advance the fake clock, settle again."""
+    await settle()
     clock.advance(seconds)
-    await anyio.wait_all_tasks_blocked()
+    await settle()
 
 
 async def record(store: MemoryStore, name: str = "a") -> NodeRecord | None:
@@ -82,16 +82,16 @@ async def test_publishes_changes_rate_limited_and_heartbeats() -> None:
         writes = pub.published
         node.status = NodeStatus(role="supervisor", live_timers=2)
         pub.changed()
-        await settle(clock)
+        await advance(clock)
         assert pub.published == writes, "a change right after a write waits min_interval"
-        await settle(clock, 1.0)
+        await advance(clock, 1.0)
         rec = await record(store)
         assert rec is not None
         assert (rec.live_timers, rec.workers) == (2, ())
         # Unchanged: rewritten (and the lease kept alive) once per heartbeat only.
         writes = pub.published
         for _ in range(5):
-            await settle(clock, 1.0)
+            await advance(clock, 1.0)
         assert pub.published == writes + 5
         assert (await record(store)) is not None, "the lease was kept alive past its TTL"
     assert await record(store) is None, "a clean stop revokes the lease"
@@ -107,7 +107,7 @@ async def test_reaps_are_recorded_with_rank_and_published_within_min_interval() 
     clock, node = FakeClock(), Node()
     store = MemoryStore(clock)
     async with publisher(store, clock, node) as pub:
-        await settle(clock, 2.0)
+        await advance(clock, 2.0)
         pub.on_event(
             WorkerReaped(
                 time=clock.time(),
@@ -119,7 +119,7 @@ async def test_reaps_are_recorded_with_rank_and_published_within_min_interval() 
                 steps=1,
             )
         )
-        await settle(clock, 1.0)
+        await advance(clock, 1.0)
         rec = await record(store)
         assert rec is not None
         assert [(r.pid, r.rank, r.scopes, r.signal) for r in rec.last_reaps] == [
@@ -170,11 +170,11 @@ async def test_an_outage_longer_than_the_ttl_reclaims_the_name_with_a_new_lease(
         first_lease = pub.lease
         store.go_down()
         for _ in range(5):  # 5 s down, TTL 3 s: the lease expires meanwhile
-            await settle(clock, 1.0)
+            await advance(clock, 1.0)
         store.come_back()
         store.expire_leases()
         assert await record(store) is None
-        await settle(clock, 1.0)
+        await advance(clock, 1.0)
         rec = await record(store)
         assert rec is not None, "republished after the outage"
         assert pub.lease != first_lease
@@ -200,9 +200,9 @@ async def test_a_killed_node_shows_lost_once_its_lease_expires() -> None:
                 store.go_down()  # b cannot say it left: as if it were SIGKILLed
                 scope.cancel()
         store.come_back()
-        await settle(clock, 1.0)  # a keeps its lease alive
-        await settle(clock, 1.0)
-        await settle(clock, 1.5)  # b's TTL (3 s) has run out
+        await advance(clock, 1.0)  # a keeps its lease alive
+        await advance(clock, 1.0)
+        await advance(clock, 1.5)  # b's TTL (3 s) has run out
         store.expire_leases()
         view = await read_view(store, "job", now=clock.time())
         assert [(r.node, r.status) for r in view.nodes] == [("a", "running"), ("b", "lost")]
@@ -227,13 +227,13 @@ async def test_job_restarts_bump_once_and_every_follower_sees_it() -> None:
     async with anyio.create_task_group() as tg:
         tg.start_soon(follow, a)
         tg.start_soon(follow, b)
-        await settle(clock)
+        await advance(clock)
         assert [r.generation for r in seen["a"]] == [0], "a node starts at the current one"
         bumped = await b.request(seen=0, rank=1, reason="reaped by timer 'step'")
         assert (bumped.generation, bumped.node, bumped.rank, bumped.delay) == (1, "b", 1, 0.5)
         # a's worker failed in the same wave: the job already restarted.
         assert (await a.request(seen=0, rank=0, reason="killed")).generation == 1
-        await settle(clock)
+        await advance(clock)
         for name in "ab":
             assert [r.generation for r in seen[name]] == [0, 1]
         # A late node catches up with the current generation.
@@ -244,12 +244,12 @@ async def test_job_restarts_bump_once_and_every_follower_sees_it() -> None:
                 late.append(rec)
 
         tg.start_soon(follow_late)
-        await settle(clock)
+        await advance(clock)
         assert [r.generation for r in late] == [1]
         # The budget (1 restart in 60 s) is spent: the next failure gives the job up.
         final = await a.request(seen=1, rank=0, reason="crashed (exit code 1)")
         assert final.gave_up is not None
-        await settle(clock)
+        await advance(clock)
         assert seen["b"][-1].gave_up == final.gave_up
         tg.cancel_scope.cancel()
 
@@ -268,12 +268,12 @@ async def test_followers_survive_an_outage_and_catch_up() -> None:
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(follow)
-        await settle(clock)
+        await advance(clock)
         store.go_down()
-        await settle(clock)
+        await advance(clock)
         store.come_back()
         await store.put(a.key, encode(GenerationRecord(generation=3)))  # written meanwhile
-        await settle(clock, 1.0)
+        await advance(clock, 1.0)
         assert seen == [0, 3]
         tg.cancel_scope.cancel()
 

@@ -26,7 +26,7 @@ from aiotimer import events as ev
 from aiotimer.control import ControlClient, StatusSnapshot
 from aiotimer.errors import ControlError, ServerUnavailableError
 from aiotimer.server import TimerServer
-from aiotimer.testing import MemorySource, RecordingReaper, wait_until
+from aiotimer.testing import MemorySource, RecordingReaper, settle, wait_until
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(30)]
 
@@ -223,7 +223,7 @@ async def test_events_iterator_ends_when_the_server_stops(tmp_path: Path) -> Non
                 kinds.append(event.kind)
 
         tg.start_soon(read)
-        await anyio.wait_all_tasks_blocked()
+        await settle()
         async with server:
             server.acquire("x", 0, pid=4242)
             await wait_until(lambda: "worker_reaped" in kinds)

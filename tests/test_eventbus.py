@@ -7,6 +7,7 @@ import pytest
 
 from aiotimer.events import Event, WorkerUnknown
 from aiotimer.server._eventbus import EventBus
+from aiotimer.testing import settle
 
 
 def event(i: int) -> Event:
@@ -36,7 +37,7 @@ async def test_a_slow_subscriber_loses_events_but_never_blocks() -> None:
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(read)
-        await anyio.wait_all_tasks_blocked()
+        await settle()
         for i in range(5):  # no checkpoint: the reader cannot keep up
             bus.publish(event(i))
         assert bus.dropped == 2  # the waiting reader took one, the buffer two

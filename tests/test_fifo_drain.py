@@ -30,7 +30,7 @@ from aiotimer import TimerServer
 from aiotimer.events import Event, TimerExpired
 from aiotimer.sources import fifo
 from aiotimer.sources.fifo import FifoSource
-from aiotimer.testing import FakeClock, RecordingReaper
+from aiotimer.testing import FakeClock, RecordingReaper, settle
 from aiotimer.wire import Request, encode
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(30)]
@@ -98,7 +98,7 @@ async def rig(tmp_path: pathlib.Path) -> AsyncIterator[Rig]:
         gc.freeze()
         try:
             capacity = fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ)
-            await anyio.wait_all_tasks_blocked()
+            await settle()
             yield Rig(server, clock, reaper, events, fd, capacity)
         finally:
             gc.unfreeze()
@@ -206,7 +206,7 @@ async def test_a_release_split_across_the_readers_partial_line_wins(
         r.server.submit(Request(DUE, "a", 1.0, KILL, mono=1.0))
         line = release(DUE, "a")
         os.write(r.fd, line[:30])
-        await anyio.wait_all_tasks_blocked()  # the reader holds the first 30 bytes
+        await settle()  # the reader holds the first 30 bytes
         r.write(line[30:] + flood(1000))
         r.stall_until(1.0)
         assert r.reaper.signals() == []

@@ -49,7 +49,7 @@ from aiotimer.server import Lifecycle, ReapRetry, TimerServer, TimerServerThread
 from aiotimer.server._engine import EXPIRE_BUDGET
 from aiotimer.sources import RequestSink
 from aiotimer.sources._base import draining
-from aiotimer.testing import FakeClock, MemorySource, RecordingReaper
+from aiotimer.testing import FakeClock, MemorySource, RecordingReaper, settle
 from aiotimer.wire import Decoded
 
 E = TypeVar("E", bound=Event)
@@ -79,11 +79,6 @@ class Rig:
     async def advance(self, seconds: float) -> None:
         self.clock.advance(seconds)
         await settle()
-
-
-async def settle() -> None:
-    """Let every task run until all are blocked (on the fake clock, or on input)."""
-    await anyio.wait_all_tasks_blocked()
 
 
 @asynccontextmanager

@@ -29,7 +29,7 @@ from aiotimer.events import (
 )
 from aiotimer.server import TimerServer
 from aiotimer.sources.socket import SocketSource, _Connection, peer_credentials
-from aiotimer.testing import RecordingSink, running_source, wait_until
+from aiotimer.testing import RecordingSink, running_source, settle, wait_until
 from aiotimer.wire import MARKER_SUFFIX, Request, encode
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(30), pytest.mark.asyncio]
@@ -119,7 +119,7 @@ async def test_connections_do_not_mix_partial_lines(sock_path: pathlib.Path) -> 
         with connect(sock_path) as a, connect(sock_path) as b:
             a.sendall(one[:20])
             b.sendall(two[:30])
-            await anyio.wait_all_tasks_blocked()
+            await settle()
             b.sendall(two[30:])
             a.sendall(one[20:])
             await wait_until(lambda: len(sink.requests) == 2)
