@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Final
 
-from aiotimer._edges.files import private_dump_dir
 from aiotimer.client._dump_hook import (
     ensure_dump_handler,
     install_dump_handler,
+    private_dump_dir,
     uninstall_dump_handler,
 )
 from aiotimer.client._task_stacks import format_tasks

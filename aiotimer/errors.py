@@ -24,6 +24,7 @@ __all__ = [
     "ServerUnavailableError",
     "SourceError",
     "StoreUnavailableError",
+    "UnsafePathError",
 ]
 
 
@@ -94,3 +95,9 @@ class LaunchError(AiotimerError):
 class ControlError(AiotimerError):
     """The control socket cannot be set up (path too long, taken by a live server, not a
     socket), or a control request failed (the message has the server's answer)."""
+
+
+class UnsafePathError(AiotimerError, OSError):
+    """A file or directory aiotimer owns is refused: a symlink, a FIFO or a device where
+    a regular file belongs, another user's, open to others' writes, or too large to read
+    (the message names the path, what is wrong and what to do)."""

@@ -24,6 +24,7 @@ from aiotimer.diagnostics import (
     private_dump_dir,
     uninstall_dump_handler,
 )
+from aiotimer.errors import UnsafePathError
 
 
 def _never(signum: int) -> None:
@@ -33,7 +34,7 @@ def _never(signum: int) -> None:
 def test_a_planted_fifo_never_blocks_the_worker(tmp_path: Path) -> None:
     os.chmod(tmp_path, 0o700)
     os.mkfifo(dump_path_for(os.getpid(), tmp_path))
-    with pytest.raises(FileExistsError, match="not a regular file"):
+    with pytest.raises(UnsafePathError, match="it is a FIFO, not a regular file"):
         install_dump_handler(dump_dir=tmp_path)  # O_EXCL: it never opens the FIFO
 
 
@@ -55,13 +56,13 @@ def test_a_dump_dir_others_can_write_is_refused(
     shared = tmp_path / "shared"
     shared.mkdir()
     os.chmod(shared, 0o777)
-    with pytest.raises(PermissionError, match="writable by group or others"):
+    with pytest.raises(UnsafePathError, match=r"group or others may write to it \(mode 0777\)"):
         private_dump_dir(shared)
     monkeypatch.setenv(diagnostics.ENV_DUMP_DIR, str(shared))
     assert ensure_dump_handler() is None  # reported, never raised
     link = tmp_path / "link"
     link.symlink_to(tmp_path)
-    with pytest.raises(NotADirectoryError):
+    with pytest.raises(UnsafePathError, match="symbolic link"):
         private_dump_dir(link)
     fresh = private_dump_dir(tmp_path / "fresh")
     assert fresh.stat().st_mode & 0o777 == 0o700

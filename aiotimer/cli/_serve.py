@@ -10,7 +10,6 @@ import gc
 import signal
 import sys
 
-from aiotimer._edges.files import private_dump_dir
 from aiotimer._edges.logs import queued_logging
 from aiotimer.cli._args import (
     add_log_level_argument,
@@ -28,6 +27,7 @@ from aiotimer.cli._status import log_summary
 from aiotimer.cluster._cli import add_node_arguments, node_config, publishing, server_status
 from aiotimer.cluster._publisher import NodePublisher
 from aiotimer.core._stats_format import format_summaries
+from aiotimer.diagnostics import private_dump_dir
 from aiotimer.errors import AiotimerError
 from aiotimer.events import Event, ServerStopped, SourceFailed
 from aiotimer.reapers._kill_policy import KillPolicy

@@ -53,7 +53,6 @@ import faulthandler
 import logging
 import os
 import signal
-import stat
 import threading
 import time
 import types
@@ -61,7 +60,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from aiotimer._edges.files import private_dump_dir
+from aiotimer._edges.files import check_private_dir, create_exclusive, make_private_dir
 from aiotimer._edges.procfs import read_start_time
 from aiotimer.client._task_stacks import format_tasks
 from aiotimer.errors import ProcessGoneError
@@ -90,23 +89,23 @@ __all__ = [
 logger = logging.getLogger("aiotimer")
 
 
-def _create_exclusively(target: Path) -> int:
-    """Create ``target`` (mode 0600) for appending; never open a file that was there.
+def private_dump_dir(
+    dump_dir: str | os.PathLike[str] | None = None, *, create: bool = True
+) -> Path:
+    """:func:`dump_dir_for` ``(dump_dir)``, checked: a directory (not a symlink) of this
+    user that neither group nor others can write to. Created with mode 0700 when missing
+    and ``create`` (its parent must exist).
 
-    A stale regular file of this user (a dead process with the same pid) is removed
-    and the creation tried once more; anything else in the way is refused.
+    Raises:
+        UnsafePathError: it is not private (the message says why and what to do).
+        OSError: it cannot be created, or is missing and not ``create``.
     """
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW
-    try:
-        return os.open(target, flags, 0o600)
-    except FileExistsError:
-        st = os.lstat(target)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
-            raise FileExistsError(
-                f"{target} exists and is not a regular file of this user; refusing to use it"
-            ) from None
-        os.unlink(target)
-        return os.open(target, flags, 0o600)
+    path = dump_dir_for(dump_dir)
+    if create:
+        make_private_dir(path, what="dump directory")
+    else:
+        check_private_dir(path, what="dump directory")
+    return path
 
 
 # -- worker side ------------------------------------------------------------------------
@@ -171,7 +170,7 @@ def install_dump_handler(
     pid = os.getpid()
     default_path = path is None
     target = Path(path) if path is not None else dump_path_for(pid, private_dump_dir(dump_dir))
-    fd = _create_exclusively(target)
+    fd = create_exclusive(target, 0o600, what="dump file")
     try:
         header = f"{HEADER_TAG} pid={pid} start={_start_time_field(pid)} signal={signum}\n"
         _write_all(fd, header.encode())

@@ -7,8 +7,8 @@ and waits, bounded, for the end marker (:func:`read_dump`).
 
 Nothing here can block the event loop on a file an outsider controls: the file is
 opened ``O_NONBLOCK | O_NOFOLLOW`` and read only if it is a regular file of this user in
-a private directory (:func:`~aiotimer.diagnostics.private_dump_dir`), and every open and
-read runs in a worker thread. A worker without the hook is never signalled: the default action of
+a private directory (:mod:`aiotimer._edges.files`), and every open and read runs in a
+worker thread. A worker without the hook is never signalled: the default action of
 ``SIGUSR1`` would kill it. :func:`py_spy_dump` is the external fallback when ``py-spy``
 is installed. The worker side (the hook, the file's format) is :mod:`aiotimer.diagnostics`.
 """
@@ -19,7 +19,6 @@ import logging
 import math
 import os
 import shutil
-import stat
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ from pathlib import Path
 import anyio
 import anyio.to_thread
 
-from aiotimer._edges.files import private_dump_dir
+from aiotimer._edges.files import check_private_dir, open_owned
 from aiotimer._edges.procfs import read_start_time
 from aiotimer.errors import ProcessGoneError
 from aiotimer.wire._dumpfile import (
@@ -104,16 +103,8 @@ def _open_checked(path: Path) -> int:
     Raises:
         OSError: it is anything else (a FIFO, a symlink, another user's file ...).
     """
-    private_dump_dir(path.parent, create=False)
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
-            raise PermissionError(f"{path} is not a regular file of this user; not read")
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+    check_private_dir(path.parent, what="dump directory")
+    return open_owned(path, what="dump file")
 
 
 def hook_info(pid: int, dump_dir: str | os.PathLike[str] | None = None) -> HookInfo | None:
