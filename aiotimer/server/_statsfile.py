@@ -6,27 +6,42 @@ statistics; :meth:`StatsFile.run` rewrites the file every ``interval`` seconds w
 the statistics change, and :meth:`StatsFile.save` once more on a clean stop. A write is
 atomic (a temporary file renamed over the old one, after ``fsync``), so a crash leaves
 the previous snapshot or the new one, never a torn file. The state is copied in the
-loop; the disk work runs in a worker thread.
+loop; the periodic disk work runs in a worker thread.
+
+The file sits beside the event log, maybe in a shared directory, so it is opened only
+through :mod:`aiotimer._edges.files`: the load (in the loop, at start) reads a regular
+file of this user of at most :data:`MAX_STATS_BYTES`, never blocking, and anything else
+there is reported and ignored; a save never writes through a symlink and never replaces
+anything but a regular file of this user.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 from pathlib import Path
+from typing import Final
 
 import anyio
 import anyio.abc
 import msgspec
 
+from aiotimer._edges.files import read_owned, write_atomic
 from aiotimer.core._stats import DurationStats, StatsState
 
-__all__ = ["StatsFile", "stats_path_for"]
+__all__ = ["MAX_STATS_BYTES", "StatsFile", "stats_path_for"]
 
 logger = logging.getLogger("aiotimer")
 
 _encode = msgspec.json.Encoder().encode
+_WHAT: Final[str] = "statistics file"
+
+#: The largest statistics file loaded (at start, in the loop, before any source is
+#: served). A site takes ~1.3 KB when its durations span a factor of 10,000, and a
+#: server keeps at most 10,000 sites (``max_sites``): 13 MB, which loads in ~0.45 s
+#: here (read 20 ms, decode 0.22 s, merge 0.2 s). Twice and a half that bounds the
+#: start-up cost of any file that can be there.
+MAX_STATS_BYTES: Final[int] = 32 * 1024 * 1024
 
 
 def stats_path_for(event_log: str | os.PathLike[str]) -> Path:
@@ -44,10 +59,11 @@ class StatsFile:
 
     def load_into(self, stats: DurationStats) -> bool:
         """Merge the saved statistics into ``stats``; ``False`` (and a logged warning) if
-        the file is missing, unreadable or of another precision."""
+        the file is missing, unreadable, not a regular file of this user, larger than
+        :data:`MAX_STATS_BYTES` or of another precision. Never blocks on the file."""
         try:
-            state = msgspec.json.decode(self.path.read_bytes(), type=StatsState)
-            stats.merge_state(state)
+            data = read_owned(self.path, MAX_STATS_BYTES, what=_WHAT)
+            stats.merge_state(msgspec.json.decode(data, type=StatsState))
         except FileNotFoundError:
             return False
         except (OSError, ValueError, msgspec.DecodeError) as exc:
@@ -84,14 +100,7 @@ class StatsFile:
         return stats.to_state()
 
     def _write(self, data: bytes) -> None:
-        tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
         try:
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
+            write_atomic(self.path, data, 0o600, what=_WHAT)
         except OSError as exc:
             logger.error("could not save statistics to %s: %s", self.path, exc)
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
