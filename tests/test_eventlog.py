@@ -26,11 +26,40 @@ async def test_a_file_that_cannot_be_opened_is_a_typed_error(tmp_path: Path) -> 
 
 
 @pytest.mark.asyncio
+@pytest.mark.parametrize("plant", ["fifo", "symlink", "device", "foreign"])
+async def test_anything_but_a_regular_file_of_this_user_is_refused(
+    tmp_path: Path, plant: str
+) -> None:
+    path, outside = tmp_path / "log.jsonl", tmp_path / "outside"
+    outside.write_bytes(b"keep")
+    if plant == "fifo":
+        os.mkfifo(path)
+    elif plant == "symlink":
+        path.symlink_to(outside)
+    elif plant == "device":
+        path = Path("/dev/null")
+    else:
+        if os.geteuid() != 0:
+            pytest.skip("needs root to give a file to another user")
+        path.touch()
+        os.chown(path, 65534, 65534)
+    log = EventLog(path)
+    with anyio.fail_after(5), pytest.raises(EventLogError, match=f"refusing the event log {path}"):
+        await log.run(task_status=anyio.TASK_STATUS_IGNORED)
+    assert outside.read_bytes() == b"keep"
+
+
+@pytest.mark.asyncio
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
 async def test_a_write_error_is_reported_and_counted_never_raised(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    log = EventLog("/dev/full", retry_interval=0.05)  # every write fails with ENOSPC
+    # Every write fails with ENOSPC: the log's own opener refuses a device, so hand it one.
+    monkeypatch.setattr(
+        "aiotimer._edges.eventlog.open_owned_append",
+        lambda *args, **kwargs: os.open("/dev/full", os.O_WRONLY | os.O_CLOEXEC),
+    )
+    log = EventLog("/dev/full", retry_interval=0.05)
     with caplog.at_level(logging.ERROR, logger="aiotimer"):
         async with anyio.create_task_group() as tg:
             await tg.start(log.run)

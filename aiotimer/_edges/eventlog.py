@@ -5,7 +5,10 @@ How this works
 The loop never waits for the disk. :meth:`EventLog.put` appends the event to an
 in-memory queue and returns; the :meth:`EventLog.run` task encodes what is queued, in
 slices of :data:`MAX_BATCH` events, and writes each slice with one unbuffered append in
-a worker thread (``aiofiles``), so a slow or hung disk holds up only the log.
+a worker thread (``aiofiles``), so a slow or hung disk holds up only the log. The file
+is opened through :func:`~aiotimer._edges.files.open_owned_append`: a symlink, a FIFO,
+a device or another user's file in its place is refused at start, never written to or
+waited on.
 
 Bounded noise, unbounded audit: events that outsiders can cause at any rate
 (:data:`NOISE`: rejected input, unknown workers, per-request events) take at most
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import collections
 import errno
+import functools
 import logging
 import math
 import os
@@ -43,7 +47,8 @@ import anyio
 import anyio.abc
 import msgspec
 
-from aiotimer.errors import EventLogError
+from aiotimer._edges.files import open_owned_append
+from aiotimer.errors import EventLogError, UnsafePathError
 from aiotimer.events import (
     Event,
     EventsLost,
@@ -79,7 +84,8 @@ class EventLog:
     """Appends events to ``path`` as JSON lines without ever blocking the caller.
 
     Args:
-        path: the file (opened for appending, created with mode 0644 minus umask).
+        path: the file (opened for appending, created with mode 0644 minus umask); it
+            must be a regular file of this user if it exists.
         max_queued: the most noise events (see :data:`NOISE`) waiting to be written.
         max_noise_rate: the most rejected-input and unknown-worker events logged per
             second.
@@ -163,15 +169,25 @@ class EventLog:
         """Open the file (append), then write queued events until :meth:`close`.
 
         Raises:
-            EventLogError: the file cannot be opened (before ``task_status.started()``).
+            EventLogError: the file cannot be opened, or is refused (not a regular file
+                of this user), before ``task_status.started()``.
         """
         try:
-            f = await aiofiles.open(self.path, "ab", buffering=0)
+            fd = await anyio.to_thread.run_sync(
+                functools.partial(open_owned_append, self.path, 0o644, what="event log")
+            )
+        except UnsafePathError as exc:
+            raise EventLogError(str(exc)) from exc
         except OSError as exc:
             raise EventLogError(
                 f"cannot append to the event log {self.path}: {_why(exc)}; give a "
                 "writable file path in an existing directory"
             ) from exc
+        try:
+            f = await aiofiles.open(fd, "ab", buffering=0)
+        except BaseException:
+            os.close(fd)
+            raise
         try:
             task_status.started()
             while True:
