@@ -131,3 +131,29 @@ async def test_a_huge_worker_is_left_out_rather_than_scanned_in_the_loop(
         journal.acquired(earlier)
         await wait_until(lambda: _written(path) != [] and _written(path)[0]["scope_id"] == "early")
         tg.cancel_scope.cancel()
+
+
+@pytest.mark.asyncio
+async def test_a_squatted_journal_is_never_read_written_through_or_removed(
+    tmp_path: Path, sleeper: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    path, outside = tmp_path / "j", tmp_path / "outside"
+    outside.write_bytes(b"keep")
+    os.mkfifo(path)
+    with anyio.fail_after(2):  # a FIFO: refused at once, never waited on
+        assert Journal(path).load(time.monotonic()) == []
+    path.unlink()
+    path.symlink_to(outside)
+    journal, table = Journal(path, interval=0.01), TimerTable()
+    timer = Timer(sleeper, "s", 100.0, 9)
+    table.acquire(timer)
+    journal.acquired(timer)
+    async with anyio.create_task_group() as tg:
+        await tg.start(journal.run, table, lambda: 0.0)
+        await wait_until(lambda: "cannot write journal" in caplog.text)
+        tg.cancel_scope.cancel()
+    assert "refusing the journal" in caplog.text
+    journal.remove()
+    assert "cannot remove journal" in caplog.text
+    assert path.is_symlink() and outside.read_bytes() == b"keep"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["j", "outside"]

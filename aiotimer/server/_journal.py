@@ -15,7 +15,8 @@ entry becomes its entry at once; only when the entry's own timer goes is the wor
 earliest timer looked up again, at the next write (one pass over that worker's timers).
 The :meth:`Journal.run` task waits until something changed, encodes every entry and
 hands the bytes to a thread that writes a temporary file and renames it over the
-journal. Writes are at least
+journal (:func:`~aiotimer._edges.files.write_atomic`: never through a symlink, never
+over anything but a regular file of this user; read back the same way, capped). Writes are at least
 ``interval`` apart, so a busy server writes a few times a second, an idle one never; the
 loop's work per write is bounded by the number of workers (capped at ``max_workers``).
 
@@ -38,11 +39,9 @@ false one).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import os
-import stat
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Final
@@ -52,12 +51,21 @@ import anyio.abc
 import anyio.to_thread
 import msgspec
 
+from aiotimer._edges.files import read_owned, remove_owned, write_atomic
 from aiotimer._edges.procfs import read_start_time
 from aiotimer.core._table import ReapOptions, Timer, TimerTable
 from aiotimer.errors import ProcessGoneError
 from aiotimer.wire import Request
 
-__all__ = ["JOURNAL_SUFFIX", "MAX_SCAN", "Journal", "JournalEntry", "boot_id", "journal_path"]
+__all__ = [
+    "JOURNAL_SUFFIX",
+    "MAX_SCAN",
+    "RETRY_INTERVAL",
+    "Journal",
+    "JournalEntry",
+    "boot_id",
+    "journal_path",
+]
 
 logger = logging.getLogger("aiotimer")
 
@@ -71,6 +79,9 @@ _BOOT_ID: Final[str] = "/proc/sys/kernel/random/boot_id"
 MAX_SCAN: Final[int] = 10_000
 #: Bytes per entry a reader accepts at most (an entry is ~150 bytes plus its scope id).
 _MAX_ENTRY_BYTES: Final[int] = 1024
+_WHAT: Final[str] = "journal"
+#: Seconds between attempts while writing fails (a full disk, a squatted path).
+RETRY_INTERVAL: Final[float] = 1.0
 
 
 def journal_path(
@@ -263,26 +274,14 @@ class Journal:
         return restored
 
     def _read(self) -> bytes | None:
+        limit = 4096 + self._max_workers * _MAX_ENTRY_BYTES
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+            return read_owned(self.path, limit, what=_WHAT)
         except FileNotFoundError:
             return None
         except OSError as exc:
             logger.error("cannot read journal %s (%s); ignored", self.path, exc)
             return None
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
-                logger.error("journal %s is not a regular file of this user; ignored", self.path)
-                return None
-            limit = 4096 + self._max_workers * _MAX_ENTRY_BYTES
-            if st.st_size > limit:
-                logger.error("journal %s is larger than %d bytes; ignored", self.path, limit)
-                return None
-            with os.fdopen(os.dup(fd), "rb") as f:
-                return f.read(limit)
-        finally:
-            os.close(fd)
 
     @staticmethod
     def _same_process(entry: JournalEntry) -> bool:
@@ -317,17 +316,18 @@ class Journal:
                 if not self._failing:
                     logger.error(
                         "cannot write journal %s (%s); a restarted server may not learn "
-                        "the open timers; retrying",
+                        "the open timers; retrying every %g s",
                         self.path,
                         exc,
+                        RETRY_INTERVAL,
                     )
                 self._failing = True
-                self._wakeup.set()  # try again after the interval
+                self._wakeup.set()  # try again after the retry interval
             else:
                 if self._failing:
                     logger.warning("journal %s is written again", self.path)
                 self._failing = False
-            await anyio.sleep(self._interval)
+            await anyio.sleep(max(self._interval, RETRY_INTERVAL if self._failing else 0.0))
 
     def _update(self, table: TimerTable, mono_to_wall: float) -> None:
         earliest, self._earliest = self._earliest, {}
@@ -366,24 +366,16 @@ class Journal:
         return _encode(body)
 
     def _write(self, data: bytes) -> None:
-        tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        fd = os.open(tmp, flags, 0o600)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, self.path)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
+        # Not durable: after a reboot the journal is void anyway (its boot id differs).
+        write_atomic(self.path, data, 0o600, durable=False, what=_WHAT)
 
     def remove(self) -> None:
-        """Delete the journal file (a server that stops on purpose drops its timers)."""
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)
+        """Delete the journal file (a server that stops on purpose drops its timers);
+        something else in its place is reported and left alone."""
+        try:
+            remove_owned(self.path, what=_WHAT)
+        except OSError as exc:
+            logger.error("cannot remove journal %s (%s)", self.path, exc)
 
 
 def _earliest_signalling(timers: Iterable[Timer]) -> Timer | None:
