@@ -7,11 +7,13 @@ import os
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import msgspec
 import pytest
 
+from aiotimer.errors import UnsafePathError
 from aiotimer.wire import MARKER_SUFFIX
 from aiotimer.wire._marker import (
     AIOTIMER,
@@ -130,3 +132,33 @@ def test_remove_leaves_another_servers_marker(fifo: Path) -> None:
 def test_marker_struct_round_trips_through_msgspec() -> None:
     marker = Marker(server=AIOTIMER, pid=7, version="0.1.0")
     assert msgspec.json.decode(msgspec.json.encode(marker), type=Marker) == marker
+
+
+@pytest.mark.parametrize("plant", ["fifo", "symlink to /dev/zero", "too large"])
+def test_a_marker_that_is_no_small_regular_file_reads_as_none_at_once(
+    fifo: Path, plant: str
+) -> None:
+    """A client of any user reads it: a planted FIFO or device never blocks it."""
+    path = Path(marker_path(fifo))
+    if plant == "fifo":
+        os.mkfifo(path)
+    elif plant == "too large":
+        path.write_bytes(b'{"server": "aiotimer"' + b" " * 70_000 + b"}")
+    else:
+        path.symlink_to("/dev/zero")
+    started = time.monotonic()
+    assert read_marker(fifo) is None
+    assert read_live_marker(fifo) is None
+    assert time.monotonic() - started < 2.0
+
+
+def test_publishing_never_writes_through_or_replaces_a_planted_file(
+    fifo: Path, tmp_path: Path
+) -> None:
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"keep")
+    Path(marker_path(fifo)).symlink_to(outside)
+    with pytest.raises(UnsafePathError, match=r"refusing the marker .*symbolic link"):
+        write_marker(fifo, Marker(server=AIOTIMER, pid=os.getpid()))
+    assert outside.read_bytes() == b"keep" and Path(marker_path(fifo)).is_symlink()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["outside", Path(marker_path(fifo)).name]

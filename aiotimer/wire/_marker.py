@@ -3,18 +3,22 @@
 Beside the FIFO ``P`` of an aiotimer server lies ``P + MARKER_SUFFIX``, one JSON object
 that says an aiotimer server (not torch's) reads the pipe, so a client may keep one
 descriptor open and send aiotimer's extension keys. It is written atomically (a temporary
-file renamed over it) once the server reads, and removed when it stops.
+file renamed over it) once the server reads, and removed when it stops; both through
+:mod:`aiotimer._edges.files`, so a symlink or another user's file in its place is
+refused, never written through or replaced.
 
 The keys are the fields of :class:`Marker`. To publish something new (another socket,
 an identity), add a field with a default: older readers ignore keys they do not know,
 and newer readers see the default in an older server's marker. Readers never raise: a
 missing, unreadable or malformed marker, or one naming another kind of server, reads as
-no marker at all (the client then talks to the FIFO the way torch's server needs).
+no marker at all (the client then talks to the FIFO the way torch's server needs). A
+reader may be another user than the server, so it accepts a marker of any owner, but
+only a regular file (never a symlink, a FIFO or a device, which could block it) of at
+most :data:`_MAX_MARKER_BYTES`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -22,6 +26,7 @@ from typing import Final
 
 import msgspec
 
+from aiotimer._edges.files import read_shared, remove_owned, write_atomic
 from aiotimer.wire._request import MARKER_SUFFIX, PROTOCOL_VERSION
 
 __all__ = [
@@ -99,9 +104,8 @@ def marker_path(fifo_path: str | os.PathLike[str]) -> str:
 def read_marker(fifo_path: str | os.PathLike[str]) -> MarkerFile | None:
     """The marker beside ``fifo_path``, or ``None`` if there is no readable aiotimer one."""
     try:
-        with open(marker_path(fifo_path), "rb") as f:
-            st = os.fstat(f.fileno())
-            marker = _decoder.decode(f.read(_MAX_MARKER_BYTES))
+        data, st = read_shared(marker_path(fifo_path), _MAX_MARKER_BYTES, what="marker")
+        marker = _decoder.decode(data)
     except (OSError, msgspec.DecodeError):
         return None
     if marker.server != AIOTIMER:
@@ -135,29 +139,29 @@ def write_marker(
 ) -> None:
     """Publish ``marker`` (plus ``extra`` keys, which never override its fields that are
     set) atomically beside ``fifo_path``, with mode :data:`MARKER_MODE`. Fields that are
-    ``None`` are left out."""
+    ``None`` are left out.
+
+    Raises:
+        UnsafePathError: something other than a regular file of this user is in the
+            marker's place (left there).
+        OSError: it cannot be written.
+    """
     body: dict[str, object] = dict(extra or {})
     body.update((k, v) for k, v in msgspec.to_builtins(marker).items() if v is not None)
-    path = marker_path(fifo_path)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(tmp)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), MARKER_MODE)
-            f.write(msgspec.json.encode(body))
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    # Not durable: after a reboot no marker is true anyway (it names a server's pid).
+    write_atomic(
+        marker_path(fifo_path), msgspec.json.encode(body), MARKER_MODE, durable=False, what="marker"
+    )
 
 
 def remove_marker(fifo_path: str | os.PathLike[str], pid: int | None = None) -> None:
     """Remove the marker beside ``fifo_path`` if it names ``pid`` (default: this process);
-    a marker another server published since is left alone."""
+    a marker another server published since is left alone.
+
+    Raises:
+        UnsafePathError: the marker naming ``pid`` is another user's file (left there).
+        OSError: it cannot be removed.
+    """
     found = read_marker(fifo_path)
     if found is not None and found.marker.pid == (os.getpid() if pid is None else pid):
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(marker_path(fifo_path))
+        remove_owned(marker_path(fifo_path), what="marker")
