@@ -1,9 +1,10 @@
 """The control socket: HTTP/1.1 + JSON on a Unix socket, served in the owner's loop.
 
 Access is the file system's and the kernel's business: the socket is created with mode
-0600 (its directory 0700 when the server creates it), and every connection's peer is
-checked with ``SO_PEERCRED``: only the server's own user and root are answered, anyone
-else gets ``403`` and is reported through ``on_refused``.
+0600 in a private directory (made 0700, or an existing one of this user that nobody
+else can write to: never another user's), and every connection's peer is checked with
+``SO_PEERCRED``: only the server's own user and root are answered, anyone else gets
+``403`` and is reported through ``on_refused``.
 
 Requests are answered in the event loop of the server that owns the socket, so every
 read is a consistent snapshot; handlers keep their work bounded (see
@@ -28,6 +29,7 @@ from typing import Final
 import anyio
 import anyio.abc
 
+from aiotimer._edges.files import make_private_dir
 from aiotimer.control._http import (
     HttpRequest,
     HttpResponse,
@@ -37,7 +39,7 @@ from aiotimer.control._http import (
     serve_connection,
 )
 from aiotimer.control._paths import MAX_SOCKET_PATH, fits_socket
-from aiotimer.errors import ControlError
+from aiotimer.errors import ControlError, UnsafePathError
 
 __all__ = [
     "MAX_CONNECTIONS",
@@ -68,13 +70,15 @@ class ControlServer:
 
     Args:
         path: the socket's path. Its directory is created (mode 0700) if missing; an
-            existing directory is used as it is (it should not be writable by others).
+            existing one must be a directory of this user that group and others cannot
+            write to.
         routes: what it answers; anything else gets ``404`` (or ``405``).
         on_refused: called with the credentials of each refused peer (another user).
 
     Raises (from :meth:`serve`):
-        ControlError: the path is too long for a Unix socket, another live server
-            listens there, or something other than a socket is in the way.
+        ControlError: the path is too long for a Unix socket, its directory is not
+            private (a symlink, another user's, writable by others), another live
+            server listens there, or something other than a socket is in the way.
     """
 
     def __init__(
@@ -191,21 +195,21 @@ async def serve_tcp(
 
 
 def _prepare(path: Path) -> bool:
-    """Make ``path`` bindable: its directory exists (0700 if created here), and nothing
-    but a stale socket is at ``path`` (a live server's socket is never taken over).
-    ``True`` if it created the directory."""
+    """Make ``path`` bindable: its directory is private (made 0700 here, or a directory
+    of this user nobody else can write to), and nothing but a stale socket is at
+    ``path`` (a live server's socket is never taken over). ``True`` if it created the
+    directory."""
     if not fits_socket(path):
         raise ControlError(
             f"control socket path {str(path)!r} is longer than {MAX_SOCKET_PATH} bytes, "
             "the limit of a Unix socket; pass a shorter control path"
         )
-    try:
-        path.parent.mkdir(mode=0o700, parents=True)
-    except FileExistsError:
-        if not path.parent.is_dir():
-            raise ControlError(f"{str(path.parent)!r} is not a directory") from None
-    else:
-        return True
+    path.parent.parent.mkdir(parents=True, exist_ok=True)
+    try:  # another user's directory would see, forge and answer our requests
+        if make_private_dir(path.parent, what="control directory"):
+            return True
+    except UnsafePathError as exc:
+        raise ControlError(str(exc)) from exc
     try:
         st = os.lstat(path)
     except FileNotFoundError:
