@@ -222,9 +222,8 @@ def create_exclusive(path: StrPath, mode: int = 0o600, *, what: str = "file") ->
         try:
             fd = os.open(path, flags, 0o600)
         except FileExistsError:
-            st = os.lstat(path)
-            _check_owned_file(what, path, st, any_owner=False)
-            with contextlib.suppress(FileNotFoundError):
+            with contextlib.suppress(FileNotFoundError):  # gone meanwhile: just retry
+                _check_owned_file(what, path, os.lstat(path), any_owner=False)
                 os.unlink(path)
             continue
         try:
