@@ -94,7 +94,7 @@ def test_recycled_pid_is_refused_via_start_time(child: subprocess.Popen[bytes]) 
     actual = read_start_time(child.pid)
     assert actual is not None
     # A handle recorded for an earlier process that had the same pid.
-    stale = WorkerProcess._from_identity(child.pid, start_time=actual - 1)
+    stale = WorkerProcess(child.pid, start_time=actual - 1)
     assert stale.fileno() is None
     assert not stale.is_alive()
     with pytest.raises(ProcessGoneError):
@@ -105,7 +105,7 @@ def test_recycled_pid_is_refused_via_start_time(child: subprocess.Popen[bytes]) 
     stale.close()
 
     # The same path with the right start time does signal.
-    with WorkerProcess._from_identity(child.pid, start_time=actual) as same:
+    with WorkerProcess(child.pid, start_time=actual) as same:
         assert same.is_alive()
         same.send_signal(signal.SIGKILL)
     assert child.wait(timeout=EXIT_BOUND) == -signal.SIGKILL
@@ -116,7 +116,7 @@ def test_refuses_pid_1_own_pid_and_nonpositive_pins() -> None:
         with pytest.raises(RefusedTargetError):
             WorkerProcess.pin(pid)
     with (
-        WorkerProcess._from_identity(1, start_time=None) as init,
+        WorkerProcess(1, start_time=None) as init,
         pytest.raises(RefusedTargetError),
     ):
         init.send_signal(signal.SIGKILL)
@@ -237,7 +237,7 @@ async def test_wait_exit_wakes_promptly_on_pidfd(child: subprocess.Popen[bytes])
 
 @pytest.mark.asyncio
 async def test_wait_exit_polls_without_pidfd(child: subprocess.Popen[bytes]) -> None:
-    with WorkerProcess._from_identity(child.pid, read_start_time(child.pid)) as worker:
+    with WorkerProcess(child.pid, read_start_time(child.pid)) as worker:
         child.kill()
         with anyio.fail_after(EXIT_BOUND):
             await worker.wait_exit(poll_interval=0.01)

@@ -549,7 +549,7 @@ def test_a_pid_whose_process_was_replaced_is_never_signalled(tmp_path: Path) -> 
         assert anyio.run(attempts) == NoDump("the worker has exited")
         # The start-time identity (the path without pidfds) refuses it just the same.
         with (
-            WorkerProcess._from_identity(pid, start_time) as stale,
+            WorkerProcess(pid, start_time) as stale,
             pytest.raises(ProcessGoneError),
         ):
             stale.send_signal(KILL)

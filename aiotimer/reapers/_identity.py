@@ -117,14 +117,26 @@ def _fd_readable(fd: int) -> bool:
 class WorkerProcess:
     """A pinned worker process: signals reach it, and only it, or fail loudly.
 
-    Create one with :meth:`pin`; release it with :meth:`close` (or use it as a context
-    manager). Not thread-safe; :meth:`close` must not run while :meth:`wait_exit` waits.
+    Create one with :meth:`pin` (the constructor takes an identity as recorded, without
+    checking it); release it with :meth:`close` (or use it as a context manager). Not
+    thread-safe; :meth:`close` must not run while :meth:`wait_exit` waits.
     """
 
     __slots__ = ("_closed", "_pid", "_pidfd", "_start_time")
 
-    def __init__(self, pid: int, start_time: int | None, pidfd: int | None) -> None:
-        # Private: use pin() (or _from_identity() in tests). Takes ownership of pidfd.
+    def __init__(self, pid: int, start_time: int | None, pidfd: int | None = None) -> None:
+        """A handle for an identity already recorded, *unchecked*: :meth:`pin` is how a
+        live process is pinned. Takes ownership of ``pidfd``.
+
+        Without a ``pidfd`` the handle proves identity by ``start_time`` before each
+        signal (a ``start_time`` that does not match the live ``pid`` is a recycled pid,
+        refused); with neither, the pid is trusted as is.
+
+        Args:
+            pid: the worker's pid.
+            start_time: its start time (``/proc/<pid>/stat`` field 22), or ``None``.
+            pidfd: a pidfd of that very process, or ``None``.
+        """
         self._pid = pid
         self._start_time = start_time
         self._pidfd = pidfd
@@ -166,17 +178,6 @@ class WorkerProcess:
                 os.close(pidfd)
             raise
         return cls(pid, actual, pidfd)
-
-    @classmethod
-    def _from_identity(
-        cls, pid: int, start_time: int | None, pidfd: int | None = None
-    ) -> WorkerProcess:
-        """Build a handle from a recorded identity, without checking it (for tests).
-
-        With ``pidfd=None`` the handle uses the start-time check, so a ``start_time``
-        that does not match the live ``pid`` models a recycled pid.
-        """
-        return cls(pid, start_time, pidfd)
 
     @property
     def pid(self) -> int:
