@@ -55,7 +55,7 @@ async def test_each_worker_is_journaled_by_its_earliest_signalling_timer(
         table.release(sleeper, "early")
         journal.released(sleeper, "early")
         await wait_until(lambda: _written(path)[0]["scope_id"] == "late")
-        table.clear_worker(sleeper)
+        table.drop_worker(sleeper)
         journal.cleared(sleeper)
         await wait_until(lambda: _written(path) == [])
         tg.cancel_scope.cancel()

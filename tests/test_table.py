@@ -73,17 +73,19 @@ def test_release_returns_timer_and_unknown_is_noop() -> None:
     assert t.next_deadline() is None
 
 
-def test_clear_worker_returns_its_timers_in_deadline_order() -> None:
+def test_drop_worker_removes_its_timers_and_samples_their_scopes() -> None:
     t = TimerTable()
     for scope, deadline in [("c", 3.0), ("a", 1.0), ("b", 2.0)]:
         t.acquire(timer(1, scope, deadline))
     other = timer(2, "x", 0.5)
     t.acquire(other)
-    assert [x.scope_id for x in t.clear_worker(1)] == ["a", "b", "c"]
-    assert t.clear_worker(1) == []
-    assert t.clear_worker(99) == []
+    count, sample = t.drop_worker(1, sample=2)
+    assert count == 3 and len(sample) == 2 and set(sample) <= {"a", "b", "c"}
+    assert t.drop_worker(1) == (0, [])
+    assert t.drop_worker(99, sample=5) == (0, [])
     assert len(t) == 1
     assert t.snapshot() == (other,)
+    assert t.next_deadline() == 0.5
 
 
 def test_pop_expired_in_deadline_order_ties_by_acquisition() -> None:
@@ -121,7 +123,7 @@ def test_next_deadline_skips_tombstones() -> None:
     assert t.next_deadline() == 2.0
     t.acquire(timer(1, "b", 9.0))  # replaced: its old entry at 2.0 is a tombstone
     assert t.next_deadline() == 3.0
-    t.clear_worker(2)
+    t.drop_worker(2)
     assert t.next_deadline() == 9.0
     assert t.heap_size == 1  # every tombstone in front was dropped on the way
 
@@ -135,9 +137,8 @@ def test_views_and_membership() -> None:
     assert set(workers) == {1, 2}
     assert sorted(t.worker_timers(1), key=lambda x: x.scope_id) == [a, b]
     assert t.worker_timers(3) == []
-    assert sorted(t.timers(), key=lambda x: x.scope_id) == [a, b, c]
     assert t.snapshot() == (b, c, a)
-    t.clear_worker(2)
+    t.drop_worker(2)
     assert set(workers) == {1}  # a live view
     assert (1, "a") in t
     assert (1, "c") not in t
@@ -267,7 +268,7 @@ def test_expiring_the_live_front_compacts_a_stale_tail() -> None:
     for i in range(1000):
         t.acquire(timer(1, f"soon{i}", float(i)))
         t.acquire(timer(2, f"late{i}", 1e6 + i))
-    t.clear_worker(2)  # 1000 stale entries at the back, not yet over half the heap
+    t.drop_worker(2)  # 1000 stale entries at the back, not yet over half the heap
     assert t.heap_size == 2000
     assert not t.compacting
     assert len(t.pop_expired(1e5)) == 1000
@@ -306,14 +307,14 @@ def test_a_budgeted_peek_is_never_later_than_the_live_deadline() -> None:
     assert t.next_deadline() == 5.0
 
 
-def test_clear_worker_with_many_timers_compacts() -> None:
+def test_dropping_workers_with_many_timers_compacts() -> None:
     t = TimerTable()
     for i in range(5000):
         t.acquire(timer(1 + i % 2, f"s{i}", float(i)))
-    t.clear_worker(1)
+    t.drop_worker(1)
     assert len(t) == 2500
     assert t.heap_size <= heap_bound(2500)
-    t.clear_worker(2)
+    t.drop_worker(2)
     assert t.compacting
     assert t.next_deadline() is None  # the stale entries are skipped meanwhile
     t.acquire(timer(3, "x", 1.0))
@@ -403,12 +404,14 @@ class TableMachine(RuleBasedStateMachine):
         key = data.draw(st.sampled_from(sorted(self.model)))
         assert self.table.release(*key) == self.model.pop(key).timer
 
-    @rule(pid=PIDS)
-    def clear_worker(self, pid: int) -> None:
-        removed = [m for key, m in self.model.items() if key[0] == pid]
-        for m in removed:
-            del self.model[m.timer.key]
-        assert self.table.clear_worker(pid) == self._in_expiry_order(removed)
+    @rule(pid=PIDS, sample=st.integers(0, 3))
+    def drop_worker(self, pid: int, sample: int) -> None:
+        removed = {key[1] for key in self.model if key[0] == pid}
+        for scope in removed:
+            del self.model[pid, scope]
+        count, scopes = self.table.drop_worker(pid, sample=sample)
+        assert count == len(removed)
+        assert len(scopes) == min(sample, count) and set(scopes) <= removed
 
     @rule(step=st.sampled_from([0.0, 0.5, 1.0, 3.0, 20.0]))
     def advance_and_pop_expired(self, step: float) -> None:

@@ -2,16 +2,17 @@
 
 How this works
 --------------
-Timers are keyed by ``(pid, scope_id)``. Two structures hold them:
+Timers (:class:`~aiotimer.core._timer.Timer`, re-exported here) are keyed by
+``(pid, scope_id)``. Two structures hold them:
 
 * ``_by_pid``: ``pid -> {scope_id -> entry}``, the source of truth for what is live;
-  it makes acquire/release O(1) dict work and "clear this worker" O(timers of the worker).
+  it makes acquire/release O(1) dict work and dropping a worker one dict ``pop``.
 * ``_heap``: a ``heapq`` of entries ``(deadline, seq, timer)`` ordered by deadline, ties
   broken by acquisition order (``seq``, unique, so timers themselves are never compared).
 
 An entry is *live* while the index maps its key to that very entry (``is``); otherwise it
 is *stale*. Removing from the middle of a heap is O(n), so we never do it: a release, a
-replacement or a worker clear only updates the index, which makes the old entry stale
+replacement or a worker drop only updates the index, which makes the old entry stale
 where it lies (lazy deletion; ``stale = heap_size - len``). Stale entries are discarded
 when they surface at the top of the heap (``pop_expired`` and ``next_deadline``).
 
@@ -24,7 +25,7 @@ is built *incrementally* while the old one stays authoritative for pops and peek
    next worker's entries (a C-level copy of its dict's items), and for each entry that
    is still live and not newer than the start, ``heappush`` it into the new heap.
 3. An acquire during the scan pushes its entry into *both* heaps. Anything released,
-   replaced, cleared or expired meanwhile is stale in both, since liveness is decided by
+   replaced, dropped or expired meanwhile is stale in both, since liveness is decided by
    the index, not by the heap an entry sits in. Whenever entries leave the old heap's
    top (``pop_expired``, ``next_deadline``), the new heap drops its entries that precede
    the old top too: they are stale, and the work matches the old heap's pops.
@@ -64,13 +65,11 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Iterator, KeysView
+from collections.abc import KeysView
 
-import msgspec
+from aiotimer.core._timer import ReapOptions, Timer, TimerKey
 
 __all__ = ["MIN_STALE", "REBUILD_STEP", "ReapOptions", "Timer", "TimerKey", "TimerTable"]
-
-TimerKey = tuple[int, str]
 
 #: Default ``min_stale``: compact when more entries than this are stale *and* they are
 #: over half the heap.
@@ -81,44 +80,6 @@ MIN_STALE = 100
 REBUILD_STEP = 16
 #: Entries of a replaced heap freed per unit of ``rebuild_step`` (about 0.1 us each).
 _FREED_PER_UNIT = 4
-
-
-class ReapOptions(msgspec.Struct, frozen=True, gc=False):
-    """How a timer asks to be reaped beyond its signal (a request's extension keys).
-
-    ``grace``: seconds between its signal and a SIGKILL (``None``: no escalation);
-    ``group``: signal the worker's whole process group; ``dump``: dump the worker's
-    stacks first. :class:`~aiotimer.ReapPolicy` turns them into a plan.
-    """
-
-    grace: float | None = None
-    group: bool = False
-    dump: bool = False
-
-
-class Timer(msgspec.Struct, frozen=True, gc=False):
-    """One live timer: worker ``pid``, its ``scope_id``, and what to do at ``deadline``.
-
-    ``deadline`` and ``acquired_at`` are on the server's monotonic clock. ``signal`` is
-    the signal the request named (``<= 0`` means report only). ``options`` holds the
-    request's escalation keys, if it had any (the table never looks at them).
-
-    Immutable, and not tracked by the cyclic garbage collector (``gc=False``), nor are
-    the table's entries holding it: 100k live timers would otherwise add ~200k objects
-    to every full collection (~100 ms each on a small machine).
-    """
-
-    pid: int
-    scope_id: str
-    deadline: float
-    signal: int
-    acquired_at: float = 0.0
-    options: ReapOptions | None = None
-
-    @property
-    def key(self) -> TimerKey:
-        """The ``(pid, scope_id)`` key of this timer."""
-        return (self.pid, self.scope_id)
 
 
 # A heap entry: (deadline, seq, timer). Live while the index maps the key to it (``is``).
@@ -236,18 +197,6 @@ class TimerTable:
         self._background_step(replaced=True)
         return len(scopes), list(itertools.islice(scopes, sample))
 
-    def clear_worker(self, pid: int) -> list[Timer]:
-        """Remove every timer of worker ``pid``; return them in deadline order.
-
-        O(k log k) for the worker's k timers; :meth:`drop_worker` is O(1)."""
-        scopes = self._by_pid.pop(pid, None)
-        if not scopes:
-            return []
-        timers = [e[2] for e in sorted(scopes.values())]
-        self._count -= len(timers)
-        self._background_step(replaced=True)
-        return timers
-
     def pop_expired(self, now: float, *, budget: int | None = None) -> list[Timer]:
         """Remove and return every timer with ``deadline <= now``, in deadline order.
 
@@ -333,12 +282,6 @@ class TimerTable:
     def workers(self) -> KeysView[int]:
         """A live read-only view of the pids that have at least one timer."""
         return self._by_pid.keys()
-
-    def timers(self) -> Iterator[Timer]:
-        """Iterate over the live timers (any order). Do not mutate the table meanwhile."""
-        for scopes in self._by_pid.values():
-            for entry in scopes.values():
-                yield entry[2]
 
     def snapshot(self) -> tuple[Timer, ...]:
         """An immutable copy of every live timer, in expiry order (deadline, then age)."""
