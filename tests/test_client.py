@@ -33,7 +33,8 @@ from aiotimer.client import (
     QueueClient,
     QueueRequest,
     TimerClient,
-    _fifo,
+    _fifo_link,
+    _fifo_peer,
     configure,
     current_client,
     expires,
@@ -646,13 +647,14 @@ def test_releases_skip_the_marker_check(
     client = fifo_client(client_factory, aiotimer_fifo)
     client.marker_check_interval = 0.0
     reads: list[str] = []
-    real_read_marker = _fifo.read_live_marker
+    real_read_marker = _fifo_link.read_live_marker
 
     def counting(path: str) -> object:
         reads.append(path)
         return real_read_marker(path)
 
-    monkeypatch.setattr(_fifo, "read_live_marker", counting)
+    monkeypatch.setattr(_fifo_peer, "read_live_marker", counting)  # on opening
+    monkeypatch.setattr(_fifo_link, "read_live_marker", counting)  # on rechecking
     with expires(5, scope="a", client=client):
         acquire_reads = len(reads)
         assert acquire_reads >= 1

@@ -3,17 +3,10 @@
 
 How it works:
 
-* **Which server.** The marker beside the FIFO (:mod:`aiotimer.wire._marker`) says an aiotimer
-  server reads it: then the client keeps one ``O_WRONLY | O_NONBLOCK`` descriptor and
-  sends the ``mono`` extension. Without a marker it opens, writes and closes for every
-  request, with torch's exact bytes (torch's server stops reaping while a writer keeps
-  the pipe open).
-* **The socket.** When the marker names the server's Unix socket (``aiotimer serve
-  --socket``), the persistent descriptor is a connection to it instead of the FIFO: the
-  kernel tells the server who this process is, so nobody can register timers in its
-  name. It is ``SOCK_SEQPACKET`` (a write is whole or refused, like a FIFO write), so
-  everything below is the same over both; a socket that cannot be reached falls back
-  to the FIFO.
+* **Which server** (:mod:`aiotimer.client._fifo_peer`): an aiotimer server (its marker
+  beside the FIFO) gets one persistent descriptor, to the FIFO or to the server's Unix
+  socket, and the ``mono`` extension; any other reader torch's exact bytes, with an
+  open, a write and a close per request.
 * **The fast path** (:meth:`FifoClient.send_nowait`): with the descriptor open and room
   in the pipe, a request is one ``os.write`` under a lock. An acquire of this process
   encodes both lines of its block at once (:func:`~aiotimer.wire.block_encoder`),
@@ -21,20 +14,17 @@ How it works:
 * **The slow path** (:meth:`FifoClient._sending`, driven blocking or awaiting): connect,
   retry while no server reads, reopen after a broken pipe, wait for room in a full pipe.
 * **Replay.** The client remembers the acquire line of every open block it delivered
-  (an acquire that failed is forgotten); when it reconnects to a new server (a broken
-  pipe, or a new marker, checked at most every ``marker_check_interval`` seconds on an
-  acquire) it re-sends them before anything else, because a new server starts empty.
+  (an acquire that failed is forgotten); its link to the server
+  (:mod:`aiotimer.client._fifo_link`) re-sends them before anything else when it
+  reconnects to a new server (a broken pipe, or a new marker, checked at most every
+  ``marker_check_interval`` seconds on an acquire), because a new server starts empty;
+  it also retries, from a background thread, a release that found the pipe full.
 """
 
 from __future__ import annotations
 
-import errno
-import logging
 import math
 import os
-import select
-import stat
-import threading
 import time
 import weakref
 from dataclasses import dataclass
@@ -43,6 +33,13 @@ from typing import Final
 import msgspec
 
 from aiotimer._edges.procfs import own_start_time
+from aiotimer.client._fifo_link import FifoLink
+from aiotimer.client._fifo_peer import (
+    BROKEN_ERRNOS,
+    NO_READER_ERRNOS,
+    torch_request,
+    unavailable_message,
+)
 from aiotimer.client._transport import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_SIGNAL,
@@ -59,18 +56,12 @@ from aiotimer.client._transport import (
 )
 from aiotimer.errors import ClientBackpressureError, ServerUnavailableError
 from aiotimer.wire._encoder import BlockEncoder, block_encoder, encode
-from aiotimer.wire._marker import MarkerFile, read_live_marker
 from aiotimer.wire._request import Request
 
 __all__ = ["FifoClient"]
 
-log = logging.getLogger("aiotimer.client")
-
 #: How many times in a row a broken pipe (server gone) triggers an immediate reopen.
 _MAX_REOPENS: Final[int] = 3
-_NO_READER_ERRNOS: Final = frozenset({errno.ENXIO, errno.ENOENT})
-#: A persistent descriptor whose reader left: the FIFO (EPIPE) or the socket (ECONNRESET).
-_BROKEN_ERRNOS: Final = frozenset({errno.EPIPE, errno.ECONNRESET})
 _monotonic: Final = time.monotonic
 _live_fifo_clients: weakref.WeakSet[FifoClient] = weakref.WeakSet()
 
@@ -153,24 +144,17 @@ class FifoClient:
         #: At most this often (seconds), an acquire also checks that the server that
         #: published the marker is still the one reading (see the class docstring).
         self.marker_check_interval = 1.0
-        self._lock = threading.Lock()
         self._pid = os.getpid()  # refreshed in a forked child, with the encoder
         self._start_time = own_start_time()
         self._encode_block: BlockEncoder = block_encoder(self._pid, self._signal, self._start_time)
         self._encode_dump_block: BlockEncoder = block_encoder(
             self._pid, self._signal, self._start_time, dump=True
         )
-        self._fd: int | None = None  # persistent descriptor (aiotimer server only)
-        self._server: MarkerFile | None = None  # whom the persistent descriptor talks to
-        self._recheck_at = 0.0  # when the marker is due to be checked again (monotonic)
-        self._connected_before = False
         # Live blocks: scope -> (acquire line, release line). The acquire lines are
         # replayed after a restart; the release line is ready for the block's exit.
         self._open_scopes: dict[str, tuple[bytes, bytes]] = {}
-        # Lines written before anything else: acquires replayed to a new server, and
-        # releases that could not be written in time (retried by the flusher thread).
-        self._backlog: list[bytes] = []
-        self._flusher: threading.Thread | None = None
+        # The persistent descriptor (aiotimer server only) and what goes out first.
+        self._link = FifoLink(self._path, self._open_scopes)
         _live_fifo_clients.add(self)
 
     @property
@@ -186,15 +170,23 @@ class FifoClient:
     @property
     def persistent(self) -> bool:
         """True while a persistent descriptor to an aiotimer server is open."""
-        return self._fd is not None
+        return self._link.fd is not None
 
     def send(self, request: Request) -> None:
-        """Deliver ``request``, blocking at most ``connect_timeout + write_timeout``."""
+        """Deliver ``request``, blocking at most ``connect_timeout + write_timeout``.
+
+        Raises:
+            ServerUnavailableError: no server read the FIFO within ``connect_timeout``,
+                the path is not the server's FIFO, or the server keeps closing it.
+            ClientBackpressureError: the pipe stayed full for ``write_timeout`` (a
+                release is then retried in the background, see the class docs).
+        """
         if not self._send_request_nowait(request):
             drive(self._sending(request))
 
     async def send_async(self, request: Request) -> None:
-        """Deliver ``request``; waits are awaited (releases are shielded from cancellation)."""
+        """Deliver ``request``; waits are awaited (releases are shielded from
+        cancellation). Raises as :meth:`send` does."""
         if not self._send_request_nowait(request):
             await drive_async(self._sending(request), shield=request.is_release)
 
@@ -216,23 +208,24 @@ class FifoClient:
         encoded at once (the release line is ready for the block's end); a release
         forgets its block whether or not it is delivered.
         """
+        link = self._link
         if expiration_time < 0:  # a release: it forgets its block
             tracked = self._open_scopes.pop(scope_id, None)
             line = encode(Request(self._pid, scope_id, -1, 0)) if tracked is None else tracked[1]
             lines = None
         else:
-            if mono is None or _monotonic() > self._recheck_at:
+            if mono is None or _monotonic() > link.recheck_at:
                 return False
             encode_block = (
                 self._encode_block if signal is None and not dump else self._encoder(signal, dump)
             )
             lines = encode_block(scope_id, expiration_time, mono)
             line = lines[0]
-        lock = self._lock
+        lock = link.lock
         lock.acquire()  # not `with`: half the cost, and this is the path of every block
         try:
-            fd = self._fd
-            if fd is None or self._backlog:
+            fd = link.fd
+            if fd is None or link.backlog:
                 return False
             os.write(fd, line)
         except OSError:
@@ -245,8 +238,9 @@ class FifoClient:
 
     def close(self) -> None:
         """Close the persistent descriptor, if any (the client reconnects on next use)."""
-        with self._lock:
-            self._close_locked()
+        link = self._link
+        with link.lock:
+            link.close_locked()
 
     def __enter__(self) -> FifoClient:
         return self
@@ -254,14 +248,8 @@ class FifoClient:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def __del__(self) -> None:
-        fd = getattr(self, "_fd", None)  # None also when __init__ raised early
-        if fd is not None:
-            self._fd = None
-            os.close(fd)
-
     def __repr__(self) -> str:
-        mode = "persistent" if self._fd is not None else "per-request"
+        mode = "persistent" if self._link.fd is not None else "per-request"
         return f"<FifoClient {self._path!r} {mode}, {len(self._open_scopes)} open scopes>"
 
     # -- internals --------------------------------------------------------------------
@@ -312,7 +300,7 @@ class FifoClient:
         while True:
             # Waiting for the server is not counted against the block (TimerClient).
             now = request if not waited else delivered_late(request, time.monotonic() - started)
-            with self._lock:
+            with self._link.lock:
                 outcome = self._attempt(now)
             if outcome is None:
                 return
@@ -328,7 +316,9 @@ class FifoClient:
             if isinstance(outcome, _NoReader):
                 elapsed = time.monotonic() - started
                 if elapsed >= self.connect_timeout:
-                    raise ServerUnavailableError(self._unavailable_message(outcome.error, elapsed))
+                    raise ServerUnavailableError(
+                        unavailable_message(self._path, outcome.error, elapsed)
+                    )
                 yield Sleep(min(retry, self.connect_timeout - elapsed))
                 retry = next_retry(retry)
                 continue
@@ -339,7 +329,7 @@ class FifoClient:
                 os.close(outcome.dup_fd)
             if not ready and time.monotonic() - started >= self.write_timeout:
                 if request.is_release:
-                    self._retry_release(request)
+                    self._link.retry_release(encode(request))
                 raise ClientBackpressureError(
                     f"the timer server's FIFO {self._path!r} stayed full for "
                     f"{self.write_timeout:g}s; the server is overloaded or stuck "
@@ -349,37 +339,38 @@ class FifoClient:
 
     def _attempt(self, request: Request) -> _Outcome | None:
         """Try once to write what is queued, then ``request``; on success an acquire's
-        block is remembered for replay. Holds the lock."""
-        if self._fd is not None:
-            self._recheck_marker_locked()
-        if self._fd is None:
+        block is remembered for replay. Holds the link's lock."""
+        link = self._link
+        if link.fd is not None:
+            link.recheck_locked(self.marker_check_interval)
+        if link.fd is None:
             try:
-                fd = self._open_locked()
+                fd = link.open_locked(self.marker_check_interval)
             except OSError as exc:
-                if exc.errno in _NO_READER_ERRNOS:
+                if exc.errno in NO_READER_ERRNOS:
                     return _NoReader(exc)
                 raise ServerUnavailableError(
                     f"cannot open the timer server's FIFO {self._path!r}: {exc.strerror}"
                 ) from exc
-            persistent = self._fd is not None
+            persistent = link.fd is not None
         else:
-            fd, persistent = self._fd, True
+            fd, persistent = link.fd, True
         lines = None if request.is_release else self._block_lines(request)
         try:
             if persistent:
-                self._write_backlog_locked(fd)
+                link.write_backlog_locked(fd)
                 os.write(fd, encode(request) if lines is None else lines[0])
             else:
-                os.write(fd, encode(_torch_request(request)))
+                os.write(fd, encode(torch_request(request)))
         except BlockingIOError:
             return _Full(os.dup(fd))
         except OSError as exc:
-            if exc.errno not in _BROKEN_ERRNOS:
+            if exc.errno not in BROKEN_ERRNOS:
                 raise ServerUnavailableError(
                     f"cannot write to the timer server's FIFO {self._path!r}: {exc.strerror}"
                 ) from exc
             if persistent:
-                self._close_locked()
+                link.close_locked()
             return _Broken(exc)
         finally:
             if not persistent:
@@ -388,161 +379,15 @@ class FifoClient:
             self._open_scopes[request.scope_id] = lines
         return None
 
-    def _write_backlog_locked(self, fd: int) -> None:
-        """Write what is queued (replayed acquires, releases to retry), oldest first."""
-        while self._backlog:
-            os.write(fd, self._backlog[0])
-            del self._backlog[0]
-
-    def _retry_release(self, request: Request) -> None:
-        """Queue a release that could not be written in time: it goes out before anything
-        else, and a background thread delivers it while the same server is there."""
-        with self._lock:
-            if self._fd is None:
-                return  # no aiotimer server to retry against (torch's, or gone)
-            self._backlog.append(encode(request))
-            if self._flusher is None or not self._flusher.is_alive():
-                self._flusher = threading.Thread(
-                    target=self._flush_backlog, name="aiotimer-release-retry", daemon=True
-                )
-                self._flusher.start()
-
-    def _flush_backlog(self) -> None:
-        """Deliver the backlog as soon as the pipe has room; stop when it is empty or the
-        server is gone (a broken pipe: a new server would not know these blocks)."""
-        while True:
-            with self._lock:
-                fd = self._fd
-                if fd is None or not self._backlog:
-                    return
-                try:
-                    self._write_backlog_locked(fd)
-                    return
-                except BlockingIOError:
-                    wait_fd = os.dup(fd)
-                except OSError:
-                    self._close_locked()  # the server is gone; so is what it should learn
-                    return
-            try:  # writable: room for PIPE_BUF bytes, so for a line
-                poller = select.poll()
-                poller.register(wait_fd, select.POLLOUT)
-                poller.poll(1000.0)
-            finally:
-                os.close(wait_fd)
-
-    def _open_locked(self) -> int:
-        """Open the FIFO; keep the descriptor (and queue a replay) for an aiotimer server."""
-        fd = os.open(self._path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISFIFO(st.st_mode):
-                raise ServerUnavailableError(
-                    f"{self._path!r} is not a FIFO; point the client at the path the timer "
-                    "server was started with (aiotimer serve --fifo PATH)"
-                )
-            server = read_live_marker(self._path)
-            if server is not None and not server.marker.reads(st):
-                raise ServerUnavailableError(
-                    f"{self._path!r} is not the FIFO the timer server (pid "
-                    f"{server.marker.pid}) reads: the path was replaced (a symlink or "
-                    "another FIFO); refusing to send there. Check who changed the path; "
-                    "the server recreates its FIFO once the path is free"
-                )
-            if server is not None:
-                sock = None if server.marker.socket is None else _connect(server.marker.socket)
-                if sock is not None:  # the server's socket names this process: prefer it
-                    os.close(fd)
-                    fd = sock
-                self._fd, self._server = fd, server
-                self._recheck_at = time.monotonic() + self.marker_check_interval
-                if self._connected_before:
-                    self._queue_replay_locked()
-                self._connected_before = True
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd
-
-    def _recheck_marker_locked(self) -> None:
-        """Every ``marker_check_interval``: has another server taken over the FIFO?"""
-        now = time.monotonic()
-        if now <= self._recheck_at:
-            return
-        self._recheck_at = now + self.marker_check_interval
-        server = read_live_marker(self._path)
-        if server == self._server:
-            return
-        if server is None:  # the aiotimer server left; whoever reads now, be torch-safe
-            log.info("the aiotimer server of %s left; closing the descriptor", self._path)
-            self._close_locked()
-            return
-        self._server = server  # a new server reads the same FIFO: it starts empty
-        self._queue_replay_locked()
-
-    def _queue_replay_locked(self) -> None:
-        self._backlog = [lines[0] for lines in list(self._open_scopes.values())]
-        log.info("(re)connected to %s; re-sending %d open scopes", self._path, len(self._backlog))
-
-    def _close_locked(self) -> None:
-        fd, self._fd = self._fd, None
-        self._server = None
-        self._backlog = []
-        if fd is not None:
-            os.close(fd)
-
-    def _unavailable_message(self, error: OSError, waited: float) -> str:
-        why = "does not exist" if error.errno == errno.ENOENT else "has no reader"
-        return (
-            f"no timer server reads {self._path!r} (the FIFO {why}; waited {waited:.2f}s): "
-            "start one with `aiotimer serve --fifo PATH` (or embed TimerServer) before the "
-            "workers, or raise connect_timeout if it is still starting"
-        )
-
     def _after_fork_in_child(self) -> None:
-        self._lock = threading.Lock()
         self._pid = os.getpid()
         self._start_time = own_start_time()
         self._encode_block = block_encoder(self._pid, self._signal, self._start_time)
         self._encode_dump_block = block_encoder(
             self._pid, self._signal, self._start_time, dump=True
         )
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            os.close(fd)
-        self._server = None
-        self._backlog = []
-        self._flusher = None  # threads do not survive a fork
-        self._open_scopes = {}  # the parent's blocks are not the child's
-        self._connected_before = False
-
-
-def _connect(path: str) -> int | None:
-    """A non-blocking descriptor connected to the server's Unix socket, or ``None``.
-
-    The socket is ``SOCK_SEQPACKET``: a write is one message, whole or refused with
-    ``EAGAIN`` like a FIFO write, so the rest of the client is the same over both.
-    """
-    import socket  # noqa: PLC0415 (only clients of a server that offers a socket pay for it)
-
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
-    try:
-        sock.connect(path)
-        sock.setblocking(False)
-    except OSError as exc:
-        sock.close()
-        log.info("cannot connect to the timer server's socket %s (%s); using its FIFO", path, exc)
-        return None
-    return sock.detach()
-
-
-def _torch_request(request: Request) -> Request:
-    """``request`` without aiotimer's extension fields (torch's exact bytes)."""
-    return Request(
-        pid=request.pid,
-        scope_id=request.scope_id,
-        expiration_time=request.expiration_time,
-        signal=request.signal,
-    )
+        self._open_scopes.clear()  # the parent's blocks are not the child's
+        self._link.reset_in_child()
 
 
 def _reset_fifo_clients_in_child() -> None:
