@@ -11,6 +11,7 @@ import anyio
 import pytest
 
 from aiotimer.client import DEFAULT_KILL_AFTER, Expires, expires, expires_at
+from aiotimer.client._task_deadline import open_blocks
 from aiotimer.core._scope import scope_site
 from aiotimer.testing import RecordingClient
 from aiotimer.wire import scope_id_problem
@@ -171,6 +172,86 @@ async def test_a_decorated_coroutine_function_gets_the_async_face(
     with pytest.raises(TimeoutError):
         await fetch(3600)
     assert [r.scope_id for r in client.requests] == ["fetch"] * 4  # shared, as in torch
+
+
+# -- the lifecycle of an async block: expiring, expired, rescheduled -------------------
+
+
+@pytest.mark.asyncio
+async def test_an_async_block_is_expiring_once_cancelled_and_expired_once_left(
+    client: RecordingClient,
+) -> None:
+    seen: list[str] = []
+    with pytest.raises(TimeoutError):
+        async with expires(0.01, scope="s", client=client) as block:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                seen.append(repr(block))
+                with pytest.raises(RuntimeError, match="cannot reschedule: its deadline passed"):
+                    block.reschedule(time.monotonic() + 3600)
+                raise
+    assert seen[0].startswith("<Expires [expiring] scope='s'")
+    assert repr(block).startswith("<Expires [expired] scope='s'")
+    with pytest.raises(RuntimeError, match="cannot exit: it has ended at its deadline"):
+        await block.__aexit__(None, None, None)
+    assert [r.is_release for r in client.requests] == [False, True]
+
+
+@pytest.mark.asyncio
+async def test_an_outer_cancellation_of_an_expiring_block_stays_a_cancellation(
+    client: RecordingClient,
+) -> None:
+    async def body() -> None:
+        async with expires(0.01, client=client) as block:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                blocks.append(block)
+                task = asyncio.current_task()
+                assert task is not None
+                task.cancel()  # an outer cancellation, on top of the deadline's
+                await asyncio.sleep(0)  # ... delivered here
+
+    blocks: list[Expires] = []
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.create_task(body())
+    assert repr(blocks[0]).startswith("<Expires [expired]")
+
+
+@pytest.mark.asyncio
+async def test_rescheduling_later_moves_the_cancellation_and_the_servers_deadline(
+    client: RecordingClient,
+) -> None:
+    async with expires(0.02, scope="s", client=client, kill_after=2) as block:
+        block.reschedule(time.monotonic() + 3600)
+        await asyncio.sleep(0.1)  # past the first deadline: not cancelled
+        assert repr(block).startswith("<Expires [active]")
+    _, moved, release = client.requests
+    assert block.deadline is not None and moved.mono == block.deadline + 2
+    assert (moved.scope_id, release.scope_id, release.is_release) == ("s", "s", True)
+
+
+@pytest.mark.asyncio
+async def test_rescheduling_earlier_cancels_at_the_new_deadline(client: RecordingClient) -> None:
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        async with expires(3600, client=client) as block:
+            block.reschedule(time.monotonic() + 0.02)
+            await asyncio.sleep(3600)
+    assert time.monotonic() - started < LATE
+    assert block.deadline is not None and time.monotonic() >= block.deadline
+    assert repr(block).startswith("<Expires [expired]")
+
+
+@pytest.mark.asyncio
+async def test_a_rescheduled_block_is_listed_once_while_open(client: RecordingClient) -> None:
+    async with expires(3600, scope="s", client=client) as block:
+        for i in range(5):
+            block.reschedule(time.monotonic() + 100 + i)
+        task = asyncio.current_task()
+        assert open_blocks() == {task: ["s"]}
+    assert open_blocks() == {}
 
 
 def test_a_template_cannot_be_entered_and_an_entered_block_cannot_decorate(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import queue
 import re
@@ -26,12 +27,12 @@ from aiotimer.client import (
     FifoClient,
     InProcessClient,
     QueueClient,
+    _block_checks,
     configure,
     expires,
     expires_at,
     use_client,
 )
-from aiotimer.client import _expires as client_module
 from aiotimer.core import _scope
 from aiotimer.core._scope import default_scope, scope_at_site, scope_site, with_task
 from aiotimer.errors import ClientBackpressureError, ServerUnavailableError
@@ -196,6 +197,97 @@ def test_a_block_is_used_once(client: RecordingClient) -> None:
     assert "exited" in repr(block)
 
 
+# -- the lifecycle: guarded transitions ------------------------------------------------
+
+
+def test_a_with_block_goes_created_active_exited(client: RecordingClient) -> None:
+    block = expires(after=1, scope="s", client=client)
+    assert repr(block).startswith("<Expires [created]")
+    with block:
+        assert repr(block).startswith("<Expires [active]")
+        with pytest.raises(RuntimeError, match=r"cannot enter: it is running \(.*only once"):
+            block.__enter__()
+    assert repr(block).startswith("<Expires [exited] scope='s' deadline=")
+    assert "left" not in repr(block)  # no time left to show once it has ended
+    with pytest.raises(RuntimeError, match="cannot exit: it has ended"):
+        block.__exit__(None, None, None)
+    assert [r.is_release for r in client.requests] == [False, True]  # nothing more sent
+
+
+@pytest.mark.asyncio
+async def test_leaving_a_block_never_entered_is_refused(client: RecordingClient) -> None:
+    block = expires(after=1, scope="s", client=client)
+    with pytest.raises(RuntimeError, match="cannot exit: it was never entered"):
+        block.__exit__(None, None, None)
+    with pytest.raises(RuntimeError, match="cannot exit: it was never entered"):
+        await block.__aexit__(None, None, None)
+    assert client.requests == []
+    with block:  # the refusals changed nothing: it can still be used
+        pass
+    assert [r.is_release for r in client.requests] == [False, True]
+
+
+def test_reschedule_sends_the_new_deadline_under_the_same_scope(client: RecordingClient) -> None:
+    with expires(after=3600, scope="s", client=client, signal=15) as block:
+        new = time.monotonic() + 7200
+        block.reschedule(new)
+        assert block.deadline == new
+        assert repr(block).startswith(f"<Expires [active] scope='s' deadline={new:.3f} (")
+    first, moved, release = client.requests
+    assert (moved.scope_id, moved.signal, moved.mono) == ("s", 15, new)  # a sync block: one tier
+    assert moved.expiration_time > first.expiration_time + 3000
+    assert release.is_release
+
+
+def test_reschedule_is_refused_out_of_turn_and_checks_the_deadline(
+    client: RecordingClient,
+) -> None:
+    block = expires(after=1, scope="s", client=client)
+    with pytest.raises(RuntimeError, match="cannot reschedule: it was never entered"):
+        block.reschedule(time.monotonic() + 5)
+    with block:
+        with pytest.raises(ValueError, match="finite"):
+            block.reschedule(math.nan)
+        with pytest.raises(ValueError, match="epoch time"):
+            block.reschedule(time.time() + 5)
+    with pytest.raises(RuntimeError, match="cannot reschedule: it has ended"):
+        block.reschedule(time.monotonic() + 5)
+    assert [r.is_release for r in client.requests] == [False, True]
+
+
+def test_a_reschedule_that_is_not_delivered_keeps_the_old_deadline() -> None:
+    class Refusing(RecordingClient):
+        refuse = False
+
+        def send(self, request: Request) -> None:
+            if self.refuse and not request.is_release:
+                raise ServerUnavailableError("gone")
+            super().send(request)
+
+    client = Refusing()
+    with expires(after=3600, scope="s", client=client) as block:
+        old = block.deadline
+        client.refuse = True
+        with pytest.raises(ServerUnavailableError):
+            block.reschedule(time.monotonic() + 5)
+        assert block.deadline == old
+        assert repr(block).startswith("<Expires [active]")  # still running, still timed
+    assert [r.is_release for r in client.requests] == [False, True]
+
+
+def test_a_template_is_never_entered_nor_decorates_twice(client: RecordingClient) -> None:
+    template = expires(after=1, client=client)
+    template(lambda: None)
+    assert repr(template).startswith("<Expires [template]")
+    with pytest.raises(RuntimeError, match="cannot enter: it decorates a function"):
+        template.__enter__()
+    with pytest.raises(RuntimeError, match="cannot decorate: it decorates a function"):
+        template(lambda: None)
+    with pytest.raises(RuntimeError, match="cannot reschedule: it decorates a function"):
+        template.reschedule(time.monotonic())
+    assert client.requests == []
+
+
 def test_invalid_after_is_rejected() -> None:
     with pytest.raises(ValueError):
         expires(after=-1)
@@ -273,7 +365,8 @@ def test_the_constructors_check_their_arguments() -> None:
     with pytest.raises(ValueError, match=">= 0"):
         Expires("s", -1.0, None, None, None)
     block = Expires("s", 1.0, None, None, None)
-    assert (block.scope, block.deadline, repr(block)) == ("s", None, "<Expires created scope='s'>")
+    assert (block.scope, block.deadline) == ("s", None)
+    assert repr(block) == "<Expires [created] scope='s' after=1s>"
 
 
 def test_body_exception_is_not_masked_by_a_failing_release(
@@ -389,9 +482,12 @@ def test_use_client_overrides_configure(client: RecordingClient) -> None:
 
 def test_repr_shows_state_and_time_left(client: RecordingClient) -> None:
     block = expires(after=3, scope="s", client=client)
-    assert repr(block) == "<Expires created scope='s'>"
+    assert repr(block) == "<Expires [created] scope='s' after=3s>"
     with block:
-        assert "active" in repr(block) and "s left" in repr(block)
+        assert repr(block).startswith(
+            f"<Expires [active] scope='s' deadline={block.deadline:.3f} ("
+        )
+        assert repr(block).endswith("s left)>")
         remaining = block.remaining()
         assert remaining is not None and 0 < remaining <= 3
 
@@ -462,7 +558,7 @@ def test_a_fast_path_that_raises_on_acquire_fails_the_block_and_skips_the_body()
     block = expires(5, scope="s", client=Broken(accept=True))
     with pytest.raises(ServerUnavailableError), block:
         pytest.fail("the body must not run")  # pragma: no cover
-    assert repr(block).startswith("<Expires exited")
+    assert repr(block).startswith("<Expires [exited]")
 
 
 def test_an_explicit_scope_is_checked_once_and_a_bad_one_every_time(
@@ -471,34 +567,34 @@ def test_an_explicit_scope_is_checked_once_and_a_bad_one_every_time(
     """Valid explicit scope ids are remembered (a bounded set); refused ones never are,
     so a bad scope is refused on every block, by the shared validator's message."""
     checked: list[str] = []
-    real = client_module.scope_id_problem
+    real = _block_checks.scope_id_problem
 
     def counting(scope_id: str) -> str | None:
         checked.append(scope_id)
         return real(scope_id)
 
-    monkeypatch.setattr(client_module, "scope_id_problem", counting)
-    monkeypatch.setattr(client_module, "_valid_scopes", set())
+    monkeypatch.setattr(_block_checks, "scope_id_problem", counting)
+    _block_checks.valid_scopes.clear()  # a cache: the blocks' module holds the same set
     for _ in range(3):
         with expires(1, scope="fresh-scope", client=client):
             pass
         with pytest.raises(ValueError, match="MAX_SCOPE_ID_LENGTH"):
             expires(1, scope="x" * 2049, client=client)
     assert checked == ["fresh-scope"] + ["x" * 2049] * 3
-    for i in range(client_module._MAX_VALID_SCOPES + 5):
+    for i in range(_block_checks.MAX_VALID_SCOPES + 5):
         expires(1, scope=f"s{i}", client=client)
-    assert len(client_module._valid_scopes) <= client_module._MAX_VALID_SCOPES
+    assert len(_block_checks.valid_scopes) <= _block_checks.MAX_VALID_SCOPES
 
 
 @given(st.one_of(st.floats(), st.integers(min_value=-(2**1100), max_value=2**1100)))
 def test_the_entry_shortcut_for_numbers_agrees_with_the_validator(x: float) -> None:
-    """`0 <= x <= _MAX_FLOAT` accepts exactly what number_problem(minimum=0) accepts;
+    """`0 <= x <= MAX_FLOAT` accepts exactly what number_problem(minimum=0) accepts;
     everything else is refused with the validator's own message."""
     try:
         expected = number_problem("after", x, minimum=0)
     except OverflowError:  # an int too large for a float: refused either way
         expected = "overflow"
-    assert (0 <= x <= client_module._MAX_FLOAT) == (expected is None)
+    assert (0 <= x <= _block_checks.MAX_FLOAT) == (expected is None)
     if expected is None:
         assert expires(x, scope="s").scope == "s"
         assert expires(1, scope="s", kill_after=x).scope == "s"

@@ -1,12 +1,13 @@
 """Cancel a task at its block's deadline: the first tier of an ``async with`` block.
 
 The rules are ``asyncio.timeout``'s (CPython ``Lib/asyncio/timeouts.py``), kept exactly:
-at the deadline the loop cancels the task; on leaving the block, a cancellation that the
-deadline caused, and that no one else also asked for, becomes ``TimeoutError`` (chained
-from the ``CancelledError``); any other cancellation, such as an outer scope's or a
-caller's ``task.cancel()``, propagates untouched. ``task.cancelling()`` and
-``task.uncancel()`` tell the two apart, so nested blocks, ``asyncio.timeout`` and anyio's
-cancel scopes compose.
+at the deadline the loop cancels the task and tells the block (which goes from
+``active`` to ``expiring``, see :mod:`aiotimer.client._expires`); on leaving the block,
+a cancellation that the deadline caused, and that no one else also asked for, becomes
+``TimeoutError`` (chained from the ``CancelledError``); any other cancellation, such as
+an outer scope's or a caller's ``task.cancel()``, propagates untouched.
+``task.cancelling()`` and ``task.uncancel()`` tell the two apart, so nested blocks,
+``asyncio.timeout`` and anyio's cancel scopes compose.
 
 How it works: the deadlines of one loop (on ``time.monotonic()``) live in one heap with
 lazy deletion (trio's ``Deadlines``), under one loop timer armed for the earliest (a
@@ -28,59 +29,73 @@ import math
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import asyncio
 
-__all__ = ["TaskDeadline", "open_blocks"]
+__all__ = ["Deadlined", "TaskDeadline", "open_blocks"]
 
 #: Every block between entry and :meth:`TaskDeadline.stop`, in any thread: what a stack
 #: dump lists per task (a set: ~0.3 us per block to add and discard, no weak references).
 _open: set[TaskDeadline] = set()
 
 
+class Deadlined(Protocol):
+    """The block a :class:`TaskDeadline` belongs to."""
+
+    #: Names the block in a stack dump (:func:`open_blocks`).
+    scope: str
+
+    def _on_deadline(self) -> None:
+        """The deadline passed: the block's task has just been cancelled."""
+
+
 class TaskDeadline:
     """Cancel ``task`` at ``when`` (``time.monotonic()``), never before, unless
-    :meth:`stop` comes first; ``scope`` names the block (for :func:`open_blocks`)."""
+    :meth:`stop` comes first, and then tell ``block``. ``cancelling`` is
+    ``task.cancelling()`` as the block was entered (what :meth:`timed_out` compares
+    with)."""
 
-    __slots__ = ("_cancelling", "_deadlines", "_done", "_expired", "_task", "scope", "when")
+    __slots__ = ("_block", "_cancelling", "_deadlines", "_done", "_task", "when")
 
-    def __init__(self, task: asyncio.Task[Any], when: float, scope: str) -> None:
+    def __init__(
+        self, task: asyncio.Task[Any], when: float, block: Deadlined, cancelling: int
+    ) -> None:
         self._task = task
-        self.scope = scope
+        self._block = block
         self.when = when
-        self._cancelling = task.cancelling()
-        self._expired = False
-        self._done = False
+        self._cancelling = cancelling
+        self._done = False  # out of the running: stopped, or fired
         self._deadlines = _deadlines_of(task.get_loop())
         self._deadlines.add(self)
         _open.add(self)
 
     def _expire(self) -> None:
-        self._expired = True
+        self._done = True
         self._task.cancel()
-
-    @property
-    def expired(self) -> bool:
-        """Whether the deadline passed (and the task was cancelled) inside the block."""
-        return self._expired
+        self._block._on_deadline()
 
     def stop(self) -> None:
         """The block's body has ended: the deadline can no longer cancel the task (so
         what the block does on its way out, such as a release that has to wait, runs
         uninterrupted)."""
         _open.discard(self)
-        if not (self._expired or self._done):
+        if not self._done:
             self._done = True
             self._deadlines.discard()
 
-    def leave(self, exc_type: type[BaseException] | None, exc: BaseException | None) -> None:
-        """The block ends with ``exc`` (after :meth:`stop`): raise ``TimeoutError`` if
-        the deadline's cancellation is what ends it."""
+    def moved(self, when: float) -> TaskDeadline:
+        """This deadline moved to ``when``: stopped, and a new one for the same task and
+        block returned."""
+        self.stop()
+        return TaskDeadline(self._task, when, self._block, self._cancelling)
+
+    def timed_out(self, exc_type: type[BaseException] | None, exc: BaseException | None) -> None:
+        """The block, whose deadline passed, ends with ``exc`` (after :meth:`stop`):
+        raise ``TimeoutError`` if the deadline's cancellation is what ends it."""
         if (
-            self._expired
-            and self._task.uncancel() <= self._cancelling
+            self._task.uncancel() <= self._cancelling
             # asyncio is loaded (a task exists); this module does not import it, so a
             # worker that never runs a loop never loads it.
             and exc_type is sys.modules["asyncio"].CancelledError
@@ -93,7 +108,7 @@ def open_blocks() -> dict[asyncio.Task[Any], list[str]]:
     by task. Safe from a signal handler: it copies the set in one step."""
     found: dict[asyncio.Task[Any], list[str]] = {}
     for deadline in list(_open):
-        found.setdefault(deadline._task, []).append(deadline.scope)
+        found.setdefault(deadline._task, []).append(deadline._block.scope)
     return found
 
 
