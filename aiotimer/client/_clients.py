@@ -1,11 +1,12 @@
 """Transport clients: how a worker's requests reach a timer server.
 
-Every client implements :class:`TimerClient` (``_common``); one module per transport:
-:class:`FifoClient` (``fifo``: the named pipe of ``aiotimer serve`` or of torch's
-``FileTimerServer``), :class:`QueueClient` (``queue``: a ``multiprocessing`` queue,
-torch's ``TimerRequest`` shape), :class:`InProcessClient` (``inprocess``: a server
-embedded in this process). ``discovery`` decides which client a block uses when it
-names none.
+Every client implements :class:`TimerClient` (``_transport``, with the wait drivers they
+share); one module per transport: :class:`FifoClient` (``_fifo``, over ``_fifo_peer``,
+which server reads the path, and ``_fifo_link``, the descriptor to it: the named pipe of
+``aiotimer serve`` or of torch's ``FileTimerServer``), :class:`QueueClient` (``_queue``:
+a ``multiprocessing`` queue, torch's ``TimerRequest`` shape), :class:`InProcessClient`
+(``_inprocess``: a server embedded in this process). ``_discovery`` decides which client
+a block uses when it names none.
 """
 
 from __future__ import annotations
