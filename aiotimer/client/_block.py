@@ -201,7 +201,10 @@ class Expires:
         self.deadline = deadline
         self._state = _ENTERED
         reap_at = deadline + kill_after
-        dump = kill_after > 0 and _asks_for_dump()
+        dump = False
+        if kill_after > 0:  # _asks_for_dump(), inlined: this runs for every async block
+            hooks = _modules.get("aiotimer.client._dump_hook")
+            dump = hooks is not None and hooks._hook is not None
         expiration_time = wall + (reap_at - mono)
         try:
             if nowait is not None and nowait(
