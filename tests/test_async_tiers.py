@@ -220,6 +220,19 @@ async def test_an_outer_cancellation_of_an_expiring_block_stays_a_cancellation(
 
 
 @pytest.mark.asyncio
+async def test_entering_an_active_block_again_leaves_its_deadline_alone(
+    client: RecordingClient,
+) -> None:
+    """The refusal comes before anything changes: the block's deadline is still
+    stopped when it ends, so it never cancels the task afterwards."""
+    async with expires(0.05, client=client) as block:
+        with pytest.raises(RuntimeError, match="cannot enter: it is running"):
+            await block.__aenter__()
+    await asyncio.sleep(0.1)  # past the deadline: nothing happens
+    assert repr(block).startswith("<Expires [exited]")
+
+
+@pytest.mark.asyncio
 async def test_rescheduling_later_moves_the_cancellation_and_the_servers_deadline(
     client: RecordingClient,
 ) -> None:
