@@ -96,8 +96,8 @@ async def serve_connection(
     """Answer requests on ``stream`` until the peer closes it, keep-alive permitting.
 
     A peer that takes more than ``request_timeout`` seconds to send a request (or its
-    body) is disconnected; a malformed or oversized request gets a 4xx and the
-    connection is closed.
+    body), or to take its answer, is disconnected; a malformed or oversized request gets
+    a 4xx and the connection is closed.
     """
     conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEADERS)
     while True:
@@ -107,12 +107,16 @@ async def serve_connection(
         except TimeoutError:
             return
         except _BadRequestError as exc:
-            await _send(conn, stream, error_response(exc.status, exc.message), close=True)
+            with anyio.move_on_after(request_timeout):
+                await _send(conn, stream, error_response(exc.status, exc.message), close=True)
             return
         if request is None:
             return
         response = await handle(request)
-        await _send(conn, stream, response, close=False)
+        with anyio.move_on_after(request_timeout) as sending:
+            await _send(conn, stream, response, close=False)
+        if sending.cancelled_caught:
+            return  # a peer that does not take its answer
         if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
             return  # h11 decided the connection closes (HTTP/1.0, Connection: close)
         conn.start_next_cycle()

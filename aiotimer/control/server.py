@@ -1,4 +1,4 @@
-"""The control socket: HTTP/1.1 + JSON on a Unix socket, served in the owner's loop.
+"""The control socket: HTTP/1.1 + JSON on a Unix socket, and ``/metrics`` over TCP.
 
 Access is the file system's and the kernel's business: the socket is created with mode
 0600 in a private directory (made 0700, or an existing one of this user that nobody
@@ -10,13 +10,21 @@ Requests are answered in the event loop of the server that owns the socket, so e
 read is a consistent snapshot; handlers keep their work bounded (see
 :mod:`aiotimer.control.snapshot`) so a request never stalls expiry. Routes are data: a
 list of :class:`Route` (method, path pattern, handler), so a layer on top (a supervisor)
-adds its own.
+adds its own. A handler that raises gets its request a ``500`` and a log line, nothing
+more.
+
+Both listeners serve under a cap (``max_connections`` at once, a connection over it
+closed at once), close a connection that sends no complete request within
+``request_timeout`` seconds, and survive ``accept()`` failing (see
+:mod:`aiotimer.control._listen`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import functools
+import logging
 import os
 import re
 import socket
@@ -28,6 +36,7 @@ from typing import Final
 
 import anyio
 import anyio.abc
+from anyio import create_tcp_listener, create_unix_listener
 
 from aiotimer._edges.files import make_private_dir
 from aiotimer.control._http import (
@@ -38,6 +47,7 @@ from aiotimer.control._http import (
     peer_credentials,
     serve_connection,
 )
+from aiotimer.control._listen import serve_listener
 from aiotimer.control._paths import MAX_SOCKET_PATH, fits_socket
 from aiotimer.errors import ControlError, UnsafePathError
 
@@ -49,9 +59,12 @@ __all__ = [
     "serve_tcp",
 ]
 
-#: Connections served at once; more are closed at once.
+logger = logging.getLogger("aiotimer.control")
+
+#: Connections served at once per listener; more are closed at once.
 MAX_CONNECTIONS: Final[int] = 16
-#: Seconds a peer has to send each request before it is disconnected.
+#: Seconds a peer has to send each request (and to take its answer) before it is
+#: disconnected.
 REQUEST_TIMEOUT: Final[float] = 10.0
 
 
@@ -74,6 +87,8 @@ class ControlServer:
             write to.
         routes: what it answers; anything else gets ``404`` (or ``405``).
         on_refused: called with the credentials of each refused peer (another user).
+        max_connections: connections served at once; more are closed at once.
+        request_timeout: seconds a peer has to send each request.
 
     Raises (from :meth:`serve`):
         ControlError: the path is too long for a Unix socket, its directory is not
@@ -87,12 +102,15 @@ class ControlServer:
         routes: Sequence[Route],
         *,
         on_refused: Callable[[PeerCredentials], None] | None = None,
+        max_connections: int = MAX_CONNECTIONS,
+        request_timeout: float = REQUEST_TIMEOUT,
     ) -> None:
         self.path = Path(path)
         self._router = _Router(routes)
         self._on_refused = on_refused
         self._uid = os.getuid()
-        self._active = 0
+        self._max_connections = max_connections
+        self._request_timeout = request_timeout
 
     async def serve(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -100,12 +118,17 @@ class ControlServer:
         """Bind the socket, report started, then serve until cancelled; the socket file
         is removed on the way out."""
         created = _prepare(self.path)
-        listener = await anyio.create_unix_listener(self.path, mode=0o600)
+        listener = await create_unix_listener(self.path, mode=0o600)
         ident = os.stat(self.path)
         try:
-            async with listener, anyio.create_task_group() as tg:
+            async with listener:
                 task_status.started()
-                await listener.serve(self._connection, task_group=tg)
+                await serve_listener(
+                    listener,
+                    self._connection,
+                    name=f"control socket {self.path}",
+                    max_connections=self._max_connections,
+                )
         finally:
             with contextlib.suppress(OSError):
                 now = os.stat(self.path)
@@ -116,27 +139,17 @@ class ControlServer:
                     self.path.parent.rmdir()
 
     async def _connection(self, stream: anyio.abc.SocketStream) -> None:
-        async with stream:
-            if self._active >= MAX_CONNECTIONS:
-                return
-            self._active += 1
-            try:
-                raw = stream.extra(anyio.abc.SocketAttribute.raw_socket)
-                peer = peer_credentials(raw)
-                allowed = peer.uid in (self._uid, 0)
-                if not allowed and self._on_refused is not None:
-                    self._on_refused(peer)
+        peer = peer_credentials(stream.extra(anyio.abc.SocketAttribute.raw_socket))
+        allowed = peer.uid in (self._uid, 0)
+        if not allowed and self._on_refused is not None:
+            self._on_refused(peer)
 
-                async def handle(request: HttpRequest) -> HttpResponse:
-                    if not allowed:
-                        return error_response(
-                            403, f"uid {peer.uid} may not use this control socket"
-                        )
-                    return await self._router.dispatch(request)
+        async def handle(request: HttpRequest) -> HttpResponse:
+            if not allowed:
+                return error_response(403, f"uid {peer.uid} may not use this control socket")
+            return await self._router.dispatch(request)
 
-                await serve_connection(stream, handle, request_timeout=REQUEST_TIMEOUT)
-            finally:
-                self._active -= 1
+        await serve_connection(stream, handle, request_timeout=self._request_timeout)
 
 
 class _Router:
@@ -147,7 +160,8 @@ class _Router:
 
     async def dispatch(self, request: HttpRequest) -> HttpResponse:
         """The matching route's answer; ``404``/``405`` when none matches, ``400`` when
-        the handler raises :class:`~aiotimer.errors.ControlError` (a bad parameter)."""
+        the handler raises :class:`~aiotimer.errors.ControlError` (a bad parameter),
+        ``500`` (and a log line) when it raises anything else."""
         methods: list[str] = []
         for method, pattern, handler in self._routes:
             match = pattern.fullmatch(request.path)
@@ -160,6 +174,9 @@ class _Router:
                 return await handler(request, **match.groupdict())
             except ControlError as exc:
                 return error_response(400, str(exc))
+            except Exception as exc:
+                logger.exception("the control handler of %s %s raised", method, request.path)
+                return error_response(500, f"internal error: {exc!r}")
         if methods:
             return error_response(405, f"use {' or '.join(methods)} on {request.path}")
         return error_response(404, f"no such endpoint: {request.path}")
@@ -170,6 +187,8 @@ async def serve_tcp(
     port: int,
     *,
     host: str = "127.0.0.1",
+    max_connections: int = MAX_CONNECTIONS,
+    request_timeout: float = REQUEST_TIMEOUT,
     task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``routes`` over TCP on ``host:port`` until cancelled, for scrapers that
@@ -181,17 +200,27 @@ async def serve_tcp(
     """
     router = _Router(routes)
     try:
-        listener = await anyio.create_tcp_listener(local_host=host, local_port=port)
+        multi = await create_tcp_listener(local_host=host, local_port=port)
     except OSError as exc:
         raise ControlError(f"cannot serve metrics on {host}:{port}: {exc}") from exc
 
     async def connection(stream: anyio.abc.SocketStream) -> None:
-        async with stream:
-            await serve_connection(stream, router.dispatch, request_timeout=REQUEST_TIMEOUT)
+        await serve_connection(stream, router.dispatch, request_timeout=request_timeout)
 
-    async with listener, anyio.create_task_group() as tg:
+    async with multi, anyio.create_task_group() as tg:
+        bound = multi.listeners[0].extra(anyio.abc.SocketAttribute.local_port)
+        for listener in multi.listeners:
+            assert isinstance(listener, anyio.abc.SocketListener)
+            tg.start_soon(
+                functools.partial(
+                    serve_listener,
+                    listener,
+                    connection,
+                    name=f"metrics port {host}:{bound}",
+                    max_connections=max_connections,
+                )
+            )
         task_status.started()
-        await listener.serve(connection, task_group=tg)
 
 
 def _prepare(path: Path) -> bool:
