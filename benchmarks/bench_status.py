@@ -33,7 +33,8 @@ from pathlib import Path
 import anyio
 import msgspec
 
-from aiotimer.control.snapshot import DEFAULT_LIMIT
+from aiotimer.control import ControlPlane
+from aiotimer.control.snapshot import DEFAULT_LIMIT, status_snapshot
 from aiotimer.server import TimerServer, loop_factory
 from aiotimer.testing import MemorySource, RecordingReaper
 from benchmarks._util import format_table
@@ -63,8 +64,8 @@ async def measure(
     (median, max)."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "http.sock"
-        server = TimerServer(sources=[MemorySource()], reaper=RecordingReaper(), control=path)
-        async with server:
+        server = TimerServer(sources=[MemorySource()], reaper=RecordingReaper())
+        async with server, ControlPlane(server, path=path):
             for i in range(timers):
                 server.acquire(f"scope-{i}", 3600 + i * 1e-3, pid=10_000 + i % max(1, workers))
             out: dict[str, tuple[float, float]] = {}
@@ -81,10 +82,10 @@ async def measure(
             steps = []
             for _ in range(requests):
                 t0 = time.thread_time()
-                msgspec.json.encode(server.status(limit=limit))
+                msgspec.json.encode(status_snapshot(server.snapshot(limit, sites=limit)))
                 steps.append(time.thread_time() - t0)
             out["snapshot step"] = (statistics.median(steps), max(steps))
-            assert server.status(limit=0).timers_total == timers
+            assert server.snapshot(0).timers_total == timers
     return out
 
 

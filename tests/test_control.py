@@ -1,7 +1,8 @@
 """The control socket in process: endpoints, limits, access, events and metrics.
 
-The server runs in the test's loop with a recording reaper; the blocking client talks
-to it from a worker thread, as ``aiotimer status`` would from another process.
+The server runs in the test's loop with a recording reaper and a control plane composed
+around it; the blocking client talks to it from a worker thread, as ``aiotimer status``
+would from another process.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import pytest
 
 from aiotimer import Escalation, ReapPolicy
 from aiotimer import events as ev
-from aiotimer.control import ControlClient, StatusSnapshot
+from aiotimer.control import ControlClient, ControlPlane, StatusSnapshot
 from aiotimer.errors import ControlError, ServerUnavailableError
 from aiotimer.server import TimerServer
 from aiotimer.testing import MemorySource, RecordingReaper, settle, wait_until
@@ -40,19 +41,22 @@ async def call(fn: Callable[[], _T]) -> _T:
 
 @asynccontextmanager
 async def serving(
-    tmp_path: Path, **kwargs: object
+    tmp_path: Path, *, metrics_port: int | None = None, **kwargs: object
 ) -> AsyncIterator[tuple[TimerServer, ControlClient, list[ev.Event]]]:
     seen: list[ev.Event] = []
     kwargs.setdefault("reaper", RecordingReaper())
     path = tmp_path / "ctl" / "http.sock"
     server = TimerServer(
         sources=[MemorySource()],
-        control=path,
         on_event=seen.append,
         **kwargs,  # type: ignore[arg-type]
     )
-    async with server:
+    async with server, ControlPlane(server, path=path, metrics_port=metrics_port):
         yield server, ControlClient(path, timeout=5.0), seen
+
+
+def reaped(server: TimerServer) -> int:
+    return server.snapshot(0).counters.reaped
 
 
 async def test_state_lists_timers_workers_and_counters(tmp_path: Path) -> None:
@@ -94,7 +98,7 @@ async def test_events_since_a_number(tmp_path: Path) -> None:
         first = await call(client.events)
         assert [e["event"] for e in first.events] == ["server_started"]
         server.acquire("late", 0, pid=4242)  # expires at once: expired, then reaped
-        await wait_until(lambda: server.status().counters["reaped"] == 1)
+        await wait_until(lambda: reaped(server) == 1)
         page = await call(lambda: client.events(since=first.last))
     kinds = [e["event"] for e in page.events]
     assert kinds[:2] == ["timer_expired", "worker_reaped"]
@@ -106,7 +110,7 @@ async def test_metrics_come_from_the_servers_own_state(tmp_path: Path) -> None:
     async with serving(tmp_path) as (server, client, _):
         server.acquire("a", 60, pid=4242)
         server.acquire("b", 0, pid=4343)
-        await wait_until(lambda: server.status().counters["reaped"] == 1)
+        await wait_until(lambda: reaped(server) == 1)
         text = await call(client.metrics)
     lines = dict(line.rsplit(" ", 1) for line in text.splitlines() if not line.startswith("#"))
     assert float(lines["aiotimer_live_timers"]) == 1
@@ -140,20 +144,23 @@ async def test_bad_requests_get_clear_errors(tmp_path: Path) -> None:
 
 
 async def test_socket_and_directory_are_private(tmp_path: Path) -> None:
-    async with serving(tmp_path) as (server, _, _):
-        path = server.control_path
+    server = TimerServer(sources=[MemorySource()], reaper=RecordingReaper())
+    async with server, ControlPlane(server, path=tmp_path / "ctl" / "http.sock") as plane:
+        path = plane.path
         assert path is not None
         assert stat.S_ISSOCK(os.stat(path).st_mode)
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
         assert stat.S_IMODE(os.stat(path.parent).st_mode) == 0o700
     assert not path.exists() and not path.parent.exists()  # cleaned up on stop
+    assert plane.path is None
 
 
 async def test_a_live_socket_is_never_taken_over(tmp_path: Path) -> None:
-    async with serving(tmp_path) as (server, client, _):
-        second = TimerServer(sources=[MemorySource()], control=server.control_path)
+    async with serving(tmp_path) as (_, client, _):
+        second = TimerServer(sources=[MemorySource()])
+        plane = ControlPlane(second, path=client.path)
         with pytest.raises(ControlError, match="another server listens"):
-            await second.start()
+            await plane.start()
         assert (await call(client.state)).server.state == "running"
 
 
@@ -170,9 +177,9 @@ async def test_something_else_in_the_way_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "ctl" / "http.sock"
     path.parent.mkdir()
     path.write_text("not a socket")
-    server = TimerServer(sources=[MemorySource()], control=path)
+    plane = ControlPlane(TimerServer(sources=[MemorySource()]), path=path)
     with pytest.raises(ControlError, match="not a socket"):
-        await server.start()
+        await plane.start()
     assert path.read_text() == "not a socket"
 
 
@@ -184,14 +191,32 @@ async def test_nothing_serves_a_missing_socket(tmp_path: Path) -> None:
 
 async def test_the_fifo_marker_names_the_control_socket(tmp_path: Path) -> None:
     fifo = tmp_path / "t.fifo"
-    async with TimerServer(fifo=fifo, reaper=RecordingReaper()) as server:
-        assert server.control_path == tmp_path / "t.fifo.control" / "http.sock"
+    async with (
+        TimerServer(fifo=fifo, reaper=RecordingReaper()) as server,
+        ControlPlane(server) as plane,
+    ):
+        assert plane.path == tmp_path / "t.fifo.control" / "http.sock"
         snap = await call(ControlClient.for_fifo(fifo).state)
         assert snap.server.fifo == str(fifo)
-    async with TimerServer(fifo=fifo, reaper=RecordingReaper(), control=False) as server:
-        assert server.control_path is None
+        assert snap.server.control == str(plane.path)
+    # The plane started first names its socket from the marker's first write, and the
+    # marker stops naming it once the plane stops (the server still runs).
+    server = TimerServer(fifo=fifo, reaper=RecordingReaper())
+    async with ControlPlane(server) as plane, server:
+        assert (await call(ControlClient.for_fifo(fifo).state)).server.state == "running"
+        await plane.aclose()
         with pytest.raises(ControlError, match="without a control socket"):
             ControlClient.for_fifo(fifo)
+    async with TimerServer(fifo=fifo, reaper=RecordingReaper()):  # no plane composed
+        with pytest.raises(ControlError, match="without a control socket"):
+            ControlClient.for_fifo(fifo)
+
+
+async def test_a_plane_without_a_path_beside_no_fifo_is_a_clear_error() -> None:
+    plane = ControlPlane(TimerServer(sources=[MemorySource()]))
+    with pytest.raises(ControlError, match="no FIFO to put it beside"):
+        await plane.start()
+    assert repr(plane) == "<ControlPlane created>"  # refused before it started
 
 
 async def test_async_on_event_is_awaited_in_order_and_cannot_stall(tmp_path: Path) -> None:
@@ -241,10 +266,10 @@ async def test_a_blocked_loop_is_reported_as_loop_lag(tmp_path: Path) -> None:
     assert snap.server.max_loop_lag == lag.lag
 
 
-async def test_status_from_another_thread_is_taken_in_the_loop(tmp_path: Path) -> None:
+async def test_a_snapshot_from_another_thread_is_taken_in_the_loop(tmp_path: Path) -> None:
     async with serving(tmp_path) as (server, _, _):
         server.acquire("x", 60, pid=4242)
-        snap = await call(server.status)
+        snap = await call(server.snapshot)
     assert snap.timers_total == 1 and snap.timers[0].scope_id == "x"
 
 
@@ -262,10 +287,10 @@ async def test_a_worker_being_reaped_is_listed_as_reaping(tmp_path: Path) -> Non
 
 
 async def test_metrics_over_loopback_tcp_only_metrics(tmp_path: Path) -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    async with serving(tmp_path, metrics_port=port) as (server, _, _):
+    server = TimerServer(sources=[MemorySource()], reaper=RecordingReaper())
+    async with server, ControlPlane(server, path=False, metrics_port=0) as plane:
+        port = plane.metrics_port
+        assert port is not None and plane.path is None
         server.acquire("a", 60, pid=4242)
 
         def get(path: str) -> tuple[int, str]:
@@ -278,3 +303,4 @@ async def test_metrics_over_loopback_tcp_only_metrics(tmp_path: Path) -> None:
         status, text = await call(lambda: get("/metrics"))
         assert status == 200 and "aiotimer_live_timers 1.0" in text.splitlines()
         assert (await call(lambda: get("/v1/state")))[0] == 404
+        assert repr(plane) == f"<ControlPlane running: metrics 127.0.0.1:{port}>"

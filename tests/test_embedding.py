@@ -1,5 +1,6 @@
 """The server embedded in each way an asyncio program starts: ``asyncio.run``,
-``uvloop.run`` and ``anyio.run``, each reaping a real child through a real FIFO."""
+``uvloop.run`` and ``anyio.run``, each reaping a real child through a real FIFO, with a
+control plane composed around it (what an embedding agent does for a control socket)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import anyio
 import pytest
 
 from aiotimer import TimerServer
+from aiotimer.control import ControlClient, ControlPlane, StatusSnapshot
 from aiotimer.events import Event, WorkerReaped
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(60)]
@@ -36,9 +38,10 @@ time.sleep(60)
 """
 
 
-async def reap_one_child(fifo: Path) -> tuple[int, list[Event]]:
+async def reap_one_child(fifo: Path) -> tuple[int, list[Event], StatusSnapshot]:
     events: list[Event] = []
-    async with TimerServer(fifo=fifo, on_event=events.append):
+    async with TimerServer(fifo=fifo, on_event=events.append) as server, ControlPlane(server):
+        status = await anyio.to_thread.run_sync(ControlClient.for_fifo(fifo).state)
         child = subprocess.Popen(
             [sys.executable, "-c", CHILD, str(fifo)], stdout=subprocess.PIPE, text=True
         )
@@ -52,7 +55,7 @@ async def reap_one_child(fifo: Path) -> tuple[int, list[Event]]:
             returncode = child.wait()
             assert child.stdout is not None
             child.stdout.close()
-    return returncode, events
+    return returncode, events, status
 
 
 def run_with_asyncio(coro: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
@@ -77,9 +80,11 @@ def test_embedded_server_reaps_a_stuck_child(
     runner: Callable[[Callable[[], Coroutine[Any, Any, Any]]], Any], tmp_path: Path
 ) -> None:
     fifo = tmp_path / "timer.fifo"
-    returncode, events = runner(lambda: reap_one_child(fifo))
+    returncode, events, status = runner(lambda: reap_one_child(fifo))
     assert returncode == -signal.SIGKILL
+    assert status.server.state == "running" and status.server.fifo == str(fifo)
     reaped = [e for e in events if isinstance(e, WorkerReaped)]
     assert len(reaped) == 1
     assert not fifo.exists(), "the server removes the FIFO it created"
+    assert not (tmp_path / "timer.fifo.control").exists(), "the plane removes its socket"
     assert json.dumps(reaped[0].to_dict())  # events serialise for the event log

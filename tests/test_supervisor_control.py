@@ -1,6 +1,7 @@
 """A supervisor's control socket: its workers in the state, restart and stop by rank.
 
-Real worker processes (sleepers), a real socket; the blocking client runs in a thread.
+Real worker processes (sleepers), a real socket served by a control plane composed over
+the supervisor; the blocking client runs in a thread.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ import anyio
 import pytest
 
 from aiotimer import Supervisor, WorkerState
-from aiotimer.control import ControlClient
+from aiotimer.control import ControlClient, ControlPlane
 from aiotimer.control._format import format_status
-from aiotimer.errors import ControlError
+from aiotimer.errors import ControlError, ServerStateError
 from aiotimer.testing import wait_until
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.process, pytest.mark.timeout(60)]
@@ -32,7 +33,10 @@ async def call(fn: Callable[[], _T]) -> _T:
 
 async def test_state_restart_and_stop_by_rank(tmp_path: Path) -> None:
     path = tmp_path / "sup.sock"
-    async with Supervisor(SLEEPER, nproc=2, control=path, stop_timeout=2) as sup:
+    async with (
+        Supervisor(SLEEPER, nproc=2, stop_timeout=2) as sup,
+        ControlPlane(sup, path=path),
+    ):
         await wait_until(lambda: all(w.pid for w in sup.get_state().workers), timeout=20)
         client = ControlClient(path, timeout=20)
         snap = await call(client.state)
@@ -58,3 +62,10 @@ async def test_state_restart_and_stop_by_rank(tmp_path: Path) -> None:
 
         with pytest.raises(ControlError, match="404"):
             await call(lambda: client.restart(7))
+        assert snap.server.control == str(path) and snap.server.state == "running"
+
+
+async def test_a_plane_over_a_supervisor_that_has_not_started_is_refused() -> None:
+    plane = ControlPlane(Supervisor(SLEEPER))
+    with pytest.raises(ServerStateError, match="start the supervisor"):
+        await plane.start()

@@ -25,6 +25,7 @@ from aiotimer.cli._args import (
 )
 from aiotimer.cluster._cli import add_node_arguments, node_config
 from aiotimer.cluster._node import ClusterSession, cluster_session
+from aiotimer.control import ControlPlane
 from aiotimer.errors import AiotimerError
 from aiotimer.reapers._signal import SignalReaper
 from aiotimer.server._thread import loop_factory
@@ -177,7 +178,6 @@ async def _supervise(
         coordinator=cluster.coordinator,
         restart_count=cluster.restart_count,
         on_event=cluster.on_event,
-        control=args.control or True,
     )
     loop = asyncio.get_running_loop()
     interrupted: list[int] = []
@@ -192,7 +192,12 @@ async def _supervise(
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, on_signal, signum)
     try:
-        async with cluster.publishing(supervisor), supervisor, cluster.coordinating(supervisor):
+        async with (
+            cluster.publishing(supervisor),
+            supervisor,
+            ControlPlane(supervisor, path=args.control or True),
+            cluster.coordinating(supervisor),
+        ):
             ended = asyncio.ensure_future(supervisor.wait())
             stopped = asyncio.ensure_future(stop.wait())
             await asyncio.wait({ended, stopped}, return_when=asyncio.FIRST_COMPLETED)

@@ -1,5 +1,6 @@
 """``aiotimer serve``: run a timer server on a FIFO (and optionally a Unix socket) until
-SIGINT/SIGTERM."""
+SIGINT/SIGTERM, with a control plane composed around it (the control socket, and
+``/metrics`` over TCP with ``--metrics-port``)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from aiotimer.cli._args import (
 from aiotimer.cli._status import log_summary
 from aiotimer.cluster._cli import add_node_arguments, node_config, publishing, server_status
 from aiotimer.cluster._publisher import NodePublisher
+from aiotimer.control import ControlPlane
 from aiotimer.core._stats_format import format_summaries
 from aiotimer.diagnostics import private_dump_dir
 from aiotimer.errors import AiotimerError
@@ -191,16 +193,25 @@ async def _serve(args: argparse.Namespace) -> str | None:
         policy=policy_from_args(args),
         reaper=SignalReaper(dump_dir=args.dump_dir, kill_policy=kill_policy_from_args(args)),
         on_event=watch,
-        control=False if args.no_control else (args.control or True),
-        metrics_port=args.metrics_port,
         stats_interval=max(args.stats_interval, 0.01),
         journal=not args.no_journal,
         max_timers=args.max_timers,
         max_timers_per_worker=args.max_timers_per_worker,
     )
+    # The control plane starts first, so the FIFO's marker names its socket from the
+    # first write; it serves the server's state through start and stop.
+    plane = ControlPlane(
+        server,
+        path=False if args.no_control else (args.control or True),
+        metrics_port=args.metrics_port,
+    )
     loop.add_signal_handler(signal.SIGUSR1, log_summary, server)
     try:
-        async with publishing(node_config(args), lambda: server_status(server)) as node, server:
+        async with (
+            publishing(node_config(args), lambda: server_status(server)) as node,
+            plane,
+            server,
+        ):
             publishers.extend([node] if node is not None else [])
             _freeze_startup_heap()
             await stop.wait()

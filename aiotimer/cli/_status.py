@@ -19,7 +19,7 @@ import msgspec
 from aiotimer.cluster._cli import add_job_status_arguments, run_job_status
 from aiotimer.control._format import format_status
 from aiotimer.control.client import ControlClient
-from aiotimer.control.snapshot import DEFAULT_LIMIT, MAX_LIMIT
+from aiotimer.control.snapshot import DEFAULT_LIMIT, MAX_LIMIT, status_snapshot
 from aiotimer.errors import ControlError, ServerUnavailableError
 from aiotimer.server._server import TimerServer
 
@@ -108,7 +108,7 @@ def run_status(args: argparse.Namespace) -> int:
 def log_summary(server: TimerServer) -> None:
     """Log ``server``'s state in the human view (``aiotimer serve`` does on SIGUSR1)."""
     try:
-        text = format_status(server.status())
+        text = format_status(status_snapshot(server.snapshot()))
     except Exception:
         logger.exception("could not summarise the server's state")
         return

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import socket
@@ -132,11 +133,11 @@ async def publishing(
 def server_status(server: TimerServer) -> NodeStatus:
     """A standalone server's :class:`NodeStatus`: its workers (by pid) and timer counts.
 
-    Built from :meth:`TimerServer.status`, whose cost is bounded (it lists at most
+    Built from :meth:`TimerServer.snapshot`, whose cost is bounded (it lists at most
     :data:`MAX_RECORD_WORKERS` workers; the totals stay exact), so publishing never
     copies the timer table.
     """
-    snap = server.status(limit=MAX_RECORD_WORKERS)
+    snap = server.snapshot(MAX_RECORD_WORKERS, sites=0)
     return NodeStatus(
         role="server",
         workers=tuple(
@@ -144,7 +145,7 @@ def server_status(server: TimerServer) -> NodeStatus:
         ),
         workers_total=snap.workers_total,
         live_timers=snap.timers_total,
-        counters=snap.counters,
+        counters=dataclasses.asdict(snap.counters),
     )
 
 

@@ -16,6 +16,7 @@ supervisor's record and, with ``--restart-scope job``, is the supervisor's
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 import anyio
 import anyio.abc
 
+from aiotimer._edges.lifecycle import Lifecycle
 from aiotimer.cluster import connect
 from aiotimer.cluster._cli import MAX_RECORD_WORKERS, NodeConfig
 from aiotimer.cluster._job import JobRestarts
@@ -32,7 +34,7 @@ from aiotimer.cluster._record import WorkerRecord
 from aiotimer.cluster._store import Store
 from aiotimer.errors import ClusterError, ServerStateError
 from aiotimer.events import Event, SupervisorGaveUp, WorkerStarted
-from aiotimer.server._server import Lifecycle
+from aiotimer.supervisor._records import SupervisorActions
 from aiotimer.supervisor._restart import RestartPolicy
 from aiotimer.supervisor._supervisor import Decision, Supervisor, WorkerFailure
 
@@ -46,13 +48,13 @@ GIVE_UP_TIMEOUT = 5.0
 
 def supervisor_status(supervisor: Supervisor, generation: int | None = None) -> NodeStatus:
     """A supervisor's :class:`~aiotimer.cluster.NodeStatus`: its worker slots, and their
-    timer counts from the embedded server's bounded :meth:`~aiotimer.TimerServer.status`
+    timer counts from the embedded server's bounded :meth:`~aiotimer.TimerServer.snapshot`
     (the timer table is never copied)."""
     state = supervisor.get_state(server=False)
     server = supervisor.server
     snap = None
     if server is not None and server.state in (Lifecycle.RUNNING, Lifecycle.STOPPING):
-        snap = server.status(limit=MAX_RECORD_WORKERS)
+        snap = server.snapshot(MAX_RECORD_WORKERS, sites=0)
     timers = {} if snap is None else {w.pid: w.timers for w in snap.workers}
     return NodeStatus(
         role="supervisor",
@@ -68,7 +70,7 @@ def supervisor_status(supervisor: Supervisor, generation: int | None = None) -> 
         ),
         restarts=sum(max(0, w.attempts - 1) for w in state.workers),
         live_timers=0 if snap is None else snap.timers_total,
-        counters={} if snap is None else snap.counters,
+        counters={} if snap is None else dataclasses.asdict(snap.counters),
         generation=generation,
     )
 
@@ -83,7 +85,7 @@ class JobCoordinator:
     _gave_up: str | None = None
 
     async def decide(
-        self, supervisor: Supervisor, failure: WorkerFailure, proposal: Decision
+        self, supervisor: SupervisorActions, failure: WorkerFailure, proposal: Decision
     ) -> Decision | None:
         """Bump the job's generation for ``failure`` (unless done already) and defer."""
         seen = self._rank_generation.get(failure.rank, self.generation)

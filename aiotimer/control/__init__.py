@@ -1,17 +1,22 @@
 """The control plane: a server's live state over HTTP/1.1 + JSON on a Unix socket.
 
-A :class:`~aiotimer.TimerServer` serves its control socket (by default
-``<fifo>.control/http.sock``, named in the marker beside the FIFO) with:
+A layer on top of the timer server, composed by its owner: :class:`ControlPlane` wraps
+a :class:`~aiotimer.TimerServer` (or a :class:`~aiotimer.Supervisor`) and serves its
+control socket (by default ``<fifo>.control/http.sock``, named in the marker beside the
+FIFO) with:
 
 * ``GET /v1/state[?limit=N]``: a :class:`StatusSnapshot` (server, workers, timers,
   counters, per-scope statistics; lists cut at ``limit`` with exact totals);
 * ``GET /v1/events[?since=N&limit=N]``: an :class:`EventPage` of recent events;
-* ``GET /metrics``: Prometheus text format (see :mod:`aiotimer.control.metrics`);
+* ``GET /metrics``: Prometheus text format (see :mod:`aiotimer.control.metrics`), also
+  over TCP on ``127.0.0.1`` with ``metrics_port``;
 * ``POST /v1/workers/<pid>/dump[?timeout=S]``: a stack dump of a worker;
-* under a supervisor, ``POST /v1/ranks/<rank>/restart`` and ``.../stop``.
+* over a supervisor, ``POST /v1/ranks/<rank>/restart`` and ``.../stop``.
 
 Only the server's own user and root may connect (``SO_PEERCRED``); ``curl
---unix-socket PATH http://localhost/v1/state`` works. :class:`ControlClient` is the
+--unix-socket PATH http://localhost/v1/state`` works. Every listener caps its
+connections, closes idle ones and survives ``accept()`` failing; nothing that happens to
+the control plane stops or slows the server's reaping. :class:`ControlClient` is the
 blocking client ``aiotimer status`` uses; :class:`ControlServer` and :class:`Route` let
 a layer on top serve its own routes.
 """
@@ -19,6 +24,7 @@ a layer on top serve its own routes.
 from __future__ import annotations
 
 from aiotimer.control._paths import default_control_path
+from aiotimer.control._plane import ControlPlane
 from aiotimer.control.client import ControlClient, control_path_for_fifo
 from aiotimer.control.server import ControlServer, Route
 from aiotimer.control.snapshot import (
@@ -34,6 +40,7 @@ from aiotimer.control.snapshot import (
 __all__ = [
     "API_VERSION",
     "ControlClient",
+    "ControlPlane",
     "ControlServer",
     "EventPage",
     "Route",

@@ -2,7 +2,8 @@
 
 ``GET /v1/state[?limit=N]``, ``GET /v1/events[?since=N&limit=N]``, ``GET /metrics``,
 ``POST /v1/workers/<pid>/dump[?timeout=S]`` and ``GET /`` (the list of endpoints). Every
-handler runs in the server's loop and does bounded work.
+handler runs in the server's loop and does bounded work: the reads go through the
+server's bounded :meth:`~aiotimer.server.TimerServer.snapshot`, nothing else.
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Final, TypeVar
 
 from aiotimer.control._http import HttpRequest, HttpResponse, error_response, json_response
-from aiotimer.control.metrics import CONTENT_TYPE
+from aiotimer.control.metrics import CONTENT_TYPE, render, sample_of
 from aiotimer.control.server import Route
-from aiotimer.control.snapshot import DEFAULT_LIMIT, MAX_LIMIT
+from aiotimer.control.snapshot import DEFAULT_LIMIT, MAX_LIMIT, event_page, status_snapshot
 from aiotimer.errors import ControlError
 
 _N = TypeVar("_N", int, float)
@@ -34,23 +35,25 @@ ENDPOINTS: Final[dict[str, str]] = {
 }
 
 
-def server_routes(server: TimerServer) -> list[Route]:
-    """The routes that serve ``server``'s state and operator actions."""
+def server_routes(server: TimerServer, *, control: str | None = None) -> list[Route]:
+    """The routes that serve ``server``'s state and operator actions; ``control`` is the
+    control socket's path they are served on, if any (shown in the state)."""
 
     async def index(request: HttpRequest) -> HttpResponse:
         return json_response({"api": 1, "endpoints": ENDPOINTS})
 
     async def state(request: HttpRequest) -> HttpResponse:
         limit = int_param(request.query, "limit", DEFAULT_LIMIT, 0, MAX_LIMIT)
-        return json_response(server.status(limit=limit))
+        return json_response(status_snapshot(server.snapshot(limit, sites=limit), control=control))
 
     async def events(request: HttpRequest) -> HttpResponse:
         since = int_param(request.query, "since", 0, 0, 2**62)
         limit = int_param(request.query, "limit", 1000, 0, MAX_LIMIT)
-        return json_response(server.recent_events(since=since, limit=limit))
+        return json_response(event_page(server.recent_events(since=since, limit=limit)))
 
     async def metrics(request: HttpRequest) -> HttpResponse:
-        return HttpResponse(200, server.metrics_text(), CONTENT_TYPE)
+        sample = sample_of(server.snapshot(0, sites=0, by_state=True))
+        return HttpResponse(200, render(lambda: sample), CONTENT_TYPE)
 
     async def dump(request: HttpRequest, pid: str) -> HttpResponse:
         timeout = _float(request.query, "timeout", 2.0, 0.0, MAX_DUMP_TIMEOUT)

@@ -1,6 +1,7 @@
 """The control API of a :class:`~aiotimer.supervisor.Supervisor`: its routes.
 
-They are served on its embedded server's control socket, before the server's own:
+A :class:`~aiotimer.control.ControlPlane` over a supervisor serves them before its
+embedded server's own:
 
 * ``GET /v1/state`` is the server's state with the workers as the supervisor sees them
   (one per rank: its state, restarts, current pid) and a ``supervisor`` section;
@@ -19,7 +20,7 @@ import msgspec
 
 from aiotimer.control._app import ENDPOINTS, int_param
 from aiotimer.control._http import HttpRequest, HttpResponse, error_response, json_response
-from aiotimer.control.metrics import CONTENT_TYPE, render
+from aiotimer.control.metrics import CONTENT_TYPE, render, sample_of
 from aiotimer.control.server import Route
 from aiotimer.control.snapshot import (
     DEFAULT_LIMIT,
@@ -27,6 +28,7 @@ from aiotimer.control.snapshot import (
     StatusSnapshot,
     SupervisorInfo,
     WorkerInfo,
+    status_snapshot,
 )
 from aiotimer.errors import ServerStateError
 
@@ -80,8 +82,9 @@ def supervised(snap: StatusSnapshot, sup: SupervisorState) -> StatusSnapshot:
     )
 
 
-def supervisor_routes(sup: Supervisor) -> list[Route]:
-    """The routes that serve ``sup``'s state and operator actions."""
+def supervisor_routes(sup: Supervisor, *, control: str | None = None) -> list[Route]:
+    """The routes that serve ``sup``'s state and operator actions; ``control`` is the
+    control socket's path they are served on, if any (shown in the state)."""
 
     async def index(request: HttpRequest) -> HttpResponse:
         return json_response({"api": 1, "endpoints": SUPERVISOR_ENDPOINTS})
@@ -93,8 +96,8 @@ def supervisor_routes(sup: Supervisor) -> list[Route]:
             return error_response(503, "the supervisor's timer server is not running")
         st = sup.get_state(server=False)
         # Enough rows to find every rank's pid among the server's workers.
-        snap = server.status(limit=max(limit, len(st.workers) + 1))
-        return json_response(supervised(snap, st))
+        snap = server.snapshot(max(limit, len(st.workers) + 1), sites=limit)
+        return json_response(supervised(status_snapshot(snap, control=control), st))
 
     async def metrics(request: HttpRequest) -> HttpResponse:
         server = sup.server
@@ -102,7 +105,7 @@ def supervisor_routes(sup: Supervisor) -> list[Route]:
             return error_response(503, "the supervisor's timer server is not running")
         workers = sup.get_state(server=False).workers
         sample = dataclasses.replace(
-            server.metrics_sample(),
+            sample_of(server.snapshot(0, sites=0, by_state=True)),
             workers=collections.Counter(w.state.value for w in workers),
             restarts=sum(w.restarts for w in workers),
         )

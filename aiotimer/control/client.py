@@ -51,7 +51,8 @@ def control_path_for_fifo(fifo: str | os.PathLike[str]) -> Path:
     if marker.control is None:
         raise ControlError(
             f"the aiotimer server of {os.fspath(fifo)!r} (pid {marker.pid}) runs without a "
-            "control socket; restart it without --no-control"
+            "control socket; restart it without --no-control (an embedding program "
+            "serves one with aiotimer.control.ControlPlane)"
         )
     return Path(marker.control)
 

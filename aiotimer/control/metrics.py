@@ -1,8 +1,9 @@
 """Prometheus metrics over a server's own state (no second bookkeeping).
 
 :class:`ServerCollector` is a ``prometheus_client`` custom collector: at each scrape it
-asks for a :class:`MetricsSample` (read from the server in its loop) and turns it into
-metric families. :func:`render` produces the text exposition format for ``GET /metrics``
+asks for a :class:`MetricsSample` (:func:`sample_of` a server's
+:class:`~aiotimer.server.ServerSnapshot`, taken in its loop) and turns it into metric
+families. :func:`render` produces the text exposition format for ``GET /metrics``
 on the control socket.
 
 Metrics: ``aiotimer_live_timers``, ``aiotimer_workers{state}``,
@@ -31,9 +32,11 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from aiotimer.control.snapshot import counters_by_name
 from aiotimer.core._latency import LatencyHistogram
+from aiotimer.server._view import ServerSnapshot
 
-__all__ = ["CONTENT_TYPE", "MetricsSample", "ServerCollector", "render"]
+__all__ = ["CONTENT_TYPE", "MetricsSample", "ServerCollector", "render", "sample_of"]
 
 #: The content type of the Prometheus text format served by :func:`render`.
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -63,6 +66,25 @@ class MetricsSample:
     loop_lag: LatencyHistogram = field(default_factory=LatencyHistogram)
     restarts: int = 0
     undelivered: int = 0
+
+
+def sample_of(snap: ServerSnapshot) -> MetricsSample:
+    """What a scrape reports about the server ``snap`` shows: take it with
+    ``by_state=True`` (its lists are not used: ``limit=0, sites=0``).
+
+    Raises:
+        ValueError: ``snap`` does not count the workers by state.
+    """
+    if snap.worker_states is None:
+        raise ValueError("metrics need a snapshot taken with by_state=True")
+    return MetricsSample(
+        live_timers=snap.timers_total,
+        workers=snap.worker_states,
+        counters=counters_by_name(snap.counters),
+        reap_latency=snap.reap_latency,
+        loop_lag=snap.loop_lag,
+        undelivered=snap.undelivered,
+    )
 
 
 class ServerCollector(Collector):

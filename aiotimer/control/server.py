@@ -6,17 +6,16 @@ else can write to: never another user's), and every connection's peer is checked
 ``SO_PEERCRED``: only the server's own user and root are answered, anyone else gets
 ``403`` and is reported through ``on_refused``.
 
-Requests are answered in the event loop of the server that owns the socket, so every
-read is a consistent snapshot; handlers keep their work bounded (see
-:mod:`aiotimer.control.snapshot`) so a request never stalls expiry. Routes are data: a
-list of :class:`Route` (method, path pattern, handler), so a layer on top (a supervisor)
-adds its own. A handler that raises gets its request a ``500`` and a log line, nothing
-more.
+Requests are answered in the event loop of the owner, so every read is a consistent
+snapshot; handlers keep their work bounded (see :mod:`aiotimer.control.snapshot`) so a
+request never stalls expiry. Routes are data: a list of :class:`Route` (method, path
+pattern, handler), so a layer on top (a supervisor) adds its own. A handler that raises
+gets its request a ``500`` and a log line, nothing more.
 
 Both listeners serve under a cap (``max_connections`` at once, a connection over it
 closed at once), close a connection that sends no complete request within
 ``request_timeout`` seconds, and survive ``accept()`` failing (see
-:mod:`aiotimer.control._listen`).
+:mod:`aiotimer.control._listen`). :class:`~aiotimer.control.ControlPlane` runs them.
 """
 
 from __future__ import annotations
@@ -189,11 +188,12 @@ async def serve_tcp(
     host: str = "127.0.0.1",
     max_connections: int = MAX_CONNECTIONS,
     request_timeout: float = REQUEST_TIMEOUT,
-    task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``routes`` over TCP on ``host:port`` until cancelled, for scrapers that
-    cannot read a Unix socket. No peer check is possible there: give it read-only
-    routes (``GET /metrics``) and keep it on the loopback interface.
+    cannot read a Unix socket; reports the bound port as started (``port=0``: any free
+    one). No peer check is possible there: give it read-only routes (``GET /metrics``)
+    and keep it on the loopback interface.
 
     Raises:
         ControlError: the port cannot be bound (in use, or not allowed).
@@ -220,7 +220,7 @@ async def serve_tcp(
                     max_connections=max_connections,
                 )
             )
-        task_status.started()
+        task_status.started(bound)
 
 
 def _prepare(path: Path) -> bool:

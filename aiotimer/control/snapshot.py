@@ -8,27 +8,28 @@ elsewhere (a node record in a cluster store, say).
 Times on the wire are wall-clock epoch seconds or durations, never a loop's clock: a
 timer's ``deadline`` is its monotonic deadline moved to the wall clock at the snapshot.
 
-A snapshot is taken in the server's event loop and must not stall it: :func:`collect`
-reads at most ``limit`` timers (the earliest deadlines), ``limit`` workers (each with up
-to :data:`SCOPES_PER_WORKER` scope ids) and ``limit`` scope sites, and reports the full
-counts beside them (``timers_total`` ...), so a truncated list says so.
+They are built from a server's own read-only view, :class:`~aiotimer.server.ServerSnapshot`
+(:meth:`~aiotimer.server.TimerServer.snapshot`, taken in the server's loop, bounded: at
+most ``limit`` timers, workers and scope sites, with exact counts beside them), by
+:func:`status_snapshot`, which only converts: times to the wall clock, records to structs.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import msgspec
 
 from aiotimer.core._stats import SiteSummary
-from aiotimer.reapers._policy import ReapPolicy
-from aiotimer.reapers._steps import format_plan
-
-if TYPE_CHECKING:
-    from aiotimer._edges.clock import Clock
-    from aiotimer.server._engine import Counters, Engine
+from aiotimer.events import Counters
+from aiotimer.server._view import (
+    DEFAULT_LIMIT,
+    SCOPES_PER_WORKER,
+    WORKER_STATES,
+    EventHistory,
+    ServerSnapshot,
+)
 
 __all__ = [
     "API_VERSION",
@@ -42,22 +43,15 @@ __all__ = [
     "SupervisorInfo",
     "TimerInfo",
     "WorkerInfo",
-    "collect",
-    "describe_policy",
-    "worker_pids",
-    "worker_states",
+    "counters_by_name",
+    "event_page",
+    "status_snapshot",
 ]
 
 #: The version of the control API; it is the ``/v1/`` of every path.
 API_VERSION: Final[int] = 1
-#: Timers, workers and scope sites listed by default (the totals are always exact).
-DEFAULT_LIMIT: Final[int] = 50
 #: The largest ``limit`` a request may ask for.
 MAX_LIMIT: Final[int] = 10_000
-#: The states of a server's workers (a supervisor has its own).
-WORKER_STATES: Final[tuple[str, ...]] = ("timed", "idle", "reaping")
-#: Scope ids listed per worker (its ``timers`` count is exact).
-SCOPES_PER_WORKER: Final[int] = 8
 
 
 class TimerInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -179,81 +173,58 @@ class EventPage(msgspec.Struct, frozen=True, kw_only=True):
     missed: int = 0
 
 
-def collect(
-    engine: Engine | None,
-    *,
-    server: ServerInfo,
-    counters: Counters,
-    clock: Clock,
-    limit: int = DEFAULT_LIMIT,
-) -> StatusSnapshot:
-    """A snapshot of ``engine`` (``None``: the server is not running), in its loop.
-
-    Costs O(limit log limit + workers): the worker list is walked to count it, and the
-    rest is bounded by ``limit`` (see the module docs).
-    """
-    wall, mono = clock.time(), clock.monotonic()
-    counter_dict = {f.name: getattr(counters, f.name) for f in dataclasses.fields(counters)}
-    if engine is None:
-        return StatusSnapshot(time=wall, server=server, counters=counter_dict)
-    table = engine.table
-    timers = tuple(
-        TimerInfo(
-            pid=t.pid,
-            scope_id=t.scope_id,
-            deadline=wall + (t.deadline - mono),
-            seconds_left=t.deadline - mono,
-            signal=t.signal,
-        )
-        for t in table.earliest(limit)
+def status_snapshot(snap: ServerSnapshot, *, control: str | None = None) -> StatusSnapshot:
+    """``snap`` as ``GET /v1/state`` serves it; ``control`` is the control socket's path
+    (the control plane's own, shown as ``server.control``). O(len of snap's lists)."""
+    wall, mono = snap.time, snap.monotonic
+    info = ServerInfo(
+        pid=snap.pid,
+        version=snap.version,
+        state=snap.state.value,
+        started_at=snap.started_at,
+        uptime=snap.uptime,
+        sources=snap.sources,
+        policy=snap.policy,
+        fifo=snap.fifo,
+        control=control,
+        next_expiry_in=snap.next_expiry_in,
+        idle_for=snap.idle_for,
+        max_loop_lag=snap.loop_lag.max,
     )
-    pids = worker_pids(engine)
-    workers = []
-    for pid in pids[:limit]:
-        scopes, n = table.worker_scopes(pid, SCOPES_PER_WORKER)
-        state = _state(engine, pid, n)
-        workers.append(WorkerInfo(pid=pid, state=state, timers=n, scopes=tuple(scopes)))
-    sites = engine.stats.summaries(limit)
     return StatusSnapshot(
         time=wall,
-        server=server,
-        workers=tuple(workers),
-        workers_total=len(pids),
-        timers=timers,
-        timers_total=len(table),
-        counters=counter_dict,
-        scopes=tuple(sites),
-        scopes_total=len(engine.stats),
+        server=info,
+        workers=tuple(
+            WorkerInfo(pid=w.pid, state=w.state, timers=w.timers, scopes=w.scopes)
+            for w in snap.workers
+        ),
+        workers_total=snap.workers_total,
+        timers=tuple(
+            TimerInfo(
+                pid=t.pid,
+                scope_id=t.scope_id,
+                deadline=wall + (t.deadline - mono),
+                seconds_left=t.deadline - mono,
+                signal=t.signal,
+            )
+            for t in snap.timers
+        ),
+        timers_total=snap.timers_total,
+        counters=counters_by_name(snap.counters),
+        scopes=snap.scopes,
+        scopes_total=snap.scopes_total,
     )
 
 
-def worker_pids(engine: Engine) -> list[int]:
-    """Every worker ``engine`` knows: the watched ones, then pids that only have timers
-    (the server's own process, which is never watched). O(workers)."""
-    watched = engine.workers()
-    # The engine keeps timers only of watched workers and of the server's own process.
-    own = os.getpid()
-    own_timed = own in engine.table.workers() and own not in watched
-    return [*watched, own] if own_timed else list(watched)
+def counters_by_name(counters: Counters) -> dict[str, int]:
+    """``counters`` as ``{name: value}`` (the shape every answer carries them in)."""
+    return {f.name: getattr(counters, f.name) for f in dataclasses.fields(counters)}
 
 
-def worker_states(engine: Engine) -> dict[str, int]:
-    """How many workers are in each state (``timed``, ``idle``, ``reaping``). O(workers)."""
-    pids = worker_pids(engine)
-    with_timers = engine.table.workers()
-    reaping = [pid for pid in pids if engine.is_reaping(pid)]
-    timed = len(with_timers) - sum(pid in with_timers for pid in reaping)
-    return {"timed": timed, "idle": len(pids) - timed - len(reaping), "reaping": len(reaping)}
-
-
-def _state(engine: Engine, pid: int, timers: int) -> str:
-    return "reaping" if engine.is_reaping(pid) else "timed" if timers else "idle"
-
-
-def describe_policy(policy: ReapPolicy) -> str:
-    """The reap policy in words."""
-    if policy.default is None:
-        what = "each timer's own signal (torch semantics)"
-    else:
-        what = format_plan(policy.default.steps())
-    return f"report only (shadow mode); would do: {what}" if policy.shadow else what
+def event_page(history: EventHistory) -> EventPage:
+    """``history`` as ``GET /v1/events`` serves it."""
+    return EventPage(
+        events=tuple({**e.to_dict(), "seq": n} for n, e in history.events),
+        last=history.last,
+        missed=history.missed,
+    )

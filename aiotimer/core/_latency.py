@@ -56,6 +56,13 @@ class LatencyHistogram:
         self.sum += seconds
         self.max = max(self.max, seconds)
 
+    def copy(self) -> LatencyHistogram:
+        """An independent copy (a snapshot's: later observations do not change it)."""
+        twin = LatencyHistogram()
+        twin._counts = list(self._counts)
+        twin.count, twin.sum, twin.max = self.count, self.sum, self.max
+        return twin
+
     def cumulative(self) -> list[tuple[float, int]]:
         """``(upper bound, observations <= it)`` per bucket, ending with ``(inf, count)``."""
         out: list[tuple[float, int]] = []

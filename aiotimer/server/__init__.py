@@ -1,5 +1,6 @@
-"""The timer server: :class:`TimerServer`, and :class:`TimerServerThread` for
-synchronous programs.
+"""The timer server: :class:`TimerServer`, :class:`TimerServerThread` for synchronous
+programs, and the records of its read-only view (:class:`ServerSnapshot`, what
+:meth:`TimerServer.snapshot` returns).
 """
 
 from __future__ import annotations
@@ -16,14 +17,18 @@ from aiotimer.server._thread import (
     TimerServerThread,
     loop_factory,
 )
+from aiotimer.server._view import EventHistory, ServerSnapshot, WorkerView
 
 __all__ = [
     "Counters",
+    "EventHistory",
     "Lifecycle",
     "LoopName",
     "ReapRetry",
+    "ServerSnapshot",
     "ServerState",
     "TimerServer",
     "TimerServerThread",
+    "WorkerView",
     "loop_factory",
 ]

@@ -1,74 +1,62 @@
-"""The timer server: lifecycle, thread-safety and observability around the engine.
+"""The timer server: lifecycle, thread-safety and the read-only view around the engine.
 
 Three ways to run it:
 
 * structured: ``async with TimerServer(fifo=path) as server: ...``;
 * unstructured: ``await server.start()`` ... ``await server.aclose()`` from different
-  places of an asyncio program (the server's task group lives in one task the server
+  places of an asyncio program (the server's task groups live in one task the server
   owns, so no cancel scope is ever exited from another task);
 * thread mode, for synchronous programs: ``TimerServerThread(server).start()`` /
   ``.stop()`` run the server in its own event loop in a daemon thread.
 
 Lifecycle: ``created -> starting -> running -> stopping -> stopped``; a stopped server
-can be started again (with a fresh, empty table). See :class:`Lifecycle`.
+can be started again (with a fresh, empty table). See :mod:`aiotimer._edges.lifecycle`.
 
-The work itself (ingest, expiry, reaping) is in :mod:`aiotimer.server._engine`.
+One run (its task groups) is :mod:`aiotimer.server._run`; the work itself (ingest,
+expiry, reaping) is :mod:`aiotimer.server._engine`; every read goes through one bounded
+snapshot, :mod:`aiotimer.server._view`. The server knows nothing of the layers above it
+(control plane, cluster): they read its snapshot and :meth:`TimerServer.advertise`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import enum
 import inspect
 import logging
 import os
 import signal as _signal
-import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, TypeVar, cast
 
 import anyio
 
 from aiotimer._edges.clock import Clock, MonotonicClock
-from aiotimer._edges.eventlog import EventLog
+from aiotimer._edges.lifecycle import Lifecycle, OwnedTask
 from aiotimer._edges.limits import raise_open_file_limit
 from aiotimer._edges.logs import EventLogger
 from aiotimer._version import __version__
-from aiotimer.control._paths import default_control_path, fits_socket
-from aiotimer.control.snapshot import (
-    DEFAULT_LIMIT,
-    EventPage,
-    ServerInfo,
-    StatusSnapshot,
-    collect,
-    describe_policy,
-    worker_states,
-)
 from aiotimer.core._stats import SiteSummary
-from aiotimer.core._table import Timer
 from aiotimer.errors import ServerStateError
-from aiotimer.events import ControlRefused, Event, ServerStarted, ServerStopped, SourceFailed
+from aiotimer.events import Event
 from aiotimer.reapers._kill_policy import fifo_mode_warning
 from aiotimer.reapers._policy import ReapPolicy
 from aiotimer.reapers._signal import Reaper, SignalReaper
+from aiotimer.server import _view
 from aiotimer.server._engine import (
     DUMP_SLACK,
     LAG_THRESHOLD,
     MAX_TIMERS,
     MAX_TIMERS_PER_WORKER,
     Counters,
-    Engine,
     ReapRetry,
 )
 from aiotimer.server._eventbus import EventBus
-from aiotimer.server._handoff import Handoff
-from aiotimer.server._journal import Journal, journal_path
+from aiotimer.server._journal import journal_path
+from aiotimer.server._run import Run, RunSettings
 from aiotimer.server._statsfile import StatsFile, stats_path_for
-from aiotimer.sources._base import Source, serve_source
+from aiotimer.server._view import DEFAULT_LIMIT, EventHistory, ServerSnapshot, ServerState
+from aiotimer.sources._base import Source
 from aiotimer.sources.fifo import FifoSource
 from aiotimer.sources.mpqueue import QueueSource
 from aiotimer.sources.socket import SocketSource
@@ -76,10 +64,6 @@ from aiotimer.wire import Decoded, Rejection, Request, validate
 
 if TYPE_CHECKING:
     import multiprocessing.queues
-
-    from aiotimer.control._http import PeerCredentials
-    from aiotimer.control.metrics import MetricsSample
-    from aiotimer.control.server import Route
 
 __all__ = [
     "Counters",
@@ -93,59 +77,8 @@ logger = logging.getLogger("aiotimer")
 
 _T = TypeVar("_T")
 
-#: The name in-process API requests are reported under.
-API_SOURCE = "api"
-#: The name timers restored from the journal are reported under.
-JOURNAL_SOURCE = "journal"
-
 #: Seconds another thread waits for the server's loop to take a snapshot.
 SNAPSHOT_TIMEOUT = 10.0
-
-
-class Lifecycle(enum.Enum):
-    """Where a :class:`TimerServer` is in its life."""
-
-    CREATED = "created"
-    STARTING = "starting"
-    RUNNING = "running"
-    STOPPING = "stopping"
-    STOPPED = "stopped"
-
-
-@dataclass(frozen=True, slots=True)
-class ServerState:
-    """A consistent snapshot of a server, from :meth:`TimerServer.get_state`.
-
-    ``timers`` are in deadline order; ``next_deadline`` and ``last_progress`` (when the
-    loop last handled input or an expiry) are on the server's monotonic clock, and
-    ``next_expiry_in`` is seconds from the snapshot. Counters and ``scopes`` (the
-    duration statistics per scope site, see :meth:`TimerServer.scope_stats`) are those
-    of the current (or last) run.
-    """
-
-    state: Lifecycle
-    sources: tuple[str, ...]
-    timers: tuple[Timer, ...]
-    workers: tuple[int, ...]
-    next_deadline: float | None
-    next_expiry_in: float | None
-    counters: Counters
-    last_progress: float | None
-    scopes: tuple[SiteSummary, ...] = ()
-
-
-@dataclass(eq=False)
-class _Run:
-    """One start..stop of the server."""
-
-    loop: asyncio.AbstractEventLoop
-    thread_id: int
-    stop: anyio.Event
-    handoff: Handoff
-    task: asyncio.Task[None] | None = None
-    engine: Engine | None = None
-    event_log: EventLog | None = None
-    journal: Journal | None = None
 
 
 class TimerServer:
@@ -180,15 +113,6 @@ class TimerServer:
         self_kill_after_reap: torch compatibility only: after a successful reap, send the
             same signal to the server's own process, as torch 2.13's ``FileTimerServer``
             does. Off by default; do not turn it on unless you rely on that behaviour.
-        control: the control socket (HTTP/1.1 + JSON, see :mod:`aiotimer.control`): a
-            path, ``True`` for the default beside the FIFO (``<fifo>.control/http.sock``;
-            none without a FIFO), or ``False`` for none. The FIFO's marker names it.
-        control_routes: further :class:`~aiotimer.control.Route` s for the control
-            socket, matched before the server's own (a supervisor adds its state and
-            actions this way).
-        metrics_port: also serve ``GET /metrics`` over TCP on ``127.0.0.1`` at this port,
-            for scrapers that cannot read a Unix socket (no peer check there: metrics
-            only).
         stats_interval: seconds between saves of the statistics (see ``event_log``).
         lag_threshold: report expiries handled more than this many seconds late (the
             event loop was blocked) as :class:`~aiotimer.events.LoopLagged` events.
@@ -200,6 +124,11 @@ class TimerServer:
             server stopped on purpose removes its journal.
         max_timers: reject acquires of new timers past this many live timers in all.
         max_timers_per_worker: reject a worker's acquires of new timers past this many.
+
+    Reads: :meth:`snapshot` (one bounded, consistent view, from any thread), and what
+    derives from it (:meth:`get_state`, :meth:`scope_stats`). A control socket, metrics
+    over TCP and a cluster record are layers on top (:class:`aiotimer.control.ControlPlane`
+    composes one around a server); the FIFO's marker names what they :meth:`advertise`.
 
     Every event also goes to the ``aiotimer`` logger, except that rejected input and
     requests naming unknown workers are logged at most once per kind per few seconds,
@@ -222,9 +151,6 @@ class TimerServer:
         reap_retry: ReapRetry | None = None,
         self_kill_after_reap: bool = False,
         socket: str | os.PathLike[str] | None = None,
-        control: str | os.PathLike[str] | bool = True,
-        control_routes: Sequence[Route] = (),
-        metrics_port: int | None = None,
         stats_interval: float = 10.0,
         lag_threshold: float = LAG_THRESHOLD,
         journal: bool | str | os.PathLike[str] | None = None,
@@ -235,54 +161,52 @@ class TimerServer:
             raise ValueError("max_timers and max_timers_per_worker must be at least 1")
         own: list[Source] = []
         self._fifo_path = None if fifo is None else Path(fifo)
-        self._control_path: Path | None = None
-        if isinstance(control, bool):
-            if control and fifo is not None:
-                self._control_path = default_control_path(fifo)
-                if not fits_socket(self._control_path):
-                    logger.warning(
-                        "no control socket: the default path %s is too long for a Unix "
-                        "socket; pass control= a shorter path",
-                        self._control_path,
-                    )
-                    self._control_path = None
-        else:
-            self._control_path = Path(control)
+        self._fifo_source: FifoSource | None = None
         if socket is not None:
             own.append(SocketSource(socket, mode=fifo_mode))
         if fifo is not None:
             if (warning := fifo_mode_warning(fifo_mode)) is not None:
                 logger.warning("%s: %s", fifo, warning)
-            marker: dict[str, object] = {}
-            if socket is not None:
-                marker["socket"] = os.fspath(socket)
-            if self._control_path is not None:
-                marker["control"] = str(self._control_path)
-            own.append(FifoSource(fifo, mode=fifo_mode, marker=marker))
+            marker = {} if socket is None else {"socket": os.fspath(socket)}
+            self._fifo_source = FifoSource(fifo, mode=fifo_mode, marker=marker)
+            own.append(self._fifo_source)
         if queue is not None:
             own.append(QueueSource(queue))
         self._sources: tuple[Source, ...] = (*own, *sources)
         self._reaper: Reaper = reaper if reaper is not None else SignalReaper()
         self._clock: Clock = clock if clock is not None else MonotonicClock()
         self._policy = policy if policy is not None else ReapPolicy()
-        self._on_event = on_event
-        self._async_on_event = inspect.iscoroutinefunction(on_event)
-        self._event_log_path = event_log
-        self._stats_file = None if event_log is None else StatsFile(stats_path_for(event_log))
-        self._stats_interval = stats_interval
-        self._control_routes = tuple(control_routes)
-        self._metrics_port = metrics_port
-        self._lag_threshold = lag_threshold
+        is_async = inspect.iscoroutinefunction(on_event)
+        self._on_event = None if is_async else cast("Callable[[Event], object]", on_event)
+        self._settings = RunSettings(
+            sources=self._sources,
+            reaper=self._reaper,
+            clock=self._clock,
+            policy=self._policy,
+            retry=reap_retry if reap_retry is not None else ReapRetry(),
+            request_events=request_events,
+            self_kill=self_kill_after_reap,
+            journal_path=journal_path(journal, fifo, default=clock is None),
+            max_timers=max_timers,
+            max_per_worker=max_timers_per_worker,
+            lag_threshold=lag_threshold,
+            event_log_path=event_log,
+            stats_file=None if event_log is None else StatsFile(stats_path_for(event_log)),
+            stats_interval=stats_interval,
+            async_on_event=cast("Callable[[Event], Awaitable[object]]", on_event)
+            if is_async
+            else None,
+        )
+        self._about = _view.About(
+            pid=os.getpid(),
+            version=__version__,
+            sources=tuple(s.name for s in self._sources),
+            policy=_view.describe_policy(self._policy),
+            fifo=None if fifo is None else os.fspath(fifo),
+        )
         self._bus = EventBus()
-        self._started_at: float | None = None
-        self._request_events = request_events
-        self._retry = reap_retry if reap_retry is not None else ReapRetry()
-        self._self_kill = self_kill_after_reap
-        self._journal_path = journal_path(journal, fifo, default=clock is None)
-        self._max_timers = max_timers
-        self._max_per_worker = max_timers_per_worker
-        self._state = Lifecycle.CREATED
-        self._run: _Run | None = None
+        self._life = OwnedTask("timer server")
+        self._run: Run | None = None
         self._event_logger = EventLogger()
 
     # -- lifecycle --------------------------------------------------------------------
@@ -290,17 +214,12 @@ class TimerServer:
     @property
     def state(self) -> Lifecycle:
         """The current lifecycle state."""
-        return self._state
+        return self._life.state
 
     @property
     def fifo_path(self) -> Path | None:
         """The FIFO's path, if the server was given one."""
         return self._fifo_path
-
-    @property
-    def control_path(self) -> Path | None:
-        """The control socket's path, if the server has one."""
-        return self._control_path
 
     async def start(self) -> None:
         """Start serving; return once every source accepts requests.
@@ -312,40 +231,28 @@ class TimerServer:
             ServerStateError: the server is not ``created`` or ``stopped``.
             SourceError: a source could not be opened (the server is then ``stopped``).
         """
-        if self._state not in (Lifecycle.CREATED, Lifecycle.STOPPED):
-            raise ServerStateError(f"cannot start a {self._state.value} server")
-        self._state = Lifecycle.STARTING
+        await self._life.start(self._serve, name="aiotimer-server")
+
+    async def _serve(self, ready: Callable[[], None]) -> None:
+        """The server's body: one run (see :mod:`aiotimer.server._run`)."""
         raise_open_file_limit()
-        loop = asyncio.get_running_loop()
-        run = self._run = _Run(loop, threading.get_ident(), anyio.Event(), Handoff(loop))
-        ready: asyncio.Future[None] = loop.create_future()
-        run.task = loop.create_task(self._main(run, ready), name="aiotimer-server")
-        try:
-            await asyncio.shield(ready)
-        except BaseException as exc:
-            if ready.done() and not ready.cancelled() and ready.exception() is exc:
-                await run.task  # it failed to start and has already cleaned up
-                raise _unwrap(exc) from None
-            run.stop.set()  # start() itself was cancelled
-            await asyncio.shield(run.task)
-            raise
+        run = self._run = Run(
+            self._settings,
+            emit=self._emit,
+            bus=self._bus,
+            event_logger=self._event_logger,
+            stopped=lambda: _view.stopped_event(self._snapshot_now(limit=0, sites=None, live=True)),
+        )
+        await run.serve(ready, self._life)
 
     async def aclose(self) -> None:
         """Stop serving and wait until everything is released. Idempotent.
 
-        Must be awaited in the loop the server runs in (from another thread use
-        :meth:`TimerServerThread.stop`).
+        Raises:
+            ServerStateError: awaited in another loop than the server's (from another
+                thread use :meth:`TimerServerThread.stop`).
         """
-        run = self._run
-        if run is None or self._state in (Lifecycle.CREATED, Lifecycle.STOPPED):
-            return
-        if asyncio.get_running_loop() is not run.loop:
-            raise ServerStateError("aclose() must be awaited in the server's own event loop")
-        if self._state is not Lifecycle.STOPPING:
-            self._state = Lifecycle.STOPPING
-        run.stop.set()
-        assert run.task is not None
-        await asyncio.shield(run.task)
+        await self._life.aclose()
 
     async def __aenter__(self) -> TimerServer:
         await self.start()
@@ -359,120 +266,33 @@ class TimerServer:
     ) -> None:
         await self.aclose()
 
-    async def _main(self, run: _Run, ready: asyncio.Future[None]) -> None:
-        """The task that owns the server's task groups for one run."""
-        started = False
-        try:
-            async with anyio.create_task_group() as outer:
-                if self._event_log_path is not None:
-                    run.event_log = EventLog(self._event_log_path)
-                    await outer.start(run.event_log.run)
-                if self._async_on_event:
-                    await outer.start(self._bus.run_callback, self._on_event)
-                if self._journal_path is not None:
-                    run.journal = Journal(self._journal_path)
-                try:
-                    async with anyio.create_task_group() as tg:
-                        engine = run.engine = Engine(
-                            task_group=tg,
-                            clock=self._clock,
-                            reaper=self._reaper,
-                            policy=self._policy,
-                            emit=self._emit,
-                            retry=self._retry,
-                            request_events=self._request_events,
-                            self_kill_after_reap=self._self_kill,
-                            journal=run.journal,
-                            max_timers=self._max_timers,
-                            max_timers_per_worker=self._max_per_worker,
-                        )
-                        engine.lag_threshold = self._lag_threshold
-                        await tg.start(run.handoff.run)
-                        if self._stats_file is not None:
-                            self._stats_file.load_into(engine.stats)
-                            tg.start_soon(self._stats_file.run, engine.stats, self._stats_interval)
-                        if self._control_path is not None:
-                            await tg.start(self._serve_control, self._control_path)
-                        if self._metrics_port is not None:
-                            await tg.start(self._serve_metrics, self._metrics_port)
-                        if run.journal is not None:
-                            self._restore(run.journal, engine)
-                            tg.start_soon(run.journal.run, engine.table, self._mono_to_wall)
-                        for source in self._sources:
-                            await tg.start(
-                                serve_source, source, engine, self._source_failed(source)
-                            )
-                        tg.start_soon(engine.run_expiry, name="aiotimer-expiry")
-                        if self._state is Lifecycle.STARTING:
-                            self._state = Lifecycle.RUNNING
-                        started = True
-                        self._started_at = self._clock.time()
-                        self._emit(
-                            ServerStarted(
-                                time=self._clock.time(),
-                                pid=os.getpid(),
-                                sources=tuple(s.name for s in self._sources),
-                            )
-                        )
-                        ready.set_result(None)
-                        await run.stop.wait()
-                        tg.cancel_scope.cancel()
-                finally:
-                    if run.journal is not None and run.stop.is_set():
-                        run.journal.remove()  # stopped on purpose: its timers go with it
-                    if run.engine is not None:
-                        run.engine.close()
-                    run.handoff.close()  # the engine is still: other threads read it directly
-                    if started:
-                        self._emit(
-                            ServerStopped(
-                                time=self._clock.time(),
-                                timers=len(run.engine.table) if run.engine else 0,
-                                counters=_counter_dict(_counters(run)),
-                                scopes=run.engine.scope_stats() if run.engine else (),
-                            )
-                        )
-                    self._event_logger.close()
+    def advertise(self, **keys: str | None) -> None:
+        """Name ``keys`` in the marker beside the FIFO, for a layer on top that clients
+        should find: with ``advertise(control=path)``, ``aiotimer status --fifo`` finds
+        a control socket. Republished at once while the server runs, kept across
+        restarts; a no-op without a FIFO. Call it in the server's loop (or before it
+        starts).
 
-                    if self._stats_file is not None and run.engine is not None:
-                        self._stats_file.save(run.engine.stats)
-                    if run.event_log is not None:
-                        run.event_log.close()
-                    self._bus.close()
-        except BaseException as exc:
-            if not ready.done():
-                ready.set_exception(exc)
-                if isinstance(exc, Exception):
-                    return
-            elif isinstance(exc, Exception):
-                logger.exception("the timer server crashed")
-                return
-            raise
-        finally:
-            run.handoff.close()
-            self._state = Lifecycle.STOPPED
+        Args:
+            keys: marker keys and their values; ``None`` withdraws a key.
 
-    def _restore(self, journal: Journal, engine: Engine) -> None:
-        restored = journal.load(self._clock.monotonic())
-        if restored:
-            engine.restore(restored, JOURNAL_SOURCE)
-            logger.warning(
-                "restored %d timer(s) of hung-or-silent workers from the journal %s; each "
-                "is dropped as soon as its worker sends anything",
-                len(restored),
-                journal.path,
-            )
-
-    def _mono_to_wall(self) -> float:
-        return self._clock.time() - self._clock.monotonic()
-
-    def _source_failed(self, source: Source) -> Callable[[BaseException], None]:
-        def report(exc: BaseException) -> None:
-            self._emit(SourceFailed(time=self._clock.time(), source=source.name, error=f"{exc!r}"))
-
-        return report
+        Raises:
+            OSError: the marker could not be written (the server serves on).
+        """
+        if self._fifo_source is not None:
+            self._fifo_source.advertise(keys)
 
     # -- events -----------------------------------------------------------------------
+
+    def emit(self, event: Event) -> None:
+        """Send ``event`` to the server's logger, event log, subscribers and ``on_event``
+        callback, in order with its own events: for a layer on top that reports through
+        the server (a control plane's refused connection). Call it in the loop's thread.
+
+        Args:
+            event: what happened (see :mod:`aiotimer.events`).
+        """
+        self._emit(event)
 
     def _emit(self, event: Event) -> None:
         self._event_logger.log(event)
@@ -480,7 +300,7 @@ class TimerServer:
         if run is not None and run.event_log is not None:
             run.event_log.put(event)
         self._bus.publish(event)
-        if self._on_event is not None and not self._async_on_event:
+        if self._on_event is not None:
             try:
                 self._on_event(event)
             except Exception:
@@ -496,41 +316,19 @@ class TimerServer:
         async for event in self._bus.subscribe():
             yield event
 
-    def recent_events(self, *, since: int = 0, limit: int = 1000) -> EventPage:
+    def recent_events(self, *, since: int = 0, limit: int = 1000) -> EventHistory:
         """The last events (up to 1,000 are kept), numbered from 1, above number
-        ``since``; in the loop's thread (see :class:`~aiotimer.control.EventPage`)."""
-        numbered, missed = self._bus.since(since, limit)
-        return EventPage(
-            events=tuple({**e.to_dict(), "seq": n} for n, e in numbered),
-            last=self._bus.last,
-            missed=missed,
-        )
+        ``since``, at most ``limit`` of them. Safe from any thread (taken in the loop).
 
-    async def _serve_control(
-        self, path: Path, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
-    ) -> None:
-        # Imported here: only a server with a control socket needs the HTTP layer.
-        from aiotimer.control.server import ControlServer  # noqa: PLC0415
+        Raises:
+            TimeoutError: see :meth:`snapshot`.
+        """
 
-        def refused(peer: PeerCredentials) -> None:
-            self._emit(ControlRefused(time=self._clock.time(), pid=peer.pid, uid=peer.uid))
+        def read() -> EventHistory:
+            numbered, missed = self._bus.since(since, limit)
+            return EventHistory(events=tuple(numbered), last=self._bus.last, missed=missed)
 
-        control = ControlServer(path, self._routes(), on_refused=refused)
-        await control.serve(task_status=task_status)
-
-    async def _serve_metrics(
-        self, port: int, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
-    ) -> None:
-        from aiotimer.control.server import serve_tcp  # noqa: PLC0415
-
-        routes = [r for r in self._routes() if (r.method, r.pattern) == ("GET", "/metrics")]
-        await serve_tcp(routes[:1], port, task_status=task_status)
-
-    def _routes(self) -> list[Route]:
-        """Every route of the control socket: the owner's first, then the server's."""
-        from aiotimer.control._app import server_routes  # noqa: PLC0415
-
-        return [*self._control_routes, *server_routes(self)]
+        return self._read(read)
 
     # -- requests (thread-safe) ---------------------------------------------------------
 
@@ -547,7 +345,10 @@ class TimerServer:
             batch = Decoded(requests=[request])
         else:
             batch = Decoded(rejections=[Rejection.of(problem, repr(request).encode())])
-        self._dispatch(batch)
+        run, state = self._run, self._life.state
+        if state is not Lifecycle.RUNNING or run is None or run.engine is None:
+            raise ServerStateError(f"the server is {state.value}, not running")
+        run.submit(batch)
 
     def acquire(
         self,
@@ -588,42 +389,72 @@ class TimerServer:
         pid = os.getpid() if pid is None else pid
         self.submit(Request(pid=pid, scope_id=scope_id, expiration_time=-1, signal=0))
 
-    def _dispatch(self, batch: Decoded) -> None:
+    def _read(self, fn: Callable[[], _T]) -> _T:
+        """``fn()`` on a consistent view of the server, from any thread (see
+        :meth:`Run.read`)."""
         run = self._run
-        if self._state is not Lifecycle.RUNNING or run is None or run.engine is None:
-            raise ServerStateError(f"the server is {self._state.value}, not running")
-        engine = run.engine
-        if threading.get_ident() == run.thread_id and asyncio.current_task() is not None:
-            engine.submit(batch, API_SOURCE)
-        else:  # another thread, or a plain loop callback: apply it in a task of the loop
-            run.handoff.call_soon(lambda: engine.submit(batch, API_SOURCE))
+        return fn() if run is None else run.read(fn, SNAPSHOT_TIMEOUT)
 
-    def _call_in_loop(self, fn: Callable[[], _T], timeout: float) -> _T:
-        """Run ``fn()`` in the server's loop, after everything submitted before, and
-        return its result (at once when called in the loop's own thread).
+    # -- the read-only view -------------------------------------------------------------
+
+    def snapshot(
+        self,
+        limit: int | None = DEFAULT_LIMIT,
+        *,
+        sites: int | None = DEFAULT_LIMIT,
+        by_state: bool = False,
+    ) -> ServerSnapshot:
+        """The server at this moment: one consistent, bounded copy (see
+        :class:`~aiotimer.server.ServerSnapshot`), behind every other read.
+
+        At most ``limit`` timers (the earliest deadlines) and workers, and ``sites``
+        scope sites, are listed, with exact totals; ``None`` lists all. ``by_state``
+        also counts every worker by state. Costs O(limit log limit + workers + sites).
+        Safe from any thread: another thread's snapshot is taken in the server's loop,
+        after every request it submitted before.
 
         Raises:
-            ServerStateError: the server is not running (or stopped before ``fn`` ran).
-            TimeoutError: the loop did not run ``fn`` within ``timeout`` seconds.
+            ValueError: a negative ``limit`` or ``sites``.
+            TimeoutError: called from another thread, and the server's loop did not
+                answer within :data:`SNAPSHOT_TIMEOUT` seconds (it is blocked).
         """
-        run = self._run
-        if self._state is not Lifecycle.RUNNING or run is None:
-            raise ServerStateError(f"the server is {self._state.value}, not running")
-        if threading.get_ident() == run.thread_id:
-            return fn()
-        return run.handoff.call(fn, timeout)
+        if (limit is not None and limit < 0) or (sites is not None and sites < 0):
+            raise ValueError(f"limit and sites must be >= 0 or None, got {limit}, {sites}")
+        return self._read(lambda: self._snapshot_now(limit=limit, sites=sites, by_state=by_state))
 
-    def _read(self, fn: Callable[[], _T]) -> _T:
-        """``fn()`` on a consistent view of the loop's state, from any thread: in the
-        loop while a run is live (another thread waits up to :data:`SNAPSHOT_TIMEOUT`
-        seconds for it), directly once the run has ended (nothing changes it then)."""
-        run = self._run
-        if run is not None and threading.get_ident() != run.thread_id:
-            with contextlib.suppress(ServerStateError):  # the run has ended
-                return run.handoff.call(fn, SNAPSHOT_TIMEOUT)
-        return fn()
+    def _snapshot_now(
+        self,
+        *,
+        limit: int | None,
+        sites: int | None,
+        by_state: bool = False,
+        live: bool | None = None,
+    ) -> ServerSnapshot:
+        run, state = self._run, self._life.state
+        if live is None:
+            live = state in (Lifecycle.RUNNING, Lifecycle.STOPPING)
+        return _view.take(
+            None if run is None else run.engine,
+            self._about,
+            live=live,
+            clock=self._clock,
+            limit=limit,
+            sites=sites,
+            by_state=by_state,
+            state=state,
+            started_at=None if run is None else run.started_at,
+            events_dropped=0 if run is None else run.events_dropped,
+            undelivered=self._bus.dropped,
+        )
 
-    # -- introspection ------------------------------------------------------------------
+    def get_state(self) -> ServerState:
+        """Every live timer and watched worker, the counters and the scope statistics:
+        :meth:`snapshot` with nothing cut, so it costs O(timers log timers + sites).
+
+        Raises:
+            TimeoutError: see :meth:`snapshot`.
+        """
+        return _view.server_state(self.snapshot(None, sites=None))
 
     def scope_stats(self) -> tuple[SiteSummary, ...]:
         """Duration statistics per scope site of the current (or last) run.
@@ -632,83 +463,12 @@ class TimerServer:
         ``"file.py:42#17"`` belongs to site ``"file.py:42"``; any other id is its own
         site): ``count``, ``p50``/``p99``/``max`` of the blocks' durations (within 1%),
         ``expirations``, ``longest_expired`` and ``suggested_timeout``. Most expirations
-        first. Safe from any thread (taken in the server's loop); costs O(sites).
+        first. Safe from any thread (taken in the server's loop); costs O(workers + sites).
 
         Raises:
-            TimeoutError: called from another thread, and the server's loop did not
-                answer within :data:`SNAPSHOT_TIMEOUT` seconds (it is blocked).
+            TimeoutError: see :meth:`snapshot`.
         """
-        return self._read(self._scope_stats)
-
-    def _scope_stats(self) -> tuple[SiteSummary, ...]:
-        run = self._run
-        return () if run is None or run.engine is None else run.engine.scope_stats()
-
-    def status(self, *, limit: int = DEFAULT_LIMIT) -> StatusSnapshot:
-        """The whole state as served by the control socket's ``GET /v1/state``.
-
-        Lists are cut at ``limit`` entries (the earliest timers), with exact totals; the
-        cost is bounded accordingly (see :mod:`aiotimer.control.snapshot`). From another
-        thread it is taken in the server's loop (waiting up to 5 s).
-        """
-        run = self._run
-        in_other_thread = run is not None and threading.get_ident() != run.thread_id
-        if in_other_thread and self._state is Lifecycle.RUNNING:
-            return self._call_in_loop(lambda: self.status(limit=limit), 5.0)
-        engine = None if run is None else run.engine
-        running = self._state in (Lifecycle.RUNNING, Lifecycle.STOPPING)
-        now = self._clock.time()
-        deadline = engine.table.next_deadline() if engine is not None and running else None
-        info = ServerInfo(
-            pid=os.getpid(),
-            version=__version__,
-            state=self._state.value,
-            started_at=self._started_at if running else None,
-            uptime=now - self._started_at if running and self._started_at else None,
-            sources=tuple(s.name for s in self._sources),
-            policy=describe_policy(self._policy),
-            fifo=None if self._fifo_path is None else str(self._fifo_path),
-            control=None if self._control_path is None else str(self._control_path),
-            next_expiry_in=None if deadline is None else deadline - self._clock.monotonic(),
-            idle_for=None
-            if engine is None or engine.last_progress is None
-            else self._clock.monotonic() - engine.last_progress,
-            max_loop_lag=0.0 if engine is None else engine.loop_lag.max,
-        )
-        return collect(
-            engine if running else None,
-            server=info,
-            counters=_counters(run),
-            clock=self._clock,
-            limit=limit,
-        )
-
-    def metrics_text(self) -> bytes:
-        """The Prometheus text exposition of the server's metrics (``GET /metrics``), in
-        the loop's thread (see :mod:`aiotimer.control.metrics`)."""
-        from aiotimer.control.metrics import render  # noqa: PLC0415 (prometheus_client: lazy)
-
-        return render(self.metrics_sample)
-
-    def metrics_sample(self) -> MetricsSample:
-        """The numbers :meth:`metrics_text` renders, read now (in the loop's thread)."""
-        from aiotimer.control.metrics import MetricsSample  # noqa: PLC0415
-
-        run = self._run
-        engine = None if run is None else run.engine
-        counters = asdict(_counters(run))
-        if engine is None:
-            return MetricsSample(
-                live_timers=0, workers={}, counters=counters, undelivered=self._bus.dropped
-            )
-        return MetricsSample(
-            live_timers=len(engine.table),
-            workers=worker_states(engine),
-            counters=counters,
-            reap_latency=engine.reap_latency,
-            loop_lag=engine.loop_lag,
-            undelivered=self._bus.dropped,
-        )
+        return self.snapshot(0, sites=None).scopes
 
     async def dump_stacks(self, pid: int, *, timeout: float = 2.0) -> str | None:
         """Ask worker ``pid`` for a stack dump now, through the reaper (an operator's
@@ -719,75 +479,18 @@ class TimerServer:
             ValueError: ``pid`` is not a worker this server watches.
         """
         run = self._run
-        engine = None if run is None else run.engine
-        if engine is None or pid not in engine.workers():
+        if run is None or not _view.watches(run.engine, pid):
             raise ValueError(f"pid {pid} is not a worker of this server")
         with anyio.move_on_after(timeout + DUMP_SLACK):
             result = await self._reaper.dump_stacks(pid, timeout)
             return result if isinstance(result, str) else None
         return None
 
-    def get_state(self) -> ServerState:
-        """A consistent snapshot of the server; costs O(timers + sites).
-
-        Safe from any thread: another thread's snapshot is taken in the server's loop,
-        after every request it submitted before.
-
-        Raises:
-            TimeoutError: called from another thread, and the server's loop did not
-                answer within :data:`SNAPSHOT_TIMEOUT` seconds (it is blocked).
-        """
-        return self._read(self._state_now)
-
-    def _state_now(self) -> ServerState:
-        run = self._run
-        engine = None if run is None else run.engine
-        running = self._state in (Lifecycle.RUNNING, Lifecycle.STOPPING)
-        timers: tuple[Timer, ...] = ()
-        workers: tuple[int, ...] = ()
-        if engine is not None and running:
-            timers, workers = engine.snapshot()
-        next_deadline = timers[0].deadline if timers else None
-        now = self._clock.monotonic()
-        return ServerState(
-            state=self._state,
-            sources=tuple(s.name for s in self._sources),
-            timers=timers,
-            workers=workers,
-            next_deadline=next_deadline,
-            next_expiry_in=None if next_deadline is None else next_deadline - now,
-            counters=_counters(run),
-            last_progress=None if engine is None else engine.last_progress,
-            scopes=self._scope_stats(),
-        )
-
     def __repr__(self) -> str:
-        if self._state is not Lifecycle.RUNNING:
-            return f"<TimerServer {self._state.value}>"
-        st = self.get_state()
-        nxt = (
-            "no timers"
-            if st.next_expiry_in is None
-            else f"next expiry in {max(0.0, st.next_expiry_in):.1f}s"
-        )
-        return (
-            f"<TimerServer running: {len(st.timers):,} timers, {len(st.workers):,} workers, {nxt}>"
-        )
-
-
-def _counters(run: _Run | None) -> Counters:
-    if run is None or run.engine is None:
-        return Counters()
-    dropped = 0 if run.event_log is None else run.event_log.dropped + run.event_log.lost
-    return replace(run.engine.counts, events_dropped=dropped)
-
-
-def _counter_dict(counters: Counters) -> dict[str, int]:
-    return asdict(counters)
-
-
-def _unwrap(exc: BaseException) -> BaseException:
-    """The single exception inside (nested) one-exception groups, else ``exc``."""
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
-    return exc
+        if self._life.state is not Lifecycle.RUNNING:
+            return f"<TimerServer {self._life.state.value}>"
+        snap, nxt = self.snapshot(0, sites=0), "no timers"
+        if snap.next_expiry_in is not None:
+            nxt = f"next expiry in {max(0.0, snap.next_expiry_in):.1f}s"
+        n, workers = snap.timers_total, snap.workers_total
+        return f"<TimerServer running: {n:,} timers, {workers:,} workers, {nxt}>"

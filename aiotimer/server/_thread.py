@@ -2,7 +2,7 @@
 daemon thread, for synchronous programs (the torch style).
 
 Other threads talk to the server through its thread-safe methods (``acquire``,
-``release``, ``submit``, ``get_state``, ``scope_stats``), which hand their work to the
+``release``, ``submit``, ``snapshot``, ``get_state``, ...), which hand their work to the
 server's loop; :attr:`TimerServerThread.loop` is that loop while the thread runs.
 """
 

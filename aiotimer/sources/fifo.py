@@ -241,7 +241,15 @@ class FifoSource:
     :meth:`serve` may be called again after it returned.
     """
 
-    __slots__ = ("_chunk_size", "_marker", "_max_line", "_mode", "_name", "_path")
+    __slots__ = (
+        "_chunk_size",
+        "_marker",
+        "_max_line",
+        "_mode",
+        "_name",
+        "_path",
+        "_published",
+    )
 
     def __init__(
         self,
@@ -261,6 +269,7 @@ class FifoSource:
         self._chunk_size = chunk_size
         self._marker: dict[str, object] = dict(marker or {})
         self._name = f"fifo:{self._path}"
+        self._published: _OpenFifo | None = None
 
     @property
     def name(self) -> str:
@@ -293,12 +302,25 @@ class FifoSource:
                     task_status.started()
                     await self._watch_path(fifos, tg, sink)
             finally:
+                self._published = None
                 remove_marker(self._path)
         finally:
             for each in fifos:
                 each.close()
 
+    def advertise(self, keys: Mapping[str, object | None]) -> None:
+        """Set extra keys of the marker (a ``None`` value removes its key); the marker
+        is published again at once while the source serves. Call it in the loop's thread."""
+        for key, value in keys.items():
+            if value is None:
+                self._marker.pop(key, None)
+            else:
+                self._marker[key] = value
+        if self._published is not None:
+            self._publish(self._published)
+
     def _publish(self, fifo: _OpenFifo) -> None:
+        self._published = fifo
         assert fifo.inode is not None
         dev, ino = fifo.inode
         marker = Marker(

@@ -1,7 +1,9 @@
 """The supervisor's public data: outcomes, snapshots, and the restart coordinator hook;
 and how outcomes, snapshots and summaries are read off the planner's slot records. Pure.
 
-Re-exported by :mod:`aiotimer.supervisor`.
+A leaf: it imports nothing above the supervisor's pure parts (no supervisor, no server at
+run time), so the layers that show these records (control, cluster) sit on top without
+cycles. Re-exported by :mod:`aiotimer.supervisor`.
 """
 
 from __future__ import annotations
@@ -12,19 +14,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from aiotimer._edges.lifecycle import Lifecycle
 from aiotimer.events import WorkerSummary
-from aiotimer.server._server import Lifecycle, ServerState
 from aiotimer.supervisor._exits import ExitReason
 from aiotimer.supervisor._restart import GiveUp, Restart, RestartPolicy, SlotRecord, WorkerState
 
 if TYPE_CHECKING:
-    from aiotimer.supervisor._supervisor import Supervisor
+    from aiotimer.server._view import ServerState
 
 __all__ = [
     "Decision",
     "LocalCoordinator",
     "RestartCoordinator",
     "RunOutcome",
+    "SupervisorActions",
     "SupervisorState",
     "WorkerFailure",
     "WorkerSnapshot",
@@ -93,6 +96,22 @@ class WorkerFailure:
     start_failure: bool
 
 
+class SupervisorActions(Protocol):
+    """What a :class:`RestartCoordinator` may do to the supervisor that asks it (a
+    :class:`~aiotimer.supervisor.Supervisor` is one)."""
+
+    async def restart_workers(
+        self, ranks: Sequence[int] | None = None, *, count: int | None = None
+    ) -> None:
+        """Restart ``ranks`` (default: all) now, outside the budget; ``count`` sets their
+        restart count."""
+        ...
+
+    def give_up(self, reason: str) -> None:
+        """End the run: stop every worker."""
+        ...
+
+
 class RestartCoordinator(Protocol):
     """Who carries out the planner's restart decisions.
 
@@ -104,7 +123,7 @@ class RestartCoordinator(Protocol):
     """
 
     async def decide(
-        self, supervisor: Supervisor, failure: WorkerFailure, proposal: Decision
+        self, supervisor: SupervisorActions, failure: WorkerFailure, proposal: Decision
     ) -> Decision | None:
         """The decision to carry out for ``failure`` (``proposal`` is the local one)."""
         ...
@@ -114,7 +133,7 @@ class LocalCoordinator:
     """The default :class:`RestartCoordinator`: the local restart policy decides."""
 
     async def decide(
-        self, supervisor: Supervisor, failure: WorkerFailure, proposal: Decision
+        self, supervisor: SupervisorActions, failure: WorkerFailure, proposal: Decision
     ) -> Decision | None:
         """Return ``proposal``."""
         return proposal

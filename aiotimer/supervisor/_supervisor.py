@@ -39,39 +39,27 @@ from pathlib import Path
 from types import TracebackType
 
 import anyio
-import anyio.abc
 
 from aiotimer._edges.clock import Clock, MonotonicClock
 from aiotimer._edges.eventlog import EventLog
-from aiotimer.control._supervisor_app import supervisor_routes
+from aiotimer._edges.lifecycle import Lifecycle, OwnedTask
 from aiotimer.errors import LaunchError, ServerStateError
 from aiotimer.events import (
     Event,
-    RestartScheduled,
     ServerStopped,
     SourceFailed,
-    SupervisorGaveUp,
     SupervisorStopped,
     TimerExpired,
     WorkerEnded,
     WorkerReaped,
-    WorkerRunning,
-    WorkerStarted,
     WorkerSummary,
 )
 from aiotimer.reapers._policy import ReapPolicy
 from aiotimer.reapers._signal import Reaper, SignalReaper
-from aiotimer.server._server import Lifecycle, TimerServer
+from aiotimer.server._server import TimerServer
 from aiotimer.supervisor import _proctree
-from aiotimer.supervisor._exits import ExitReason, classify_exit
-from aiotimer.supervisor._pool import (
-    WORKER_ENV,
-    Attempt,
-    ObservedReaper,
-    WorkerPool,
-    free_port,
-    worker_env,
-)
+from aiotimer.supervisor._pool import WORKER_ENV, ObservedReaper, WorkerPool
+from aiotimer.supervisor._ranks import Ranks
 from aiotimer.supervisor._records import (
     Decision,
     LocalCoordinator,
@@ -81,7 +69,6 @@ from aiotimer.supervisor._records import (
     WorkerFailure,
     WorkerSnapshot,
     format_summary,
-    run_outcome,
     worker_snapshot,
     worker_summaries,
 )
@@ -130,9 +117,6 @@ class Supervisor:
         subreaper: make this process a child subreaper, so descendants that escape a
             worker's session are still found and stopped (process-wide: ``aiotimer run``
             turns it on; an embedding agent decides).
-        control: the embedded server's control socket (see
-            :class:`~aiotimer.TimerServer`): it also serves this supervisor's workers and
-            the operator actions restart and stop (see :mod:`aiotimer.control`).
         clock: the time source (monotonic seconds).
         rng: uniform ``[0, 1)`` floats for the back-off jitter.
 
@@ -158,7 +142,6 @@ class Supervisor:
         coordinator: RestartCoordinator | None = None,
         restart_count: int = 0,
         subreaper: bool = False,
-        control: str | os.PathLike[str] | bool = True,
         clock: Clock | None = None,
         rng: Callable[[], float] | None = None,
     ) -> None:
@@ -180,26 +163,33 @@ class Supervisor:
         self._on_event = on_event
         self._event_log_path = event_log
         self._runtime_parent = runtime_dir
-        self._coordinator = coordinator if coordinator is not None else LocalCoordinator()
         if restart_count:
             self._planner.restart(tuple(range(nproc)), 0.0, budget=False, count=restart_count)
         self._subreaper = subreaper
-        self._control = control
         self._clock: Clock = clock if clock is not None else MonotonicClock()
-        self._state = Lifecycle.CREATED
+        self._life = OwnedTask("supervisor", restartable=False)
         self._server: TimerServer | None = None
         self._dir: Path | None = None
         self._fifo: Path | None = None
-        self._master_port = 0
         self._pool = WorkerPool(
             self.command, cwd=cwd, stop_timeout=stop_timeout, subreaper=subreaper
         )
-        self._tg: anyio.abc.TaskGroup | None = None
         self._event_log: EventLog | None = None
-        self._task: asyncio.Task[None] | None = None
-        self._stop = asyncio.Event()
         self._finished = asyncio.Event()
-        self._outcome: RunOutcome | None = None
+        self._ranks = Ranks(
+            planner=self._planner,
+            pool=self._pool,
+            policy=self.policy,
+            nproc=nproc,
+            run_id=self.run_id,
+            env=self._env,
+            clock=self._clock,
+            coordinator=coordinator if coordinator is not None else LocalCoordinator(),
+            owner=self,
+            emit=self._emit,
+            request_stop=self._life.request_stop,
+            stopping=lambda: self._life.stop_requested,
+        )
         self._summary: tuple[WorkerSummary, ...] = ()
 
     # -- lifecycle --------------------------------------------------------------------
@@ -207,7 +197,7 @@ class Supervisor:
     @property
     def state(self) -> Lifecycle:
         """The current lifecycle state."""
-        return self._state
+        return self._life.state
 
     @property
     def server(self) -> TimerServer | None:
@@ -222,7 +212,7 @@ class Supervisor:
     @property
     def outcome(self) -> RunOutcome | None:
         """How the run ended, once it has."""
-        return self._outcome
+        return self._ranks.outcome
 
     @property
     def summary(self) -> tuple[WorkerSummary, ...]:
@@ -237,39 +227,25 @@ class Supervisor:
             LaunchError: the command cannot be found.
             SourceError: the timer server could not open its FIFO.
         """
-        if self._state is not Lifecycle.CREATED:
-            raise ServerStateError(f"cannot start a {self._state.value} supervisor")
+        if self._life.state is not Lifecycle.CREATED:
+            raise ServerStateError(f"cannot start a {self._life.state.value} supervisor")
         exe = self.command[0]
         if shutil.which(exe, path=self._env.get("PATH")) is None:
             raise LaunchError(
                 f"cannot run {exe!r}: no such executable (check the command and PATH)"
             )
-        self._state = Lifecycle.STARTING
-        loop = asyncio.get_running_loop()
-        ready: asyncio.Future[None] = loop.create_future()
-        self._task = loop.create_task(self._main(ready), name="aiotimer-supervisor")
-        try:
-            await asyncio.shield(ready)
-        except BaseException:
-            self._stop.set()
-            await asyncio.shield(self._task)
-            raise
+        await self._life.start(self._main, name="aiotimer-supervisor")
 
     async def wait(self) -> RunOutcome:
         """Wait until the run ends (every worker done, given up, or stopped)."""
         await self._finished.wait()
-        assert self._outcome is not None
-        return self._outcome
+        assert self._ranks.outcome is not None
+        return self._ranks.outcome
 
     async def aclose(self) -> None:
         """Stop every worker (SIGTERM, then SIGKILL after ``stop_timeout``), then the
         server; return when no worker process is left. Idempotent."""
-        if self._task is None:
-            return
-        if self._state is Lifecycle.RUNNING:
-            self._state = Lifecycle.STOPPING
-        self._stop.set()
-        await asyncio.shield(self._task)
+        await self._life.aclose()
 
     def kill(self) -> None:
         """Skip what is left of ``stop_timeout``: stopping sends SIGKILL at once, now
@@ -293,8 +269,8 @@ class Supervisor:
     ) -> None:
         await self.aclose()
 
-    async def _main(self, ready: asyncio.Future[None]) -> None:
-        """The task that owns the supervisor's task groups."""
+    async def _main(self, ready: Callable[[], None]) -> None:
+        """The supervisor's body (see :mod:`aiotimer._edges.lifecycle`)."""
         try:
             async with anyio.create_task_group() as outer:
                 if self._event_log_path is not None:
@@ -302,7 +278,6 @@ class Supervisor:
                     await outer.start(self._event_log.run)
                 try:
                     async with anyio.create_task_group() as tg:
-                        self._tg = tg
                         try:
                             await self._start_server()
                             if self._subreaper and not _proctree.become_subreaper():
@@ -310,12 +285,10 @@ class Supervisor:
                                     "cannot become a child subreaper here: descendants that "
                                     "leave a worker's session will not be stopped"
                                 )
-                            self._master_port = free_port()
-                            for rank in range(self._nproc):
-                                self._launch(rank)
-                            self._state = Lifecycle.RUNNING
-                            ready.set_result(None)
-                            await self._stop.wait()
+                            assert self._fifo is not None
+                            self._ranks.begin(tg, self._fifo)
+                            ready()
+                            await self._life.wait_stop_requested()
                         finally:
                             with anyio.CancelScope(shield=True):
                                 await self._shutdown()
@@ -323,17 +296,7 @@ class Supervisor:
                 finally:
                     if self._event_log is not None:
                         self._event_log.close()
-        except BaseException as exc:
-            if not ready.done():
-                ready.set_exception(exc)
-                if isinstance(exc, Exception):
-                    return
-            elif isinstance(exc, Exception):
-                logger.exception("the supervisor crashed")
-                return
-            raise
         finally:
-            self._state = Lifecycle.STOPPED
             if self._dir is not None:
                 shutil.rmtree(self._dir, ignore_errors=True)
 
@@ -346,186 +309,43 @@ class Supervisor:
         self._fifo = self._dir / "timer.fifo"
         self._server = TimerServer(
             fifo=self._fifo,
-            reaper=ObservedReaper(self._reaper, self._timer_registered),
+            reaper=ObservedReaper(self._reaper, self._ranks.timer_registered),
             policy=self._reap_policy,
             clock=self._clock,
             on_event=self._server_event,
-            control=self._control,
-            control_routes=supervisor_routes(self),
         )
         await self._server.start()
 
     async def _shutdown(self) -> None:
         """Stop every worker and everything they left, then the server."""
-        self._stop.set()
+        self._life.request_stop()
         await self._pool.stop_all()
         self._planner.set_state(
             (s.rank for s in self._planner.slots if not s.state.terminal), WorkerState.STOPPED
         )
-        self._conclude()
+        self._ranks.conclude()
         if self._server is not None:
             await self._server.aclose()
         self._summary = worker_summaries(self._planner.slots)
-        assert self._outcome is not None
+        outcome = self._ranks.outcome
+        assert outcome is not None
         self._emit(
             SupervisorStopped(
                 time=self._clock.time(),
-                outcome=self._outcome.name.lower(),
-                exit_code=int(self._outcome),
+                outcome=outcome.name.lower(),
+                exit_code=int(outcome),
                 workers=self._summary,
             )
         )
         self._finished.set()
 
-    # -- launching and watching ---------------------------------------------------------
-
-    def _launch(self, rank: int) -> None:
-        """Start slot ``rank``'s next attempt and the task that watches it."""
-        assert self._tg is not None
-        record = self._planner.slot(rank)
-        now = self._clock.monotonic()
-        env = worker_env(
-            self._env,
-            fifo=str(self._fifo),
-            rank=rank,
-            nproc=self._nproc,
-            restarts=record.restarts,
-            max_restarts=self.policy.max_restarts,
-            run_id=self.run_id,
-            master_port=self._master_port,
-        )
-        try:
-            att = self._pool.launch(rank, len(record.attempts) + 1, env, now)
-        except OSError as exc:
-            logger.error("worker %d could not be launched: %s", rank, exc)
-            self._planner.started(rank, now)
-            code = 127 if isinstance(exc, FileNotFoundError) else 126
-            self._ended(rank, None, classify_exit(code))
-            return
-        self._planner.started(rank, now)
-        self._emit(
-            WorkerStarted(
-                time=self._clock.time(),
-                rank=rank,
-                pid=att.pid,
-                attempt=att.number,
-                restarts=record.restarts,
-            )
-        )
-        self._tg.start_soon(self._watch, att, name=f"aiotimer-worker-{rank}")
-
-    async def _watch(self, att: Attempt) -> None:
-        async def uptime_evidence() -> None:
-            at = self._planner.healthy_at(att.rank)
-            if at is not None:
-                await self._clock.sleep_until(at)
-                self._running(att, f"up for {self.policy.min_uptime:g}s")
-
-        reason = await self._pool.wait(att, while_running=uptime_evidence)
-        self._ended(att.rank, att, reason)
-
-    def _running(self, att: Attempt, evidence: str) -> None:
-        if self._pool.attempts.get(att.rank) is att and self._planner.running(att.rank):
-            self._emit(
-                WorkerRunning(
-                    time=self._clock.time(), rank=att.rank, pid=att.pid, evidence=evidence
-                )
-            )
-
-    def _ended(self, rank: int, att: Attempt | None, reason: ExitReason) -> None:
-        now = self._clock.monotonic()
-        stopped = att is not None and att.stop_requested
-        decision = self._planner.exited(rank, reason, now, stopped=stopped)
-        record = self._planner.slot(rank)
-        last = record.attempts[-1]
-        self._emit(
-            WorkerEnded(
-                time=self._clock.time(),
-                rank=rank,
-                pid=att.pid if att is not None else 0,
-                reason=reason.kind.value,
-                exit_code=reason.exit_code,
-                signal=reason.signal,
-                scopes=reason.scopes,
-                uptime=last.uptime,
-                start_failure=last.start_failure,
-                state=record.state.value,
-                description=reason.describe(),
-            )
-        )
-        if att is not None:
-            att.done.set()
-        if isinstance(decision, Restart | GiveUp):
-            failure = WorkerFailure(rank, att.pid if att else 0, reason, last.start_failure)
-            if isinstance(decision, Restart):
-                # stop the others now, so their exits are not taken for failures
-                for r in decision.ranks:
-                    other = self._pool.attempts.get(r)
-                    if other is not None:
-                        other.stop_requested = True
-                assert self._tg is not None
-                self._tg.start_soon(self._coordinate, failure, decision)
-            else:
-                self._gave_up(decision)  # final: not the coordinator's to overturn
-        self._check_finished()
-
-    async def _coordinate(self, failure: WorkerFailure, proposal: Restart) -> None:
-        decision = await self._coordinator.decide(self, failure, proposal)
-        if isinstance(decision, Restart):
-            await self._carry_out(decision)
-        elif isinstance(decision, GiveUp):
-            self.give_up(decision.reason)
-
-    async def _carry_out(self, decision: Restart) -> None:
-        self._emit(
-            RestartScheduled(
-                time=self._clock.time(),
-                ranks=decision.ranks,
-                delay=decision.delay,
-                restarts=decision.restarts,
-                attempt=decision.attempt,
-                budget=decision.budget,
-            )
-        )
-        await self._pool.stop(decision.ranks)
-        if decision.delay > 0:
-            await self._clock.sleep_until(self._clock.monotonic() + decision.delay)
-        if self._stop.is_set() or self._planner.gave_up is not None:
-            return
-        for rank in decision.ranks:
-            if self._planner.slot(rank).state is WorkerState.BACKOFF:
-                self._launch(rank)
-
-    def _gave_up(self, decision: GiveUp) -> None:
-        self._emit(SupervisorGaveUp(time=self._clock.time(), reason=decision.reason))
-        self._stop.set()
-
-    def _check_finished(self) -> None:
-        if self._planner.done() and not self._pool.attempts:
-            self._conclude()
-            self._stop.set()
-
-    def _conclude(self) -> None:
-        if self._outcome is None:
-            self._outcome = run_outcome(
-                self._planner.slots, gave_up=self._planner.gave_up is not None
-            )
-
     # -- what the server tells us ------------------------------------------------------
-
-    def _timer_registered(self, pid: int) -> None:
-        """``pid`` sent its first timer request (the server pinned it)."""
-        att = self._pool.owner(pid)
-        if att is not None:
-            self._running(att, "sent a timer request")
 
     def _server_event(self, event: Event) -> None:
         if isinstance(event, TimerExpired | WorkerReaped):
-            att = self._pool.note(event)
-            if att is not None and self._planner.slot(att.rank).state.alive:
-                self._planner.expired(att.rank)
+            self._ranks.expired(event)
         self._deliver(event)
-        if isinstance(event, SourceFailed | ServerStopped) and not self._stop.is_set():
+        if isinstance(event, SourceFailed | ServerStopped) and not self._life.stop_requested:
             # Without its FIFO the server can no longer time the workers: say so, stop.
             what = "its FIFO failed" if isinstance(event, SourceFailed) else "it stopped"
             self.give_up(f"the timer server can no longer watch the workers: {what}")
@@ -559,7 +379,7 @@ class Supervisor:
         self._check_rank(rank)
         await self._pool.stop([rank])
         self._planner.set_state([rank], WorkerState.STOPPED)
-        self._check_finished()
+        self._ranks.check_finished()
 
     async def restart_workers(
         self, ranks: Sequence[int] | None = None, *, count: int | None = None
@@ -581,21 +401,18 @@ class Supervisor:
             if att is not None:
                 att.stop_requested = True
         decision = self._planner.restart(chosen, self._clock.monotonic(), budget=False, count=count)
-        await self._carry_out(decision)
+        await self._ranks.carry_out(decision)
 
     def give_up(self, reason: str) -> None:
         """End the run: stop every worker (a coordinator's or operator's decision)."""
         if self._planner.gave_up is None:
-            self._gave_up(self._planner.give_up(reason))
+            self._ranks.gave_up(self._planner.give_up(reason))
 
     def _check_rank(self, rank: int) -> None:
-        if self._state is not Lifecycle.RUNNING or self._stop.is_set():
-            raise ServerStateError(
-                f"the supervisor is {self._state.value} and not taking actions "
-                "(it is stopping or has given up)"
-                if self._state is Lifecycle.RUNNING
-                else f"the supervisor is {self._state.value}, not running"
-            )
+        state = self._life.state
+        if state is not Lifecycle.RUNNING:
+            what = "has given up" if self._planner.gave_up is not None else "is " + state.value
+            raise ServerStateError(f"the supervisor {what} and is not taking actions")
         if not 0 <= rank < self._nproc:
             raise IndexError(f"no worker {rank}: ranks are 0..{self._nproc - 1}")
 
@@ -613,14 +430,14 @@ class Supervisor:
             running = None if att is None else (att.pid, now - att.started_at)
             workers.append(worker_snapshot(s, running))
         return SupervisorState(
-            state=self._state,
+            state=self._life.state,
             run_id=self.run_id,
             command=self.command,
             policy=self.policy,
             fifo=self._fifo,
             restarts_in_window=self._planner.restarts_in_window(now),
             workers=tuple(workers),
-            outcome=self._outcome,
+            outcome=self._ranks.outcome,
             gave_up=None if self._planner.gave_up is None else self._planner.gave_up.reason,
             server=None if self._server is None or not server else self._server.get_state(),
         )
@@ -628,6 +445,6 @@ class Supervisor:
     def __repr__(self) -> str:
         running = sum(1 for s in self._planner.slots if s.state.alive)
         return (
-            f"<Supervisor {self._state.value}: {running}/{self._nproc} workers running, "
+            f"<Supervisor {self._life.state.value}: {running}/{self._nproc} workers running, "
             f"run {self.run_id}>"
         )

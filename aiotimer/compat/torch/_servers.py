@@ -158,9 +158,9 @@ class _EngineServer:
         return TimerRequest(timer.pid, timer.scope_id, expiration_time)
 
     def _sync(self) -> None:
-        """Wait until the loop has applied everything submitted so far."""
-        with contextlib.suppress(ServerStateError):  # not running: nothing to wait for
-            self._server._call_in_loop(lambda: None, _SYNC_TIMEOUT)
+        """Wait until the loop has applied everything submitted so far: a snapshot from
+        another thread is taken after it (an empty one: nothing is listed)."""
+        self._server.snapshot(0, sites=0)
 
     def _dispatch(self, event: Event) -> None:
         """The aiotimer server's ``on_event`` (runs in the server's loop thread)."""

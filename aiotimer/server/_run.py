@@ -1,0 +1,240 @@
+"""One run of a timer server: what one ``start() .. aclose()`` builds, and its body.
+
+:class:`Run` holds the run's handoff (calls from other threads), engine, event log and
+journal. :meth:`Run.serve` is the server's body (the owned task of
+:mod:`aiotimer._edges.lifecycle`):
+
+1. the outer task group: the event log's writer and the async ``on_event`` callback's
+   task, which must see the run's last event;
+2. the inner task group: the engine, then in order the handoff, the statistics file,
+   the journal (its timers restored first), every source, and the expiry task;
+3. ready: ``ServerStarted``; then it waits for the stop;
+4. on the way out: the journal of a server stopped on purpose is removed (its timers go
+   with it), the workers are detached, the handoff ends (other threads then read the
+   still engine directly), ``ServerStopped`` is emitted, and the statistics file, event
+   log and event bus are closed after it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import threading
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import anyio
+import anyio.abc
+
+from aiotimer._edges.clock import Clock
+from aiotimer._edges.eventlog import EventLog
+from aiotimer._edges.lifecycle import OwnedTask
+from aiotimer._edges.logs import EventLogger
+from aiotimer.errors import ServerStateError
+from aiotimer.events import Event, ServerStarted, SourceFailed
+from aiotimer.reapers._policy import ReapPolicy
+from aiotimer.reapers._signal import Reaper
+from aiotimer.server._engine import Engine, ReapRetry
+from aiotimer.server._eventbus import EventBus
+from aiotimer.server._handoff import Handoff
+from aiotimer.server._journal import Journal
+from aiotimer.server._statsfile import StatsFile
+from aiotimer.sources._base import Source, serve_source
+from aiotimer.wire import Decoded
+
+__all__ = ["API_SOURCE", "JOURNAL_SOURCE", "Run", "RunSettings"]
+
+logger = logging.getLogger("aiotimer")
+
+_T = TypeVar("_T")
+
+#: The name in-process API requests are reported under.
+API_SOURCE = "api"
+#: The name timers restored from the journal are reported under.
+JOURNAL_SOURCE = "journal"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunSettings:
+    """What every run of a server is built from (the server's configuration)."""
+
+    sources: tuple[Source, ...]
+    reaper: Reaper
+    clock: Clock
+    policy: ReapPolicy
+    retry: ReapRetry
+    request_events: bool
+    self_kill: bool
+    journal_path: Path | None
+    max_timers: int
+    max_per_worker: int
+    lag_threshold: float
+    event_log_path: str | os.PathLike[str] | None
+    stats_file: StatsFile | None
+    stats_interval: float
+    async_on_event: Callable[[Event], Awaitable[object]] | None
+
+
+class Run:
+    """One start..stop of a server, created in the server's loop (see the module docs).
+
+    ``emit`` is the server's event pipeline; ``bus`` and ``event_logger`` are the
+    server's, closed when the run ends; ``stopped`` builds the run's ``ServerStopped``.
+    """
+
+    def __init__(
+        self,
+        settings: RunSettings,
+        *,
+        emit: Callable[[Event], None],
+        bus: EventBus,
+        event_logger: EventLogger,
+        stopped: Callable[[], Event],
+    ) -> None:
+        self.settings = settings
+        self.loop = asyncio.get_running_loop()
+        self.thread_id = threading.get_ident()
+        self.handoff = Handoff(self.loop)
+        self.engine: Engine | None = None
+        self.event_log: EventLog | None = None
+        self.journal: Journal | None = None
+        self.started_at: float | None = None
+        self._emit = emit
+        self._bus = bus
+        self._event_logger = event_logger
+        self._stopped = stopped
+
+    def submit(self, batch: Decoded) -> None:
+        """Apply ``batch`` as in-process API requests, from any thread: at once in a task
+        of the loop's thread, else (another thread, or a plain loop callback, where
+        anyio's primitives do not work) in the handoff's task, in order.
+
+        Raises:
+            ServerStateError: the run has ended.
+        """
+        engine = self.engine
+        assert engine is not None, "the run serves"
+        if threading.get_ident() == self.thread_id and asyncio.current_task() is not None:
+            engine.submit(batch, API_SOURCE)
+        else:
+            self.handoff.call_soon(lambda: engine.submit(batch, API_SOURCE))
+
+    def read(self, fn: Callable[[], _T], timeout: float) -> _T:
+        """``fn()`` on a consistent view of the run, from any thread: in the loop while
+        the run is live (after every call handed over before; another thread waits up to
+        ``timeout`` seconds), directly once it has ended (nothing changes it then).
+
+        Raises:
+            TimeoutError: the loop did not run ``fn`` in time (it is blocked).
+        """
+        if threading.get_ident() != self.thread_id:
+            with contextlib.suppress(ServerStateError):  # the run has ended
+                return self.handoff.call(fn, timeout)
+        return fn()
+
+    @property
+    def events_dropped(self) -> int:
+        """Events the event log had no room for (or lost), this run."""
+        log = self.event_log
+        return 0 if log is None else log.dropped + log.lost
+
+    async def serve(self, ready: Callable[[], None], life: OwnedTask) -> None:
+        """The server's body: serve until ``life`` asks for a stop."""
+        cfg = self.settings
+        started = False
+        try:
+            async with anyio.create_task_group() as outer:
+                if cfg.event_log_path is not None:
+                    self.event_log = EventLog(cfg.event_log_path)
+                    await outer.start(self.event_log.run)
+                if cfg.async_on_event is not None:
+                    await outer.start(self._bus.run_callback, cfg.async_on_event)
+                if cfg.journal_path is not None:
+                    self.journal = Journal(cfg.journal_path)
+                try:
+                    async with anyio.create_task_group() as tg:
+                        await self._start(tg)
+                        ready()
+                        started = True
+                        self.started_at = cfg.clock.time()
+                        names = tuple(s.name for s in cfg.sources)
+                        self._emit(
+                            ServerStarted(time=self.started_at, pid=os.getpid(), sources=names)
+                        )
+                        await life.wait_stop_requested()
+                        tg.cancel_scope.cancel()
+                finally:
+                    self._close(on_purpose=life.stop_requested, started=started)
+        finally:
+            self.handoff.close()
+
+    async def _start(self, tg: anyio.abc.TaskGroup) -> None:
+        """Build the engine and start, in order, everything that serves with it."""
+        cfg = self.settings
+        engine = self.engine = Engine(
+            task_group=tg,
+            clock=cfg.clock,
+            reaper=cfg.reaper,
+            policy=cfg.policy,
+            emit=self._emit,
+            retry=cfg.retry,
+            request_events=cfg.request_events,
+            self_kill_after_reap=cfg.self_kill,
+            journal=self.journal,
+            max_timers=cfg.max_timers,
+            max_timers_per_worker=cfg.max_per_worker,
+        )
+        engine.lag_threshold = cfg.lag_threshold
+        await tg.start(self.handoff.run)
+        if cfg.stats_file is not None:
+            cfg.stats_file.load_into(engine.stats)
+            tg.start_soon(cfg.stats_file.run, engine.stats, cfg.stats_interval)
+        if self.journal is not None:
+            self._restore(self.journal, engine)
+            tg.start_soon(self.journal.run, engine.table, self._mono_to_wall)
+        for source in cfg.sources:
+            await tg.start(serve_source, source, engine, self._source_failed(source))
+        tg.start_soon(engine.run_expiry, name="aiotimer-expiry")
+
+    def _close(self, *, on_purpose: bool, started: bool) -> None:
+        """End the run (its tasks are cancelled): see the module docs, point 4."""
+        if self.journal is not None and on_purpose:
+            self.journal.remove()  # stopped on purpose: its timers go with it
+        if self.engine is not None:
+            self.engine.close()
+        self.handoff.close()  # the engine is still: other threads read it directly
+        if started:
+            self._emit(self._stopped())
+        self._event_logger.close()
+        if self.settings.stats_file is not None and self.engine is not None:
+            self.settings.stats_file.save(self.engine.stats)
+        if self.event_log is not None:
+            self.event_log.close()
+        self._bus.close()
+
+    def _restore(self, journal: Journal, engine: Engine) -> None:
+        restored = journal.load(self.settings.clock.monotonic())
+        if restored:
+            engine.restore(restored, JOURNAL_SOURCE)
+            logger.warning(
+                "restored %d timer(s) of hung-or-silent workers from the journal %s; each "
+                "is dropped as soon as its worker sends anything",
+                len(restored),
+                journal.path,
+            )
+
+    def _mono_to_wall(self) -> float:
+        clock = self.settings.clock
+        return clock.time() - clock.monotonic()
+
+    def _source_failed(self, source: Source) -> Callable[[BaseException], None]:
+        clock = self.settings.clock
+
+        def report(exc: BaseException) -> None:
+            self._emit(SourceFailed(time=clock.time(), source=source.name, error=f"{exc!r}"))
+
+        return report

@@ -1,0 +1,247 @@
+"""The worker slots of one supervised run: launch, watch, and act on the planner.
+
+The shell around the pure :class:`~aiotimer.supervisor._restart.RestartPlanner` (h11's
+habit, as :class:`~aiotimer.reapers._escalator.Escalator` with its loop): :class:`Ranks`
+launches each rank's attempts through the :class:`~aiotimer.supervisor._pool.WorkerPool`,
+watches each one in a task, tells the planner what happened (started, running, exited,
+expired) and carries out what it decides: a restart (through the run's
+:class:`~aiotimer.supervisor.RestartCoordinator`), a give-up, or the end of the run.
+The :class:`~aiotimer.supervisor.Supervisor` owns it and its lifecycle.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import anyio.abc
+
+from aiotimer._edges.clock import Clock
+from aiotimer.events import (
+    Event,
+    RestartScheduled,
+    SupervisorGaveUp,
+    TimerExpired,
+    WorkerEnded,
+    WorkerReaped,
+    WorkerRunning,
+    WorkerStarted,
+)
+from aiotimer.supervisor._exits import ExitReason, classify_exit
+from aiotimer.supervisor._pool import Attempt, WorkerPool, free_port, worker_env
+from aiotimer.supervisor._records import (
+    RestartCoordinator,
+    RunOutcome,
+    SupervisorActions,
+    WorkerFailure,
+    run_outcome,
+)
+from aiotimer.supervisor._restart import (
+    GiveUp,
+    Restart,
+    RestartPlanner,
+    RestartPolicy,
+    WorkerState,
+)
+
+__all__ = ["Ranks"]
+
+logger = logging.getLogger("aiotimer")
+
+
+class Ranks:
+    """The ``nproc`` worker slots of one run (see the module docs).
+
+    ``emit`` reports the supervisor's events; ``request_stop`` ends the run and
+    ``stopping`` says whether it is ending; ``owner`` is what a coordinator is given.
+    """
+
+    def __init__(
+        self,
+        *,
+        planner: RestartPlanner,
+        pool: WorkerPool,
+        policy: RestartPolicy,
+        nproc: int,
+        run_id: str,
+        env: Mapping[str, str],
+        clock: Clock,
+        coordinator: RestartCoordinator,
+        owner: SupervisorActions,
+        emit: Callable[[Event], None],
+        request_stop: Callable[[], None],
+        stopping: Callable[[], bool],
+    ) -> None:
+        self._planner = planner
+        self._pool = pool
+        self._policy = policy
+        self._nproc = nproc
+        self.run_id = run_id
+        self._env = env
+        self._clock = clock
+        self._coordinator = coordinator
+        self._owner = owner
+        self._emit = emit
+        self._request_stop = request_stop
+        self._stopping = stopping
+        self.outcome: RunOutcome | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._fifo: Path | None = None
+        self._master_port = 0
+
+    def begin(self, tg: anyio.abc.TaskGroup, fifo: Path) -> None:
+        """Launch every rank; their watchers run in ``tg``; they talk to ``fifo``."""
+        self._tg, self._fifo, self._master_port = tg, fifo, free_port()
+        for rank in range(self._nproc):
+            self.launch(rank)
+
+    def expired(self, event: TimerExpired | WorkerReaped) -> None:
+        """A worker's timer expired (or it was reaped): the planner hears of it."""
+        att = self._pool.note(event)
+        if att is not None and self._planner.slot(att.rank).state.alive:
+            self._planner.expired(att.rank)
+
+    def launch(self, rank: int) -> None:
+        """Start slot ``rank``'s next attempt and the task that watches it."""
+        assert self._tg is not None
+        record = self._planner.slot(rank)
+        now = self._clock.monotonic()
+        env = worker_env(
+            self._env,
+            fifo=str(self._fifo),
+            rank=rank,
+            nproc=self._nproc,
+            restarts=record.restarts,
+            max_restarts=self._policy.max_restarts,
+            run_id=self.run_id,
+            master_port=self._master_port,
+        )
+        try:
+            att = self._pool.launch(rank, len(record.attempts) + 1, env, now)
+        except OSError as exc:
+            logger.error("worker %d could not be launched: %s", rank, exc)
+            self._planner.started(rank, now)
+            code = 127 if isinstance(exc, FileNotFoundError) else 126
+            self._ended(rank, None, classify_exit(code))
+            return
+        self._planner.started(rank, now)
+        self._emit(
+            WorkerStarted(
+                time=self._clock.time(),
+                rank=rank,
+                pid=att.pid,
+                attempt=att.number,
+                restarts=record.restarts,
+            )
+        )
+        self._tg.start_soon(self._watch, att, name=f"aiotimer-worker-{rank}")
+
+    async def _watch(self, att: Attempt) -> None:
+        async def uptime_evidence() -> None:
+            at = self._planner.healthy_at(att.rank)
+            if at is not None:
+                await self._clock.sleep_until(at)
+                self.running(att, f"up for {self._policy.min_uptime:g}s")
+
+        reason = await self._pool.wait(att, while_running=uptime_evidence)
+        self._ended(att.rank, att, reason)
+
+    def timer_registered(self, pid: int) -> None:
+        """``pid`` sent its first timer request (the server pinned it): if it is a
+        worker's, that worker is running."""
+        att = self._pool.owner(pid)
+        if att is not None:
+            self.running(att, "sent a timer request")
+
+    def running(self, att: Attempt, evidence: str) -> None:
+        """Attempt ``att`` shows it runs (``evidence`` says how)."""
+        if self._pool.attempts.get(att.rank) is att and self._planner.running(att.rank):
+            self._emit(
+                WorkerRunning(
+                    time=self._clock.time(), rank=att.rank, pid=att.pid, evidence=evidence
+                )
+            )
+
+    def _ended(self, rank: int, att: Attempt | None, reason: ExitReason) -> None:
+        now = self._clock.monotonic()
+        stopped = att is not None and att.stop_requested
+        decision = self._planner.exited(rank, reason, now, stopped=stopped)
+        record = self._planner.slot(rank)
+        last = record.attempts[-1]
+        self._emit(
+            WorkerEnded(
+                time=self._clock.time(),
+                rank=rank,
+                pid=att.pid if att is not None else 0,
+                reason=reason.kind.value,
+                exit_code=reason.exit_code,
+                signal=reason.signal,
+                scopes=reason.scopes,
+                uptime=last.uptime,
+                start_failure=last.start_failure,
+                state=record.state.value,
+                description=reason.describe(),
+            )
+        )
+        if att is not None:
+            att.done.set()
+        if isinstance(decision, Restart | GiveUp):
+            failure = WorkerFailure(rank, att.pid if att else 0, reason, last.start_failure)
+            if isinstance(decision, Restart):
+                # stop the others now, so their exits are not taken for failures
+                for r in decision.ranks:
+                    other = self._pool.attempts.get(r)
+                    if other is not None:
+                        other.stop_requested = True
+                assert self._tg is not None
+                self._tg.start_soon(self._coordinate, failure, decision)
+            else:
+                self.gave_up(decision)  # final: not the coordinator's to overturn
+        self.check_finished()
+
+    async def _coordinate(self, failure: WorkerFailure, proposal: Restart) -> None:
+        decision = await self._coordinator.decide(self._owner, failure, proposal)
+        if isinstance(decision, Restart):
+            await self.carry_out(decision)
+        elif isinstance(decision, GiveUp):
+            self._owner.give_up(decision.reason)
+
+    async def carry_out(self, decision: Restart) -> None:
+        """Stop the ranks of ``decision``, wait its delay, launch them again."""
+        self._emit(
+            RestartScheduled(
+                time=self._clock.time(),
+                ranks=decision.ranks,
+                delay=decision.delay,
+                restarts=decision.restarts,
+                attempt=decision.attempt,
+                budget=decision.budget,
+            )
+        )
+        await self._pool.stop(decision.ranks)
+        if decision.delay > 0:
+            await self._clock.sleep_until(self._clock.monotonic() + decision.delay)
+        if self._stopping() or self._planner.gave_up is not None:
+            return
+        for rank in decision.ranks:
+            if self._planner.slot(rank).state is WorkerState.BACKOFF:
+                self.launch(rank)
+
+    def gave_up(self, decision: GiveUp) -> None:
+        """Report the give-up and end the run."""
+        self._emit(SupervisorGaveUp(time=self._clock.time(), reason=decision.reason))
+        self._request_stop()
+
+    def check_finished(self) -> None:
+        """End the run once every slot is done and no attempt is left."""
+        if self._planner.done() and not self._pool.attempts:
+            self.conclude()
+            self._request_stop()
+
+    def conclude(self) -> None:
+        """Settle :attr:`outcome` from the slots (once)."""
+        if self.outcome is None:
+            self.outcome = run_outcome(
+                self._planner.slots, gave_up=self._planner.gave_up is not None
+            )
