@@ -39,3 +39,4 @@ def test_agent_restarts_the_hung_worker_and_succeeds() -> None:
     assert "rank 0: done (restart count 0)" in out
     assert out.rstrip().endswith("outcome: succeeded")
     assert "status: " in out  # the agent's own task kept running meanwhile
+    assert "control socket: " in out and "http.sock" in out

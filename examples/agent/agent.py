@@ -3,8 +3,9 @@
 The agent keeps doing its own work in the same event loop (here: a status line every
 half second from ``Supervisor.get_state()``, and a timed stage of its own through the
 embedded server's in-process API), while the supervisor runs two workers, has the timer
-server reap the one that hangs, and restarts it. Exits with the run's outcome: 0 when
-every worker finished.
+server reap the one that hangs, and restarts it. It composes a control plane over the
+supervisor, so ``aiotimer status --control PATH`` shows the run from another shell.
+Exits with the run's outcome: 0 when every worker finished.
 
     python examples/agent/agent.py
 """
@@ -16,6 +17,7 @@ import sys
 from pathlib import Path
 
 from aiotimer import Backoff, RestartPolicy, Supervisor
+from aiotimer.control import ControlPlane
 from aiotimer.events import Event
 from aiotimer.supervisor import format_summary
 
@@ -43,7 +45,8 @@ async def main() -> int:
         stop_timeout=2.0,
         on_event=show,
     )
-    async with supervisor:
+    async with supervisor, ControlPlane(supervisor) as control:
+        print(f"control socket: {control.path}", flush=True)
         server = supervisor.server
         assert server is not None
         # The agent times a stage of its own on the same server: report-only for the
