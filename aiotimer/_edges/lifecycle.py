@@ -21,6 +21,9 @@ Rules (the transitions are the table :data:`TRANSITIONS`):
 * An exception after ``ready()`` is logged as the owner's crash and ends the task
   (``stopped``); it is never raised into whoever called ``start()``. A ``BaseException``
   (a cancellation of the task itself, ``KeyboardInterrupt``) propagates.
+
+An owner subclasses :class:`TaskOwner` (its ``state``, ``aclose()`` and ``async with``)
+and writes only its ``start()`` and its body.
 """
 
 from __future__ import annotations
@@ -29,11 +32,12 @@ import asyncio
 import enum
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Final
+from types import TracebackType
+from typing import Final, Self
 
 from aiotimer.errors import ServerStateError
 
-__all__ = ["TRANSITIONS", "Body", "Lifecycle", "OwnedTask", "unwrap"]
+__all__ = ["TRANSITIONS", "Body", "Lifecycle", "OwnedTask", "TaskOwner", "unwrap"]
 
 logger = logging.getLogger("aiotimer")
 
@@ -187,3 +191,40 @@ class OwnedTask:
 
     def __repr__(self) -> str:
         return f"<OwnedTask {self.owner} {self._state.value}>"
+
+
+class TaskOwner:
+    """What every owner of an :class:`OwnedTask` offers, written once: its ``state``,
+    ``aclose()`` and ``async with`` (which starts it). A subclass sets ``_life`` and
+    writes ``start()``."""
+
+    _life: OwnedTask
+
+    @property
+    def state(self) -> Lifecycle:
+        """The current lifecycle state."""
+        return self._life.state
+
+    async def start(self) -> None:
+        """Start; return once ready (see the subclass)."""
+        raise NotImplementedError
+
+    async def aclose(self) -> None:
+        """Stop, and return once everything is released. Idempotent.
+
+        Raises:
+            ServerStateError: awaited in another event loop than the one it runs in.
+        """
+        await self._life.aclose()
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()

@@ -20,11 +20,10 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import TracebackType
 
 import anyio
 
-from aiotimer._edges.lifecycle import Lifecycle, OwnedTask
+from aiotimer._edges.lifecycle import Lifecycle, OwnedTask, TaskOwner
 from aiotimer.control._app import server_routes
 from aiotimer.control._http import PeerCredentials
 from aiotimer.control._paths import default_control_path, fits_socket
@@ -46,7 +45,7 @@ __all__ = ["ControlPlane"]
 logger = logging.getLogger("aiotimer.control")
 
 
-class ControlPlane:
+class ControlPlane(TaskOwner):
     """Serves a timer server's (or a supervisor's) state and operator actions: the
     control socket (HTTP/1.1 + JSON on a Unix socket, see :mod:`aiotimer.control`) and,
     optionally, ``GET /metrics`` over TCP on ``127.0.0.1``.
@@ -113,11 +112,6 @@ class ControlPlane:
         self._port: int | None = None
 
     @property
-    def state(self) -> Lifecycle:
-        """The current lifecycle state."""
-        return self._life.state
-
-    @property
     def path(self) -> Path | None:
         """The control socket's path while the plane serves one (else ``None``)."""
         return self._path
@@ -145,19 +139,7 @@ class ControlPlane:
     async def aclose(self) -> None:
         """Stop serving (the socket file is removed, the marker no longer names it).
         Idempotent; awaited in the loop the plane runs in."""
-        await self._life.aclose()
-
-    async def __aenter__(self) -> ControlPlane:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
+        await super().aclose()
 
     def _resolve(self) -> tuple[TimerServer, Callable[[str | None], list[Route]]]:
         """The server, and the target's own routes for a control path."""

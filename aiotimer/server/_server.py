@@ -26,13 +26,12 @@ import os
 import signal as _signal
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING, TypeVar, cast
 
 import anyio
 
 from aiotimer._edges.clock import Clock, MonotonicClock
-from aiotimer._edges.lifecycle import Lifecycle, OwnedTask
+from aiotimer._edges.lifecycle import Lifecycle, OwnedTask, TaskOwner
 from aiotimer._edges.limits import raise_open_file_limit
 from aiotimer._edges.logs import EventLogger
 from aiotimer._version import __version__
@@ -81,7 +80,7 @@ _T = TypeVar("_T")
 SNAPSHOT_TIMEOUT = 10.0
 
 
-class TimerServer:
+class TimerServer(TaskOwner):
     """An expiration-timer server (watchdog): reaps workers whose timers expire.
 
     Args:
@@ -212,11 +211,6 @@ class TimerServer:
     # -- lifecycle --------------------------------------------------------------------
 
     @property
-    def state(self) -> Lifecycle:
-        """The current lifecycle state."""
-        return self._life.state
-
-    @property
     def fifo_path(self) -> Path | None:
         """The FIFO's path, if the server was given one."""
         return self._fifo_path
@@ -252,19 +246,7 @@ class TimerServer:
             ServerStateError: awaited in another loop than the server's (from another
                 thread use :meth:`TimerServerThread.stop`).
         """
-        await self._life.aclose()
-
-    async def __aenter__(self) -> TimerServer:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
+        await super().aclose()
 
     def advertise(self, **keys: str | None) -> None:
         """Name ``keys`` in the marker beside the FIFO, for a layer on top that clients

@@ -36,13 +36,12 @@ import tempfile
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
 
 import anyio
 
 from aiotimer._edges.clock import Clock, MonotonicClock
 from aiotimer._edges.eventlog import EventLog
-from aiotimer._edges.lifecycle import Lifecycle, OwnedTask
+from aiotimer._edges.lifecycle import Lifecycle, OwnedTask, TaskOwner
 from aiotimer.errors import LaunchError, ServerStateError
 from aiotimer.events import (
     Event,
@@ -92,7 +91,7 @@ __all__ = [
 logger = logging.getLogger("aiotimer")
 
 
-class Supervisor:
+class Supervisor(TaskOwner):
     """Runs ``nproc`` workers under an embedded timer server and restarts them.
 
     Args:
@@ -195,11 +194,6 @@ class Supervisor:
     # -- lifecycle --------------------------------------------------------------------
 
     @property
-    def state(self) -> Lifecycle:
-        """The current lifecycle state."""
-        return self._life.state
-
-    @property
     def server(self) -> TimerServer | None:
         """The embedded timer server (``None`` before :meth:`start`)."""
         return self._server
@@ -245,7 +239,7 @@ class Supervisor:
     async def aclose(self) -> None:
         """Stop every worker (SIGTERM, then SIGKILL after ``stop_timeout``), then the
         server; return when no worker process is left. Idempotent."""
-        await self._life.aclose()
+        await super().aclose()
 
     def kill(self) -> None:
         """Skip what is left of ``stop_timeout``: stopping sends SIGKILL at once, now
@@ -256,18 +250,6 @@ class Supervisor:
         """Start, wait for the end of the run, stop: the whole run in one call."""
         async with self:
             return await self.wait()
-
-    async def __aenter__(self) -> Supervisor:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     async def _main(self, ready: Callable[[], None]) -> None:
         """The supervisor's body (see :mod:`aiotimer._edges.lifecycle`)."""
