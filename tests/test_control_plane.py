@@ -197,6 +197,7 @@ async def test_the_plane_survives_accept_failing(
         async with rig(path) as r:
             [listener] = listeners
             while listener.failures:  # the server reaps while accept() fails
+                assert r.plane.state is Lifecycle.RUNNING
                 await r.still_reaps()
                 await anyio.sleep(0.01)
             await wait_until(lambda: listener.calls > 5)  # accepting for real again
