@@ -82,8 +82,8 @@ class ControlPlane(TaskOwner):
 
     Raises (from :meth:`start`):
         ControlError: the socket's path is taken by a live server or by something else,
-            or too long; the port cannot be bound; ``path=True`` and the server has no
-            FIFO to put the socket beside.
+            or too long, or its directory is not private; the port cannot be bound;
+            ``path=True`` and the server has no FIFO to put the socket beside.
         ServerStateError: a supervisor that has not started; a plane already started.
     """
 

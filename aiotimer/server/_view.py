@@ -31,7 +31,7 @@ import msgspec
 from aiotimer._edges.lifecycle import Lifecycle
 from aiotimer.core._latency import LatencyHistogram
 from aiotimer.core._stats import SiteSummary
-from aiotimer.core._table import Timer
+from aiotimer.core._timer import Timer
 from aiotimer.events import Counters, Event, ServerStopped
 from aiotimer.reapers._policy import ReapPolicy
 from aiotimer.reapers._steps import format_plan
