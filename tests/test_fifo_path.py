@@ -10,12 +10,12 @@ from pathlib import Path
 import anyio
 import pytest
 
+from aiotimer._edges.marker import read_marker
 from aiotimer.client._fifo import FifoClient
 from aiotimer.errors import ServerUnavailableError
 from aiotimer.sources.fifo import FifoSource
 from aiotimer.testing import RecordingSink, running_source, wait_until
 from aiotimer.wire import Request
-from aiotimer.wire._marker import read_marker
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(30)]
 

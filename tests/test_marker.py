@@ -13,9 +13,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from aiotimer.errors import UnsafePathError
-from aiotimer.wire import MARKER_SUFFIX
-from aiotimer.wire._marker import (
+from aiotimer._edges.marker import (
     AIOTIMER,
     MARKER_MODE,
     Marker,
@@ -25,6 +23,8 @@ from aiotimer.wire._marker import (
     remove_marker,
     write_marker,
 )
+from aiotimer.errors import UnsafePathError
+from aiotimer.wire import MARKER_SUFFIX
 
 
 @pytest.fixture

@@ -28,8 +28,8 @@ import threading
 import time
 from collections.abc import Mapping
 
+from aiotimer._edges.marker import MarkerFile, read_live_marker
 from aiotimer.client._fifo_peer import open_server
-from aiotimer.wire._marker import MarkerFile, read_live_marker
 
 __all__ = ["FifoLink"]
 

@@ -1,7 +1,7 @@
 """The server behind a FIFO path: which kind it is, a descriptor to it, and what it may
 be sent. :class:`~aiotimer.client.FifoClient` decides how to talk from this.
 
-* **Which kind.** The marker beside the FIFO (:mod:`aiotimer.wire._marker`) names a live
+* **Which kind.** The marker beside the FIFO (:mod:`aiotimer._edges.marker`) names a live
   aiotimer server that reads this very FIFO: such a server gets one persistent
   descriptor and aiotimer's extension keys. Without a marker the reader is taken for
   torch's ``FileTimerServer``: open, write, close per request, with torch's exact bytes
@@ -24,8 +24,8 @@ import os
 import stat
 from typing import Final
 
+from aiotimer._edges.marker import MarkerFile, read_live_marker
 from aiotimer.errors import ServerUnavailableError
-from aiotimer.wire._marker import MarkerFile, read_live_marker
 from aiotimer.wire._request import Request
 
 __all__ = [

@@ -18,9 +18,9 @@ from typing import TypeVar
 import h11
 import msgspec
 
+from aiotimer._edges.marker import read_live_marker, read_marker
 from aiotimer.control.snapshot import EventPage, StatusSnapshot
 from aiotimer.errors import ControlError, ServerUnavailableError
-from aiotimer.wire._marker import read_live_marker, read_marker
 
 __all__ = ["ControlClient", "control_path_for_fifo"]
 

@@ -59,13 +59,7 @@ from typing import Final
 import anyio
 import anyio.abc
 
-from aiotimer._version import __version__
-from aiotimer.errors import SourceError
-from aiotimer.sources._base import RequestSink, draining
-from aiotimer.sources._pathwatch import PathWatch
-from aiotimer.sources._pipepeek import open_peek, read_exactly
-from aiotimer.wire import MAX_LINE_BYTES, LineDecoder
-from aiotimer.wire._marker import (
+from aiotimer._edges.marker import (
     AIOTIMER,
     Marker,
     marker_path,
@@ -73,6 +67,12 @@ from aiotimer.wire._marker import (
     remove_marker,
     write_marker,
 )
+from aiotimer._version import __version__
+from aiotimer.errors import SourceError
+from aiotimer.sources._base import RequestSink, draining
+from aiotimer.sources._pathwatch import PathWatch
+from aiotimer.sources._pipepeek import open_peek, read_exactly
+from aiotimer.wire import MAX_LINE_BYTES, LineDecoder
 from aiotimer.wire._mentions import mentions_end
 
 __all__ = [
