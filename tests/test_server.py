@@ -1018,8 +1018,7 @@ class HeldSource:
         self.looked: list[set[int]] = []
         self.drained = 0
         self.pause = pause  # wall time each step waits without using the CPU
-        self._due = 0  # held requests the current drain applies
-        self._sink: RequestSink | None = None
+        self._due = 0  # held requests the current drain returns
 
     def look(self, pids: AbstractSet[int] | None) -> bool:
         self.looked.append(set(pids) if pids is not None else {-1})
@@ -1027,13 +1026,13 @@ class HeldSource:
         self._due = named[-1] + 1 if named else 0
         return self._due > 0
 
-    def step(self) -> bool:
+    def step(self) -> Decoded | None:
+        if self._due <= 0:
+            return None
         time.sleep(self.pause)
         self.drained += 1
         self._due -= 1
-        assert self._sink is not None
-        self._sink.submit(Decoded([self.held.pop(0)], []), self.name)
-        return self._due > 0
+        return Decoded([self.held.pop(0)], [])
 
     async def serve(
         self,
@@ -1041,7 +1040,6 @@ class HeldSource:
         *,
         task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
-        self._sink = sink
         with draining(sink, self):
             task_status.started()
             await anyio.sleep_forever()
@@ -1090,6 +1088,44 @@ async def test_an_expired_acquire_applied_by_a_drain_is_looked_for_before_it_is_
         await r.advance(1.0)
         assert r.reaper.signals() == []
         assert held.looked == [{1}, {3}] and held.held == []
+
+
+class BrokenSource(HeldSource):
+    """A drain that raises in ``look`` or in ``step``."""
+
+    def __init__(self, broken: str) -> None:
+        super().__init__()
+        self.name = f"broken-{broken}"
+        self.broken = broken
+
+    def look(self, pids: AbstractSet[int] | None) -> bool:
+        if self.broken == "look":
+            raise RuntimeError("look failed")
+        return super().look(pids)
+
+    def step(self) -> Decoded | None:
+        if self.broken == "step":
+            raise RuntimeError("step failed")
+        return super().step()
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("broken", ["look", "step"])
+async def test_a_broken_drain_is_logged_and_skipped_and_the_others_still_win(
+    broken: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    held, bad = HeldSource(), BrokenSource(broken)
+    async with rig(sources=[bad, held]) as r:
+        r.acquire(1, "a", at=1.0)
+        r.acquire(2, "b", at=1.0)
+        await settle()
+        held.held.append(Request(1, "a", -1, 0))
+        bad.held.append(Request(2, "b", -1, 0))
+        with caplog.at_level(logging.ERROR, logger="aiotimer"):
+            await r.advance(1.0)
+        assert f"draining broken-{broken} before an expiry failed" in caplog.text
+        assert r.reaper.signals() == [(2, KILL)]  # 1 released through the healthy drain
+        assert held.held == [] and bad.held == [Request(2, "b", -1, 0)]
 
 
 @pytest.mark.asyncio

@@ -294,14 +294,15 @@ def test_rejects_bad_arguments(mpq: MpQueue) -> None:
 
 def test_batches_the_bridge_queued_are_submitted_by_a_drain_in_order() -> None:
     """What the bridge thread took off the queue but the loop has not submitted yet is
-    submitted by the server's drain before an expiry, oldest first, exactly once."""
+    returned by the server's drain before an expiry, oldest first, exactly once."""
     sink = RecordingSink()
     bridge = _Bridge(QueueSource(queue.Queue()), sink, cast(Any, None), cast(Any, None))
     first, second = Request(1, "a", -1, 0), Request(2, "b", -1, 0)
     bridge.pending.extend([Decoded([first], []), Decoded([second], [])])
     assert bridge.look({7}) is True  # whoever is due: queued batches are applied
-    assert bridge.step() is True
-    assert sink.requests == [first]
+    drained = bridge.step()
+    assert drained is not None and drained.requests == [first]
+    assert sink.requests == []  # returned to the server, not submitted
     bridge.flush()  # what the thread's own hand-over does: the rest, once
-    assert sink.requests == [first, second]
-    assert bridge.look({7}) is False and bridge.step() is False
+    assert sink.requests == [second]
+    assert bridge.look({7}) is False and bridge.step() is None

@@ -295,14 +295,13 @@ async def test_a_connection_is_drained_only_when_its_own_peer_is_due() -> None:
     server_end, client_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     with server_end, client_end:
         server_end.setblocking(False)
-        sink = RecordingSink()
         me = os.getpid()
-        connection = _Connection(server_end, peer_credentials(server_end), sink, "s", 4096)
+        connection = _Connection(server_end, peer_credentials(server_end), "s", 4096)
         client_end.send(encode(Request(me, "a", -1, 0)))
         assert connection.look({me + 1}) is False  # not due: left unread
-        assert sink.requests == []
         assert connection.look({me + 1, me}) is True
-        assert connection.step() is True
-        assert [(r.pid, r.scope_id) for r in sink.requests] == [(me, "a")]
-        assert connection.step() is False  # nothing more queued
+        batch = connection.step()
+        assert batch is not None
+        assert [(r.pid, r.scope_id) for r in batch.requests] == [(me, "a")]
+        assert connection.step() is None  # nothing more queued
         assert connection.look(None) is True  # anyone: read it

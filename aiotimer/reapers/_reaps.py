@@ -14,6 +14,10 @@ back-off, and finally reported as abandoned (:class:`~aiotimer.events.ReapAbando
 it is never reported as success. A :class:`~aiotimer.reapers._steps.DumpStacks` step's text
 rides on the :class:`~aiotimer.events.StacksDumped` event and on every later
 :class:`~aiotimer.events.WorkerReaped` of the same reap.
+
+The worker's record is a :class:`~aiotimer.reapers._watch.WatchedWorker`: a reap moves it
+from ``PINNED`` to ``REAPING`` when it begins and back when it ends; a signal that finds
+the worker gone hands it to ``on_gone`` (the :class:`~aiotimer.reapers._watch.Watchlist`).
 """
 
 from __future__ import annotations
@@ -43,8 +47,9 @@ from aiotimer.events import (
 from aiotimer.reapers._escalator import Action, Escalator, Outcome, ReapRetry, Result
 from aiotimer.reapers._signal import Reaper
 from aiotimer.reapers._steps import DumpStacks, SendSignal, Step, Wait
+from aiotimer.reapers._watch import WatchedWorker
 
-__all__ = ["DUMP_SLACK", "Reap", "Reaps", "Worker"]
+__all__ = ["DUMP_SLACK", "Reap", "Reaps"]
 
 logger = logging.getLogger("aiotimer")
 
@@ -53,24 +58,10 @@ DUMP_SLACK = 1.0
 
 
 @dataclass(slots=True, eq=False)
-class Worker:
-    """A watched worker. Its anyio primitives are made in tasks (the engine's ``submit``
-    may run outside any task, where anyio cannot make them)."""
-
-    pid: int
-    exited: anyio.Event | None = None  # set when it is gone; made by the first waiter
-    watch: anyio.CancelScope | None = None  # the watcher's, once it runs
-    reaping: bool = False
-    gone: bool = False
-    pinned: bool = True  # False: attaching ran out of file descriptors; tried again later
-    start_time: int | None = None  # what its request said, for the next try
-
-
-@dataclass(slots=True, eq=False)
 class Reap:
     """One reap of a worker: its escalator, and what its events report."""
 
-    worker: Worker
+    worker: WatchedWorker
     escalator: Escalator
     steps: int  # the plan's signal and dump steps
     lethal: int  # the plan's last signal: the one that reaps (earlier ones do not)
@@ -98,7 +89,7 @@ class Reaps:
         retry: ReapRetry,
         confirm: float,
         self_kill: bool,
-        on_gone: Callable[[Worker, str], None],
+        on_gone: Callable[[WatchedWorker, str], None],
     ) -> None:
         self._tg = task_group
         self._clock = clock
@@ -113,11 +104,13 @@ class Reaps:
         #: Seconds from the expired timer's deadline to the first delivered signal.
         self.latency = LatencyHistogram()
 
-    def begin(self, worker: Worker, plan: Sequence[Step], now: float, deadline: float) -> Reap:
+    def begin(
+        self, worker: WatchedWorker, plan: Sequence[Step], now: float, deadline: float
+    ) -> Reap:
         """Start reaping ``worker`` with ``plan`` at ``now`` (its timer's ``deadline``
         passed): take the first action (a signal is sent at once; its outcome is
         reported by :meth:`proceed`)."""
-        worker.reaping = True
+        worker.begin_reap()
         escalator = Escalator(plan, confirm=self._confirm, retry=self._retry)
         signals = [s.signum for s in plan if isinstance(s, SendSignal)]
         steps = sum(not isinstance(s, Wait) for s in plan)
@@ -146,7 +139,7 @@ class Reaps:
             action = self._next(reap, self._sent(reap, action, reap.first_error))
             reap.first_error = None
         if action is None:
-            reap.worker.reaping = False
+            reap.worker.end_reap()
         else:
             pid = reap.worker.pid
             self._tg.start_soon(self._reap, reap, action, name=f"aiotimer-reap-{pid}")
@@ -167,7 +160,7 @@ class Reaps:
                     result = Result.EXITED if exited else Result.DONE
                 action = self._next(reap, result)
         finally:
-            worker.reaping = False
+            worker.end_reap()
 
     def _signal(self, pid: int, step: SendSignal) -> Exception | None:
         """Send ``step`` through the reaper; the error it raised, if any."""
@@ -286,14 +279,11 @@ class Reaps:
             )
         return action
 
-    async def _wait_exit(self, worker: Worker, deadline: float) -> bool:
+    async def _wait_exit(self, worker: WatchedWorker, deadline: float) -> bool:
         """Wait until monotonic ``deadline`` (on the injected clock) or the worker's exit;
         ``True`` if it exited."""
-        if worker.gone:
-            return True
-        if worker.exited is None:
-            worker.exited = anyio.Event()
-        await self._until(deadline, worker.exited.wait)
+        if not worker.gone:
+            await self._until(deadline, worker.wait_gone)
         return worker.gone
 
     async def _until(self, deadline: float, work: Callable[[], Awaitable[object]]) -> bool:
@@ -312,7 +302,9 @@ class Reaps:
             tg.cancel_scope.cancel()
         return finished
 
-    async def _dump(self, worker: Worker, step: DumpStacks, number: int, steps: int) -> str | None:
+    async def _dump(
+        self, worker: WatchedWorker, step: DumpStacks, number: int, steps: int
+    ) -> str | None:
         """Ask for a dump, report it and return its text.
 
         The reaper bounds the dump by ``step.timeout``; a reaper that overruns that by

@@ -10,7 +10,8 @@ a queue's bridge) also registers a :class:`Drain` with the sink (:func:`draining
 Before acting on expired timers the server asks every drain about the workers whose
 timers are due, so input that reached the transport before the deadline (a release
 written while the server's loop was stalled, say) is applied first: the stall is the
-server's lateness, not the worker's.
+server's lateness, not the worker's. A drain *returns* what to apply and never calls
+the sink: the server applies it, and stays the only caller of its own ingest.
 
 The drain protocol, per expiry:
 
@@ -21,10 +22,11 @@ The drain protocol, per expiry:
    a request for one of ``pids`` (``None``: for anyone, as too many timers are due to
    name their workers). ``False`` means nothing taken in can change those workers'
    timers, so the server acts on them at once.
-2. While it said ``True``: ``step()`` decodes and submits the next chunk of that input,
-   in arrival order (whatever comes before the last request that may concern ``pids``
-   too, as order is never changed), and says whether more of it is left. Steps are
-   bounded by the server's drain budget (CPU time).
+2. While it said ``True``: ``step()`` decodes the next chunk of that input, in arrival
+   order (whatever comes before the last request that may concern ``pids`` too, as
+   order is never changed), and returns it as a batch, which the server applies under
+   the drain's ``name``; ``None`` once none of it is left. Steps are bounded by the
+   server's drain budget (CPU time).
 3. Applying input can make more timers due (an acquire that has already expired): the
    server then looks again with the workers not yet looked for, until no new worker is
    due or the budget is spent.
@@ -46,19 +48,25 @@ __all__ = ["Drain", "RequestSink", "Source", "draining", "serve_source"]
 
 
 class Drain(Protocol):
-    """What a source registers with the server to apply its pending input before an
-    expiry (see the module docs). Both methods run in the event loop's thread, never
+    """What a source registers with the server to hand over its pending input before an
+    expiry (see the module docs). Its methods run in the event loop's thread, never
     block and never wait."""
+
+    @property
+    def name(self) -> str:
+        """The source's name, which the batches :meth:`step` returns are applied under."""
+        ...
 
     def look(self, pids: AbstractSet[int] | None) -> bool:
         """Take in what the transport holds now; ``True`` if some of it may hold a
         request for one of ``pids`` (``None``: for anyone), which :meth:`step` must
-        then apply."""
+        then return."""
         ...
 
-    def step(self) -> bool:
-        """Decode and submit the next chunk of what the last :meth:`look` found, in
-        order; ``True`` when more of it is left."""
+    def step(self) -> Decoded | None:
+        """Decode the next chunk of what the last :meth:`look` found, in order, and
+        return it for the server to apply (possibly empty: a partial line); ``None``
+        once none of it is left."""
         ...
 
 

@@ -26,10 +26,10 @@ How it works:
   for the due workers' pids through a copy (Linux ``tee(2)``, :mod:`aiotimer.sources._pipepeek`),
   leaving it in the pipe, so clients waiting for room do not all wake and compete with
   the reap for a CPU. Only the lines up to the last one that may name a due worker are
-  taken out, into the reader's backlog, and decoded. Without ``tee`` the drain moves
-  what the pipe holds into the backlog (at most ``BACKLOG_LIMIT`` bytes) and scans it
-  there. The read loop decodes the backlog, a chunk at a time, before it reads the pipe
-  again.
+  taken out, into the reader's backlog, decoded and returned to the server to apply.
+  Without ``tee`` the drain moves what the pipe holds into the backlog (at most
+  ``BACKLOG_LIMIT`` bytes) and scans it there. The read loop decodes the backlog, a
+  chunk at a time, before it reads the pipe again.
 * **The marker.** Once clients can send, ``path + MARKER_SUFFIX`` is written atomically
   (JSON naming the server and the FIFO's inode), so clients know they may keep a
   descriptor open, and refuse the path if it names another file.
@@ -409,11 +409,12 @@ class _Reader:
     """Reads one FIFO: the read loop, and the drain the server runs before an expiry
     (a :class:`~aiotimer.sources._base.Drain`).
 
-    The drain scans what the pipe holds without taking it out (:mod:`aiotimer.sources._pipepeek`)
-    and moves into the backlog, undecoded, only the lines up to the last one that may
-    name a due worker (:func:`~aiotimer.wire._mentions.mentions_end`); it decodes them from
-    the backlog's front. The read loop decodes the backlog before it reads the pipe
-    again, so every byte is decoded once, in arrival order.
+    The drain scans what the pipe holds without taking it out
+    (:mod:`aiotimer.sources._pipepeek`) and moves into the backlog, undecoded, only the
+    lines up to the last one that may name a due worker
+    (:func:`~aiotimer.wire._mentions.mentions_end`); its steps decode them from the
+    backlog's front and return them to the server. The read loop decodes the backlog
+    before it reads the pipe again, so every byte is decoded once, in arrival order.
     """
 
     __slots__ = (
@@ -422,11 +423,11 @@ class _Reader:
         "_decoder",
         "_due",
         "_fd",
-        "_name",
         "_peek",
         "_pos",
         "_sink",
         "_waiting",
+        "name",
     )
 
     def __init__(
@@ -434,7 +435,7 @@ class _Reader:
     ) -> None:
         self._fd = fd
         self._sink = sink
-        self._name = name
+        self.name = name  # the source's, which its batches are applied under
         self._chunk_size = chunk_size
         self._decoder = LineDecoder(max_line)
         # Read from the pipe, not decoded yet: ``_backlog[_pos:]``. Whole reads (bytes,
@@ -456,9 +457,9 @@ class _Reader:
         ``pids``, and take out of the pipe (into the backlog) what must be decoded to
         apply them: ``True`` if there is such input.
 
-        The pipe's contents are seen through a copy (:mod:`aiotimer.sources._pipepeek`) and left
-        in place, so writers waiting for room do not wake; only the lines up to the last
-        mention are taken out. Without a copy, the pipe's contents are moved into the
+        The pipe's contents are seen through a copy (:mod:`aiotimer.sources._pipepeek`) and
+        left in place, so writers waiting for room do not wake; only the lines up to the
+        last mention are taken out. Without a copy, the pipe's contents are moved into the
         backlog (up to ``BACKLOG_LIMIT`` bytes in all: one ``read(2)``).
         """
         if self._peek is None:
@@ -507,13 +508,14 @@ class _Reader:
         self._pos = 0
         self._wake_loop()
 
-    def step(self) -> bool:
-        """Decode and submit one chunk of what :meth:`look` found; ``True`` if more."""
-        if self._due > 0:
-            chunk = self._take(min(self._due, self._chunk_size))
-            self._due = self._due - len(chunk) if chunk else 0
-            self._feed(chunk)
-        return self._due > 0
+    def step(self) -> Decoded | None:
+        """Decode the next chunk of what :meth:`look` found and return it (the server
+        applies it); ``None`` once none of it is left."""
+        if self._due <= 0:
+            return None
+        chunk = self._take(min(self._due, self._chunk_size))
+        self._due = self._due - len(chunk) if chunk else 0
+        return self._decoder.feed(chunk)
 
     def _take(self, size: int) -> bytes:
         """Up to ``size`` bytes from the front of the backlog."""
@@ -528,7 +530,7 @@ class _Reader:
         """Decode ``chunk`` and submit what it held; ``True`` if it held anything."""
         batch = self._decoder.feed(chunk)
         if batch.requests or batch.rejections:
-            self._sink.submit(batch, self._name)
+            self._sink.submit(batch, self.name)
             return True
         return False
 

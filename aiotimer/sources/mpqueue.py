@@ -4,7 +4,7 @@ How it works: one bridge thread blocks in ``queue.get()`` (an idle server makes 
 wake-ups), then drains up to ``max_batch`` more items with ``get_nowait()``, converts
 them to requests or rejections (off the event loop), queues the batch and has the loop
 submit it with one ``anyio.from_thread.run_sync`` call, which also paces the thread to
-the loop. A batch the thread has queued is also submitted by the server's drain before an
+the loop. A batch the thread has queued is also returned by the server's drain before an
 expiry (whichever workers are due), so it is applied before a deadline that fell while
 the loop was busy. To stop,
 :meth:`QueueSource.serve` puts a private stop token on the queue and waits for the thread
@@ -295,8 +295,8 @@ class _Bridge:
         self.stop = _Stop(uuid.uuid4().hex)
         self.stopping = threading.Event()
         self.error: BaseException | None = None
-        # Batches taken off the queue, not yet submitted: the loop submits them when the
-        # thread asks it to (flush), or earlier, when the server drains before an expiry.
+        # Batches taken off the queue, not applied yet: the loop submits them when the
+        # thread asks it to (flush), or the drain returns them earlier, before an expiry.
         self.pending: deque[Decoded] = deque()
 
     def request_stop(self) -> None:
@@ -331,22 +331,26 @@ class _Bridge:
 
     def flush(self) -> None:
         """In the loop: submit every pending batch, oldest first."""
-        while self.step():
-            pass
+        while (batch := self.step()) is not None:
+            self.sink.submit(batch, _NAME)
+
+    @property
+    def name(self) -> str:
+        """The source's name (the drain's batches are applied under it)."""
+        return _NAME
 
     def look(self, pids: AbstractSet[int] | None) -> bool:
         """In the loop, as a drain: ``True`` while the thread has batches queued (they
         are decoded already; applying them all is cheaper than looking into them)."""
         return bool(self.pending)
 
-    def step(self) -> bool:
-        """In the loop: submit the oldest pending batch; ``True`` if more are pending."""
+    def step(self) -> Decoded | None:
+        """In the loop: take the oldest pending batch (``None`` if there is none); the
+        caller applies it."""
         try:
-            batch = self.pending.popleft()
+            return self.pending.popleft()
         except IndexError:
-            return False
-        self.sink.submit(batch, _NAME)
-        return bool(self.pending)
+            return None
 
     def _next_batch(self) -> tuple[list[object], bool]:
         """Block for one item, then take what is already there, up to ``max_batch``.

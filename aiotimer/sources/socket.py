@@ -24,7 +24,8 @@ How it works:
 * **Reading.** One task per connection reads what is readable into its own
   :class:`~aiotimer.wire.LineDecoder` (lines of different clients never mix) and
   hands each batch to the sink, and registers a drain (see :mod:`aiotimer.sources._base`)
-  so what a peer sent before a deadline is applied before that deadline is acted on:
+  that returns what a peer sent before a deadline, for the server to apply before it
+  acts on that deadline:
   only when one of the peer's own timers is due, as a connection carries requests for
   its peer alone.
   End of stream flushes a partial line as a rejection.
@@ -287,11 +288,13 @@ class SocketSource:
                 reason = f"connection refused: no identifiable peer ({exc})"
                 sink.submit(Decoded(rejections=[Rejection.of(reason, b"")]), self._name)
                 return
-            connection = _Connection(conn, peer, sink, self._name, self._max_line)
+            connection = _Connection(conn, peer, self._name, self._max_line)
             with draining(sink, connection):
                 while not connection.ended:
                     await anyio.wait_readable(conn)
-                    connection.step()
+                    batch = connection.step()
+                    if batch is not None and (batch.requests or batch.rejections):
+                        sink.submit(batch, self._name)
 
     def __repr__(self) -> str:
         return f"<SocketSource {str(self._path)!r} mode={self._mode:#o}>"
@@ -303,15 +306,12 @@ class _Connection:
     (the others are rejected), so only an expiry of the peer's own timers needs it
     drained."""
 
-    __slots__ = ("_conn", "_decoder", "_name", "_peer", "_sink", "ended")
+    __slots__ = ("_conn", "_decoder", "_peer", "ended", "name")
 
-    def __init__(
-        self, conn: socket.socket, peer: Peer, sink: RequestSink, name: str, max_line: int
-    ) -> None:
+    def __init__(self, conn: socket.socket, peer: Peer, name: str, max_line: int) -> None:
         self._conn = conn
         self._peer = peer
-        self._sink = sink
-        self._name = name
+        self.name = name
         self._decoder = LineDecoder(max_line)
         self.ended = False
 
@@ -319,18 +319,19 @@ class _Connection:
         """``True`` when the peer is one of ``pids`` (what it sent may concern it)."""
         return not self.ended and (pids is None or self._peer.pid in pids)
 
-    def step(self) -> bool:
-        """Read and submit one message; ``True`` when more may be left."""
+    def step(self) -> Decoded | None:
+        """Read one message: what it held, bound to the peer (at end of stream: the
+        partial line held, rejected); ``None`` when nothing is queued or it has ended."""
         if self.ended:
-            return False
+            return None
         try:
             chunk = self._conn.recv(_CHUNK)
         except BlockingIOError:
-            return False
+            return None
         except OSError:
             chunk = b""  # ECONNRESET: the peer is gone, as at end of stream
         batch = self._decoder.feed(chunk) if chunk else self._decoder.flush()
-        if batch.requests or batch.rejections:
-            self._sink.submit(_bind_to_peer(batch, self._peer), self._name)
         self.ended = not chunk
-        return not self.ended
+        if batch.requests or batch.rejections:
+            return _bind_to_peer(batch, self._peer)
+        return batch

@@ -1,0 +1,337 @@
+"""The engine's expiry: the task that sleeps until the next deadline and acts on it.
+
+How this works
+--------------
+One task (:meth:`Expiry.run`) sleeps until the table's next deadline (forever when it is
+empty) inside a cancel scope. There is no polling interval: an idle engine makes no
+wake-ups (``Counters.wakeups`` counts them). The clock's ``sleep_until`` never returns
+before the deadline, so the task handles what is due as soon as it wakes. After every
+batch the engine applies, :meth:`Expiry.catch_up` handles the deadlines that fell while
+the loop was busy (with that batch, say), so that ingesting a burst of input does not
+hold up an expiry, and re-arms the task at once when the table's next deadline is now
+earlier than the one it sleeps until.
+
+Before acting on expired timers (:meth:`Expiry.expire_due`) the engine asks the sources'
+*drains* (the protocol in :mod:`aiotimer.sources._base`) about the workers whose timers
+are due (:meth:`~aiotimer.core._table.TimerTable.due_pids`, a peek; about anyone when
+more than :data:`EXPIRE_BUDGET` heap entries are due): each takes in what its transport
+holds right now and returns, a step at a time, the batches that may concern them, which
+the engine applies (:class:`~aiotimer.server._ingest.Ingest`). So a release that reached
+the FIFO before the deadline wins, even when this loop was stalled (a SIGSTOP, a GC or
+VM pause) and wakes up after it: the stall is the server's lateness, not the worker's.
+Only input that may name a due worker is decoded and applied first (with whatever
+precedes it); a FIFO flooded by other workers costs a byte scan of the pipe's contents,
+not their decoding (:mod:`aiotimer.wire._mentions`). Applying input may make more timers
+due; their workers are looked for in turn. A timer is acted on once its worker was looked
+for, or once the drains' batches have cost :data:`DRAIN_BUDGET` of CPU time.
+
+Work per loop iteration is bounded: expired timers are popped in slices of
+:data:`EXPIRE_BUDGET` heap entries, and the expiry task yields between slices.
+
+Expired timers are handled in deadline order: the policy turns each into a plan
+(:mod:`aiotimer.reapers._policy`). An empty plan is "report only". Otherwise the worker's
+other timers are dropped from the table at once (O(1): their heap entries go stale) and
+the plan is carried out by :class:`~aiotimer.reapers._reaps.Reaps`, which takes the first
+action right here (a first signal leaves at the deadline, before anything else is done
+about the timer; its outcome is reported right after the
+:class:`~aiotimer.events.TimerExpired` event) and the rest in one task per worker. Timers
+of that worker falling due in the same slice are folded into the same reap: one
+:class:`~aiotimer.events.TimerExpired` event for the first, and one
+:class:`~aiotimer.events.WorkerReaped` listing the scopes it covers (at most
+:data:`~aiotimer.events.MAX_REPORTED_SCOPES`, the rest counted), however many timers.
+A worker still unpinned (:mod:`aiotimer.reapers._watch`) is pinned again first; if it
+cannot be, its expiry is only reported.
+
+Every slice records how late it was handled (:attr:`Expiry.loop_lag`); a lag above
+:attr:`Expiry.lag_threshold` is reported as :class:`~aiotimer.events.LoopLagged`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import anyio
+import anyio.lowlevel
+
+from aiotimer._edges.clock import Clock
+from aiotimer.core._latency import LatencyHistogram
+from aiotimer.core._stats import DurationStats, Overdue
+from aiotimer.core._table import Timer, TimerTable
+from aiotimer.events import MAX_REPORTED_SCOPES, Counters, Event, LoopLagged, TimerExpired
+from aiotimer.reapers._policy import ReapPolicy
+from aiotimer.reapers._reaps import Reap, Reaps
+from aiotimer.reapers._steps import Step, format_plan
+from aiotimer.reapers._watch import Watchlist, WatchState
+from aiotimer.server._ingest import Ingest
+from aiotimer.server._journal import Journal
+from aiotimer.sources._base import Drain
+from aiotimer.wire import Decoded
+
+__all__ = ["DRAIN_BUDGET", "EXPIRE_BUDGET", "LAG_THRESHOLD", "MAX_DRAIN_CALLS", "Expiry"]
+
+logger = logging.getLogger("aiotimer")
+
+#: Default :attr:`Expiry.lag_threshold`: expiries handled later than this (seconds) are
+#: reported as :class:`~aiotimer.events.LoopLagged`.
+LAG_THRESHOLD = 0.1
+#: The most work the sources' drains may do applying input that may concern the workers
+#: due before their expiry is acted on: seconds of the loop thread's CPU time
+#: (``time.thread_time``), not of wall time, so a server starved of CPU (a loaded host)
+#: still applies the releases already written before it kills. Input that names none of
+#: them costs only the drains' scan, never this budget.
+DRAIN_BUDGET = 0.005
+#: The most drain steps before one expiry (a bound also where the clock stands still).
+MAX_DRAIN_CALLS = 256
+#: The most heap entries (expired or stale) one expiry slice handles; the expiry task
+#: lets the loop run other work between slices, so however many timers fall due at once,
+#: nobody waits for more than one slice (~1-2 ms).
+EXPIRE_BUDGET = 1024
+
+
+@dataclass(slots=True, eq=False)
+class _Begun:
+    """A reap begun in the current expiry slice, and the timers it covers so far."""
+
+    reap: Reap
+    scopes: list[str]
+    folded: int = 0  # timers of the same slice beyond those listed
+
+
+def _known_due(timer: Timer) -> float:
+    """When the server could first act on ``timer``: its deadline, or its arrival when
+    it arrived already past its deadline (the loop is not late for a request that was).
+    Loop lag and reap latency run from here; :attr:`TimerExpired.late` from the deadline.
+    """
+    return max(timer.deadline, timer.acquired_at)
+
+
+def _look(drain: Drain, pids: set[int] | None) -> bool:
+    """``drain.look(pids)``; ``False`` (logged) if it raised: a broken drain skips its turn."""
+    try:
+        return drain.look(pids)
+    except Exception:
+        logger.exception("draining %s before an expiry failed", drain.name)
+        return False
+
+
+def _step(drain: Drain) -> Decoded | None:
+    """``drain.step()``; ``None`` (logged) if it raised: a broken drain skips its turn."""
+    try:
+        return drain.step()
+    except Exception:
+        logger.exception("draining %s before an expiry failed", drain.name)
+        return None
+
+
+class Expiry:
+    """One engine's expiry task, its drains and its reaps' start (see the module docs)."""
+
+    def __init__(
+        self,
+        *,
+        table: TimerTable,
+        clock: Clock,
+        counts: Counters,
+        stats: DurationStats,
+        overdue: Overdue,
+        journal: Journal | None,
+        watchlist: Watchlist,
+        reaps: Reaps,
+        policy: ReapPolicy,
+        emit: Callable[[Event], None],
+        ingest: Ingest,
+    ) -> None:
+        self._table = table
+        self._clock = clock
+        self._counts = counts
+        self._stats = stats
+        self._overdue = overdue
+        self._journal = journal
+        self._watchlist = watchlist
+        self._reaps = reaps
+        self._policy = policy
+        self._emit = emit
+        self._ingest = ingest
+        self._drains: list[Drain] = []
+        self._armed = -math.inf  # the deadline the task sleeps until
+        self._sleep_scope: anyio.CancelScope | None = None
+        #: How late each slice of expiries was handled (the loop was busy), seconds.
+        self.loop_lag = LatencyHistogram()
+        #: A lag above this many seconds is reported as a LoopLagged event.
+        self.lag_threshold = LAG_THRESHOLD
+        #: When the engine last applied a batch or handled its deadlines (monotonic).
+        self.last_progress: float | None = None
+
+    def add_drain(self, drain: Drain) -> Callable[[], None]:
+        """Ask ``drain`` before every expiry; returns the function that removes it."""
+        self._drains.append(drain)
+        return lambda: self._drains.remove(drain)
+
+    async def run(self) -> None:
+        """Sleep until the next deadline (or a re-arm), then handle what expired; forever."""
+        table, clock = self._table, self._clock
+        while True:
+            deadline = table.next_deadline(budget=EXPIRE_BUDGET)
+            now = clock.monotonic()
+            if deadline is not None and deadline <= now:
+                self.expire_due(now)
+                await anyio.lowlevel.checkpoint()  # one slice at a time
+                continue
+            with anyio.CancelScope() as scope:
+                self._sleep_scope = scope
+                if deadline is None:
+                    self._armed = math.inf
+                    await anyio.sleep_forever()
+                else:
+                    self._armed = deadline
+                    await clock.sleep_until(deadline)
+            self._sleep_scope = None
+            self._armed = -math.inf
+            self._counts.wakeups += 1
+            self.last_progress = clock.monotonic()
+
+    def catch_up(self) -> None:
+        """A batch was just applied: handle what has come due meanwhile (one slice), and
+        re-arm the task if the next deadline is now earlier than the one it sleeps until."""
+        now = self.last_progress = self._clock.monotonic()
+        deadline = self._table.next_deadline(budget=EXPIRE_BUDGET)
+        if deadline is None:
+            return
+        if deadline <= now:
+            self.expire_due(now)
+            deadline = self._table.next_deadline(budget=EXPIRE_BUDGET)
+        if deadline is not None and deadline < self._armed and self._sleep_scope is not None:
+            self._armed = -math.inf
+            self._sleep_scope.cancel()
+
+    def expire_due(self, now: float) -> None:
+        """Handle the timers due at ``now``, in deadline order (one slice of them), once
+        the sources' input that may concern them is applied: a release that arrived
+        before a deadline (written while this loop stalled) wins over it."""
+        if self._drains:
+            self._drain(now)
+        self.last_progress = now
+        begun: dict[int, _Begun] = {}
+        journal = self._journal
+        expired = self._table.pop_expired(now, budget=EXPIRE_BUDGET)
+        for timer in expired:
+            if journal is not None:
+                journal.released(timer.pid, timer.scope_id)
+            started = begun.get(timer.pid)
+            if started is not None:  # folded into the reap this slice began
+                self._counts.expired += 1
+                self._stats.record_expired(timer.scope_id, max(0.0, now - timer.acquired_at))
+                if len(started.scopes) < MAX_REPORTED_SCOPES:
+                    started.scopes.append(timer.scope_id)
+                else:
+                    started.folded += 1
+                continue
+            reap = self._expire(timer, now)
+            if reap is not None:
+                begun[timer.pid] = _Begun(reap, [timer.scope_id])
+        for pid, started in begun.items():
+            left = MAX_REPORTED_SCOPES - len(started.scopes)
+            count, others = self._table.drop_worker(pid, sample=left)
+            self._ingest.forget(pid)
+            if journal is not None:
+                journal.cleared(pid)
+            scopes = (*started.scopes, *others)
+            omitted = started.folded + count - len(others)
+            self._reaps.proceed(started.reap, scopes, omitted)
+        if expired:
+            lag = now - _known_due(expired[0])
+            self.loop_lag.observe(lag)
+            if lag > self.lag_threshold:
+                self._emit(LoopLagged(time=self._clock.time(), lag=lag, expired=len(expired)))
+
+    def _drain(self, now: float) -> None:
+        """Apply what the drains return that may concern the workers due at ``now`` (see
+        the module docs), the drains a step at a time in turn, for at most
+        ``DRAIN_BUDGET`` seconds of this thread's CPU time (a flood of input must not
+        hold up the reaps; wall time would run out while the host runs other processes,
+        and leave releases written before the deadline unread)."""
+        looked: set[int] | None = set()  # None: looked for anyone
+        stop_at = time.thread_time() + DRAIN_BUDGET
+        calls = 0
+        while looked is not None and calls < MAX_DRAIN_CALLS:
+            due = self._table.due_pids(now, limit=EXPIRE_BUDGET)
+            if due is None:  # too many due to name: look for anyone, once
+                looked = None
+            else:
+                due -= looked
+                if not due:
+                    return
+                looked |= due
+            pending = [drain for drain in self._drains if _look(drain, due)]
+            while pending and calls < MAX_DRAIN_CALLS:
+                for drain in tuple(pending):
+                    calls += 1
+                    batch = _step(drain)
+                    if batch is None:
+                        pending.remove(drain)
+                    elif batch.requests or batch.rejections:
+                        self._ingest.apply(batch, drain.name)
+                if time.thread_time() >= stop_at:
+                    return
+
+    def _expire(self, timer: Timer, now: float) -> Reap | None:
+        """Report ``timer``'s expiry; the reap it begins, if it begins one."""
+        self._counts.expired += 1
+        worker = self._watchlist.get(timer.pid)
+        if (
+            worker is not None
+            and worker.state is WatchState.UNPINNED
+            and not self._watchlist.pin_again(worker)
+        ):
+            if not worker.gone:
+                self._expire_unpinned(timer, now)
+            return None
+        policy = self._policy
+        plan: Sequence[Step] = () if worker is None else policy.plan(timer)
+        reap: Reap | None = None
+        if plan and worker is not None and worker.state is WatchState.PINNED:
+            # Start the reap first: its first signal leaves right here, at the deadline.
+            reap = self._reaps.begin(worker, plan, now, _known_due(timer))
+        self._stats.record_expired(timer.scope_id, max(0.0, now - timer.acquired_at))
+        if not plan:  # the block runs on: its release will tell how long it took
+            self._overdue.add(timer.key, timer.acquired_at)
+        if plan:
+            action = format_plan(plan)
+        elif worker is None and timer.signal > 0:
+            action = "nothing: the server never signals its own process"
+        elif policy.shadow and timer.signal > 0:
+            action = "nothing (shadow mode); would do: " + format_plan(policy.intended(timer))
+        else:
+            action = format_plan(plan)
+        self._report(timer, now, report_only=not plan, action=action)
+        return reap  # None: report only, or the reap in progress covers this timer too
+
+    def _expire_unpinned(self, timer: Timer, now: float) -> None:
+        """A timer of a worker still unpinned (out of descriptors) expired: report it,
+        signal nothing (a pid alone may name another process by now)."""
+        self._stats.record_expired(timer.scope_id, max(0.0, now - timer.acquired_at))
+        self._report(
+            timer,
+            now,
+            report_only=True,
+            action="nothing: the server ran out of file descriptors and cannot prove "
+            "the worker's identity (see the log)",
+        )
+
+    def _report(self, timer: Timer, now: float, *, report_only: bool, action: str) -> None:
+        """Emit the :class:`~aiotimer.events.TimerExpired` event of ``timer``."""
+        self._emit(
+            TimerExpired(
+                time=self._clock.time(),
+                pid=timer.pid,
+                scope_id=timer.scope_id,
+                signal=timer.signal,
+                late=now - timer.deadline,
+                report_only=report_only,
+                action=action,
+            )
+        )

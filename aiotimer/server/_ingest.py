@@ -1,0 +1,246 @@
+"""The engine's ingest: applying one decoded batch of requests to the timer table.
+
+How this works
+--------------
+:meth:`Ingest.apply` takes a batch (a source's read, or what a drain returned before an
+expiry) and applies its requests in order, then reports each rejection
+(:class:`~aiotimer.events.RequestRejected`). A request:
+
+* *release*: the timer leaves the table; its duration (release time - acquire time)
+  is recorded for its scope's site (:mod:`aiotimer.core._stats`). Releasing an unknown
+  timer is a no-op, except for a timer that expired unreaped (report only, shadow mode):
+  remembered in an :class:`~aiotimer.core._stats.Overdue`, its late release still
+  records the block's real duration.
+* *acquire*: the first timer of a pid starts watching the worker
+  (:meth:`~aiotimer.reapers._watch.Watchlist.attach`); a worker the reaper cannot attach
+  is reported (:class:`~aiotimer.events.WorkerUnknown`) and its request dropped. The
+  server's own process is never watched: its timers only report their expiry. Caps: an
+  acquire of a new key is rejected (a counted
+  :class:`~aiotimer.events.RequestRejected`) when the table holds ``max_timers`` timers,
+  or its worker ``max_timers_per_worker``.
+
+A batch of several requests is folded first (:mod:`aiotimer.core._fold`): a block whose
+acquire and release are both in it never reaches the table; it is counted and its
+duration (zero: both arrived now) recorded. Near a cap, where the order of the table's
+changes matters, the requests are applied one by one.
+
+The journal (:mod:`aiotimer.server._journal`), when there is one, is told every change
+of a timer. Timers restored from it (:meth:`Ingest.mark_restored`) speak for a worker
+only until that worker sends anything: its client re-sends the blocks it still has
+open, so the restored ones are dropped first.
+
+Ingest never handles expiries: the engine does, once the batch is applied.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Sequence
+
+from aiotimer._edges.clock import Clock
+from aiotimer.core._fold import fold
+from aiotimer.core._stats import DurationStats, Overdue
+from aiotimer.core._table import ReapOptions, Timer, TimerTable
+from aiotimer.events import (
+    Counters,
+    Event,
+    RequestRejected,
+    TimerAcquired,
+    TimerReleased,
+    WorkerUnknown,
+)
+from aiotimer.reapers._watch import Watchlist
+from aiotimer.server._journal import Journal
+from aiotimer.wire import Decoded, Request
+
+__all__ = ["MAX_TIMERS", "MAX_TIMERS_PER_WORKER", "Ingest"]
+
+#: Default cap on live timers in all; acquires past it are rejected.
+MAX_TIMERS = 1_000_000
+#: Default cap on one worker's live timers; its acquires past it are rejected.
+MAX_TIMERS_PER_WORKER = 100_000
+
+
+class Ingest:
+    """Applies batches of requests to one engine's table (see the module docs)."""
+
+    def __init__(
+        self,
+        *,
+        table: TimerTable,
+        counts: Counters,
+        stats: DurationStats,
+        overdue: Overdue,
+        watchlist: Watchlist,
+        clock: Clock,
+        emit: Callable[[Event], None],
+        journal: Journal | None,
+        request_events: bool,
+        max_timers: int,
+        max_timers_per_worker: int,
+    ) -> None:
+        self._table = table
+        self._counts = counts
+        self._stats = stats
+        self._overdue = overdue
+        self._watchlist = watchlist
+        self._clock = clock
+        self._emit = emit
+        self._journal = journal
+        self._request_events = request_events
+        self._max_timers = max_timers
+        self._max_per_worker = max_timers_per_worker
+        self._own_pid = os.getpid()
+        self._restored: dict[int, set[str]] = {}  # journal timers, until the worker speaks
+
+    def apply(self, batch: Decoded, source: str) -> None:
+        """Apply ``batch`` from ``source``: every request in order, then one event per
+        rejection."""
+        clock = self._clock
+        mono, wall = clock.monotonic(), clock.time()
+        requests = batch.requests
+        self._counts.requests += len(requests)
+        if len(requests) > 1 and not self._request_events:
+            self._apply_folded(requests, source, mono, wall)
+        else:
+            for req in requests:
+                self._apply(req, source, mono, wall)
+        for rej in batch.rejections:
+            self._counts.rejected += 1
+            text = rej.line.decode("ascii", "backslashreplace")
+            self._emit(RequestRejected(time=wall, reason=rej.reason, line=text, source=source))
+
+    def mark_restored(self, requests: Sequence[Request]) -> None:
+        """The acquires ``requests``, applied, came from the journal (see the module docs)."""
+        for req in requests:
+            if self._table.get(req.pid, req.scope_id) is not None:
+                self._restored.setdefault(req.pid, set()).add(req.scope_id)
+
+    def forget(self, pid: int) -> None:
+        """Worker ``pid``'s timers are gone (reaped, or it exited): no restored ones left."""
+        self._restored.pop(pid, None)
+
+    def _apply_folded(
+        self, requests: Sequence[Request], source: str, mono: float, wall: float
+    ) -> None:
+        """Apply a batch as its requests one by one (see the module docs)."""
+        folded = fold(requests)
+        table = self._table
+        if not self._far_from_caps(folded.pids(), len(requests)):
+            for req in requests:
+                self._apply(req, source, mono, wall)
+            return
+        pairs = folded.pairs
+        counts = self._counts
+        counts.released += pairs
+        counts.acquired += pairs + folded.superseded
+        # What the folded requests do to the state before the batch, before the applied
+        # requests: nothing of those keys comes first (see aiotimer.core._fold), and far
+        # from the caps nothing else can tell the order.
+        restored, overdue, journal = self._restored, self._overdue, self._journal
+        for pid in folded.pids():
+            if restored and pid in restored:
+                self._drop_restored(pid)
+            live = table.worker_size(pid)
+            if not (live or overdue):
+                continue
+            scopes = folded.scopes(pid)
+            if live < len(scopes) and not overdue:
+                scopes = table.live_scopes(pid)  # fewer to look at
+            for scope_id in [s for s in scopes if folded.ends(pid, s)]:
+                if overdue:
+                    overdue.pop((pid, scope_id))
+                if table.release(pid, scope_id) is not None and journal is not None:
+                    journal.released(pid, scope_id)
+        for i in folded.apply:
+            self._apply(requests[i], source, mono, wall)
+        self._stats.record_many(folded.paired, 0.0)
+
+    def _far_from_caps(self, pids: Iterable[int], size: int) -> bool:
+        """Whether no acquire of a batch of ``size`` requests naming ``pids`` can meet
+        a cap, however the batch is applied (each acquire adds at most one timer)."""
+        table = self._table
+        return len(table) + size <= self._max_timers and all(
+            table.worker_size(pid) + size <= self._max_per_worker for pid in pids
+        )
+
+    def _apply(self, req: Request, source: str, mono: float, wall: float) -> None:
+        if self._restored and req.pid in self._restored:
+            self._drop_restored(req.pid)
+        if req.is_release:
+            self._release(req, source, mono, wall)
+            return
+        pid, table = req.pid, self._table
+        if self._overdue:
+            self._overdue.pop((pid, req.scope_id))  # re-acquired: that block's end is unknown
+        if (
+            pid not in self._watchlist
+            and pid != self._own_pid
+            and not self._watchlist.attach(pid, req.start_time)
+        ):
+            self._emit(WorkerUnknown(time=wall, pid=pid, scope_id=req.scope_id, source=source))
+            return
+        if (
+            len(table) >= self._max_timers or table.worker_size(pid) >= self._max_per_worker
+        ) and table.get(pid, req.scope_id) is None:
+            self._reject_over_cap(req, source, wall)
+            return
+        deadline = req.deadline(mono, wall)
+        options = None
+        if req.grace is not None or req.group or req.dump:
+            options = ReapOptions(req.grace, req.group, req.dump)
+        timer = Timer(pid, req.scope_id, deadline, req.signal, mono, options)
+        table.acquire(timer)
+        if self._journal is not None:
+            self._journal.acquired(timer)
+        self._counts.acquired += 1
+        if self._request_events:
+            self._emit(
+                TimerAcquired(
+                    time=wall,
+                    pid=pid,
+                    scope_id=req.scope_id,
+                    expires_in=deadline - mono,
+                    signal=req.signal,
+                    source=source,
+                )
+            )
+
+    def _release(self, req: Request, source: str, mono: float, wall: float) -> None:
+        released = self._table.release(req.pid, req.scope_id)
+        if released is not None:
+            if self._journal is not None:
+                self._journal.released(req.pid, req.scope_id)
+            self._counts.released += 1
+            self._stats.record(req.scope_id, max(0.0, mono - released.acquired_at))
+            if self._request_events:
+                self._emit(
+                    TimerReleased(time=wall, pid=req.pid, scope_id=req.scope_id, source=source)
+                )
+        elif self._overdue:
+            acquired_at = self._overdue.pop((req.pid, req.scope_id))
+            if acquired_at is not None:  # the late end of an expired, unreaped block
+                self._stats.record(req.scope_id, max(0.0, mono - acquired_at))
+
+    def _reject_over_cap(self, req: Request, source: str, wall: float) -> None:
+        table = self._table
+        if len(table) >= self._max_timers:
+            reason = (
+                f"timer cap reached: the server holds {len(table):,} timers "
+                f"(max_timers={self._max_timers:,}); release timers or raise the cap"
+            )
+        else:
+            reason = (
+                f"timer cap reached: worker {req.pid} holds {table.worker_size(req.pid):,} "
+                f"timers (max_timers_per_worker={self._max_per_worker:,}); it leaks timers, "
+                "or raise the cap"
+            )
+        self._counts.rejected += 1
+        line = f"acquire {req.scope_id!r} of pid {req.pid}"[:200]
+        self._emit(RequestRejected(time=wall, reason=reason, line=line, source=source))
+
+    def _drop_restored(self, pid: int) -> None:
+        """Worker ``pid`` spoke: drop the timers the journal restored for it."""
+        for scope_id in self._restored.pop(pid, ()):
+            if self._table.release(pid, scope_id) is not None and self._journal is not None:
+                self._journal.released(pid, scope_id)
