@@ -2,17 +2,14 @@
 
 How it works:
 
-* **Claiming the path.** A missing path gets a new FIFO, chmod-ed to exactly ``mode``
-  (umask does not apply). An existing path is replaced only if it is a FIFO owned by
-  this user that nobody reads: a live server (aiotimer's or torch's) is detected by
-  opening the FIFO for writing without blocking, which succeeds only while some process
-  has it open for reading. Anything that is not a FIFO (file, directory, symlink) is
-  refused and left untouched.
-* **Reading.** The FIFO is opened ``O_RDONLY | O_NONBLOCK``, its buffer grown to
-  ``PIPE_SIZE`` where the OS allows, and a dummy writer
-  descriptor is kept open, so the reader never sees end-of-file when clients come and
-  go (no spinning). Each wake-up (the loop's ``add_reader``) reads chunks until the pipe
-  is empty or ``MAX_READS_PER_WAKE`` chunks were read, feeds each to a
+* **The path** (:mod:`aiotimer.sources._fifo_path`): a missing path gets a new FIFO of
+  exactly ``mode``, a stale FIFO of this user is replaced, anything else is refused; the
+  marker beside it tells clients an aiotimer server reads it; the path is watched, and a
+  FIFO removed from under the server is made anew (the old one is still read).
+* **Reading.** Each FIFO is read ``O_NONBLOCK``, with a dummy writer descriptor kept
+  open, so the reader never sees end-of-file when clients come and go (no spinning).
+  Each wake-up (the loop's ``add_reader``) reads chunks until the pipe is empty or
+  ``MAX_READS_PER_WAKE`` chunks were read, feeds each to a
   :class:`~aiotimer.wire.LineDecoder` and hands its batch to the sink, then lets
   the loop run other work: a flood costs other work at most one chunk's decoding.
   The loop is asyncio's (or uvloop), used directly, with the pipe registered once per
@@ -23,35 +20,22 @@ How it works:
   The decoder bounds a partial line and recovers lines glued to it, so a writer that
   stops mid-line delays nobody.
 * **Before an expiry** the server's drain (:class:`_Reader`) scans what the pipe holds
-  for the due workers' pids through a copy (Linux ``tee(2)``, :mod:`aiotimer.sources._pipepeek`),
-  leaving it in the pipe, so clients waiting for room do not all wake and compete with
-  the reap for a CPU. Only the lines up to the last one that may name a due worker are
-  taken out, into the reader's backlog, decoded and returned to the server to apply.
-  Without ``tee`` the drain moves what the pipe holds into the backlog (at most
-  ``BACKLOG_LIMIT`` bytes) and scans it there. The read loop decodes the backlog, a
-  chunk at a time, before it reads the pipe again.
-* **The marker.** Once clients can send, ``path + MARKER_SUFFIX`` is written atomically
-  (JSON naming the server and the FIFO's inode), so clients know they may keep a
-  descriptor open, and refuse the path if it names another file.
-* **Watching the path** (:class:`~aiotimer.sources._pathwatch.PathWatch`: inotify, no polling).
-  A FIFO removed from under the server is made anew and published (the old one is
-  still read, for clients holding it open); a path replaced by anything else (a symlink,
-  a file, another FIFO) is reported and left alone until it is free again; a marker
-  removed or overwritten is published again.
-* **Leaving.** Both descriptors are closed and the marker removed; the FIFO is removed
-  only if this source created it and it is still the same inode.
+  for the due workers' pids through a copy (Linux ``tee(2)``,
+  :mod:`aiotimer.sources._pipepeek`), leaving it in the pipe, so clients waiting for room
+  do not all wake and compete with the reap for a CPU. Only the lines up to the last one
+  that may name a due worker are taken out, into the reader's backlog, decoded and
+  returned to the server to apply. Without ``tee`` the drain moves what the pipe holds
+  into the backlog (at most ``BACKLOG_LIMIT`` bytes) and scans it there. The read loop
+  decodes the backlog, a chunk at a time, before it reads the pipe again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
-import fcntl
 import logging
 import os
 import pathlib
-import stat
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from typing import Final
@@ -59,20 +43,10 @@ from typing import Final
 import anyio
 import anyio.abc
 
-from aiotimer._edges.marker import (
-    AIOTIMER,
-    Marker,
-    marker_path,
-    read_marker,
-    remove_marker,
-    write_marker,
-)
-from aiotimer._version import __version__
-from aiotimer.errors import SourceError
 from aiotimer.sources._base import RequestSink, draining
-from aiotimer.sources._pathwatch import PathWatch
+from aiotimer.sources._fifo_path import PIPE_SIZE, FifoPath, OpenFifo, grow_pipe
 from aiotimer.sources._pipepeek import open_peek, read_exactly
-from aiotimer.wire import MAX_LINE_BYTES, LineDecoder
+from aiotimer.wire import MAX_LINE_BYTES, Decoded, LineDecoder
 from aiotimer.wire._mentions import mentions_end
 
 __all__ = [
@@ -92,139 +66,12 @@ __all__ = [
 CHUNK_SIZE: Final[int] = 32768
 #: Upper bound on reads per wake-up, so one busy FIFO cannot starve the event loop.
 MAX_READS_PER_WAKE: Final[int] = 16
-#: The pipe capacity asked for (Linux ``F_SETPIPE_SZ``; the default is 64 KiB). A larger
-#: buffer absorbs bursts from many writers, so fewer of them meet a full pipe (torch's
-#: clients fail outright when they do), and one wake-up reads more lines.
-PIPE_SIZE: Final[int] = 1 << 20
 #: The most bytes a reader holds read from its pipe but not decoded yet (its backlog,
 #: filled by the server's drain before an expiry; see :class:`_Reader`). Clients count
 #: these bytes as delivered, so the backlog is bounded: one pipe's worth.
 BACKLOG_LIMIT: Final[int] = PIPE_SIZE
-#: The most FIFOs one run reads: the current one and those it replaced (still held open
-#: by clients) after the path was removed.
-_MAX_FIFOS: Final[int] = 4
-_Inode = tuple[int, int]
 
 logger = logging.getLogger("aiotimer")
-
-
-def _inode(st: os.stat_result) -> _Inode:
-    return (st.st_dev, st.st_ino)
-
-
-def grow_pipe(fd: int, size: int = PIPE_SIZE) -> int:
-    """Ask for a pipe buffer of ``size`` bytes, best effort; return the capacity it has.
-
-    Unprivileged users are capped by ``/proc/sys/fs/pipe-max-size`` (1 MiB by default)
-    and a per-user total; then the current capacity is kept. Returns 0 where the OS
-    cannot tell (not Linux).
-    """
-    set_size = getattr(fcntl, "F_SETPIPE_SZ", None)
-    get_size = getattr(fcntl, "F_GETPIPE_SZ", None)
-    if set_size is None or get_size is None:
-        return 0
-    with contextlib.suppress(OSError):
-        return fcntl.fcntl(fd, set_size, size)
-    return fcntl.fcntl(fd, get_size)
-
-
-class _OpenFifo:
-    """The FIFO of one :meth:`FifoSource.serve` run: the inode we made, our descriptors."""
-
-    __slots__ = ("inode", "path", "read_fd", "reading", "write_fd")
-
-    def __init__(self, path: pathlib.Path, mode: int) -> None:
-        self.path = path
-        self.reading = anyio.CancelScope()  # the task reading it
-        _create(path, mode)
-        self.read_fd = self.write_fd = -1
-        self.inode: _Inode | None = None
-        flags = os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW
-        try:
-            self.read_fd = os.open(path, os.O_RDONLY | flags)
-            st = os.fstat(self.read_fd)
-            if not stat.S_ISFIFO(st.st_mode) or st.st_uid != os.geteuid():
-                raise SourceError(f"{path} was replaced while it was being created")
-            self.inode = _inode(st)
-            # mkfifo applied the umask; through the descriptor no symlink can interfere.
-            os.fchmod(self.read_fd, mode)
-            grow_pipe(self.read_fd)
-            # The dummy writer: with it, read() never returns end-of-file.
-            self.write_fd = os.open(path, os.O_WRONLY | flags)
-        except OSError as exc:
-            self.close()
-            raise SourceError(f"cannot open FIFO {path}: {exc}") from exc
-        except BaseException:
-            self.close()
-            raise
-
-    def close(self) -> None:
-        """Close both descriptors; remove the FIFO unless the path now holds another file."""
-        for fd in (self.read_fd, self.write_fd):
-            if fd >= 0:
-                os.close(fd)
-        self.read_fd = self.write_fd = -1
-        if self.inode is None:
-            return
-        with contextlib.suppress(FileNotFoundError):
-            if _inode(os.lstat(self.path)) == self.inode:
-                os.unlink(self.path)
-
-
-def _create(path: pathlib.Path, mode: int) -> None:
-    """Make ``path`` a new FIFO, replacing a stale FIFO of ours.
-
-    Raises:
-        SourceError: the path is not a FIFO, not ours, or a live server reads it.
-    """
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        pass
-    else:
-        _check_replaceable(path, st)
-        os.unlink(path)
-    try:
-        os.mkfifo(path, mode)
-    except FileExistsError as exc:
-        raise SourceError(f"{path} appeared while the FIFO was being created") from exc
-    except OSError as exc:
-        raise SourceError(f"cannot create FIFO {path}: {exc}") from exc
-
-
-def _kind(st: os.stat_result) -> str:
-    if stat.S_ISLNK(st.st_mode):
-        return "a symlink"
-    if stat.S_ISDIR(st.st_mode):
-        return "a directory"
-    return "another FIFO" if stat.S_ISFIFO(st.st_mode) else "not a FIFO"
-
-
-def _check_replaceable(path: pathlib.Path, st: os.stat_result) -> None:
-    """Raise :class:`SourceError` unless ``path`` is a stale FIFO of ours."""
-    if not stat.S_ISFIFO(st.st_mode):
-        kind = _kind(st)
-        raise SourceError(
-            f"{path} exists and is {kind}; refusing to replace it. "
-            "Choose another path or remove it yourself."
-        )
-    if st.st_uid != os.geteuid():
-        raise SourceError(
-            f"FIFO {path} belongs to uid {st.st_uid}, not to this user; refusing to take it"
-        )
-    try:
-        probe = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
-    except OSError as exc:
-        if exc.errno == errno.ENXIO:  # no reader: nobody serves it, it is stale
-            return
-        raise SourceError(f"cannot check whether FIFO {path} is in use: {exc}") from exc
-    os.close(probe)
-    found = read_marker(path)
-    owner = None if found is None else found.marker.pid
-    who = f"aiotimer server pid {owner}" if owner is not None else "another process"
-    raise SourceError(
-        f"FIFO {path} is being served by {who}; stop that server or choose another path"
-    )
 
 
 class FifoSource:
@@ -269,7 +116,7 @@ class FifoSource:
         self._chunk_size = chunk_size
         self._marker: dict[str, object] = dict(marker or {})
         self._name = f"fifo:{self._path}"
-        self._published: _OpenFifo | None = None
+        self._published: FifoPath | None = None
 
     @property
     def name(self) -> str:
@@ -292,21 +139,21 @@ class FifoSource:
         Raises:
             SourceError: the path cannot be claimed or opened (see the class docstring).
         """
-        fifo = _OpenFifo(self._path, self._mode)
-        fifos = [fifo]
+        hold = FifoPath(self._path, self._mode, self._marker)
         try:
-            self._publish(fifo)
-            try:
-                async with anyio.create_task_group() as tg:
+            first = hold.open()
+            async with anyio.create_task_group() as tg:
+
+                def read(fifo: OpenFifo) -> None:
                     tg.start_soon(self._read, fifo, sink)
-                    task_status.started()
-                    await self._watch_path(fifos, tg, sink)
-            finally:
-                self._published = None
-                remove_marker(self._path)
+
+                read(first)
+                self._published = hold
+                task_status.started()
+                await hold.keep(read)
         finally:
-            for each in fifos:
-                each.close()
+            self._published = None
+            hold.close()
 
     def advertise(self, keys: Mapping[str, object | None]) -> None:
         """Set extra keys of the marker (a ``None`` value removes its key); the marker
@@ -317,89 +164,18 @@ class FifoSource:
             else:
                 self._marker[key] = value
         if self._published is not None:
-            self._publish(self._published)
+            self._published.republish()
 
-    def _publish(self, fifo: _OpenFifo) -> None:
-        self._published = fifo
-        assert fifo.inode is not None
-        dev, ino = fifo.inode
-        marker = Marker(
-            server=AIOTIMER, pid=os.getpid(), version=__version__, fifo_dev=dev, fifo_ino=ino
-        )
-        write_marker(self._path, marker, self._marker)
-
-    async def _watch_path(
-        self, fifos: list[_OpenFifo], tg: anyio.abc.TaskGroup, sink: RequestSink
-    ) -> None:
-        """Keep the path naming our FIFO, and the marker ours; forever.
-
-        Removed: a new FIFO is made and published (the old one is still read, for the
-        clients that hold it open). Replaced by anything else: reported, left alone
-        (clients refuse it: its inode is not the marker's) until the path is free again.
-        """
-        reported: str | None = None
-        with PathWatch(self._path, also=(marker_path(self._path),)) as watch:
-            while True:
-                await watch.changed()
-                current = fifos[-1]
-                try:
-                    st: os.stat_result | None = os.lstat(self._path)
-                except FileNotFoundError:
-                    st = None
-                except OSError as exc:
-                    logger.error("cannot check the FIFO path %s: %s", self._path, exc)
-                    continue
-                if st is not None and _inode(st) == current.inode:
-                    reported = None
-                    found = read_marker(self._path)
-                    if found is None or found.marker.pid != os.getpid():
-                        logger.warning(
-                            "the marker of %s was removed or replaced; publishing it again",
-                            self._path,
-                        )
-                        self._publish(current)
-                    continue
-                if st is not None:
-                    kind = _kind(st)
-                    if reported != kind:
-                        reported = kind
-                        logger.error(
-                            "the FIFO path %s was replaced by %s; clients refuse it. The "
-                            "server goes on reading its FIFO through the descriptors it "
-                            "holds, and makes a new one once the path is free",
-                            self._path,
-                            kind,
-                        )
-                    continue
-                try:
-                    fresh = _OpenFifo(self._path, self._mode)
-                except SourceError as exc:
-                    logger.error("cannot recreate the FIFO %s: %s", self._path, exc)
-                    continue
-                fifos.append(fresh)
-                if len(fifos) > _MAX_FIFOS:
-                    # The oldest: its clients have long reconnected. Its reader closes it.
-                    fifos.pop(0).reading.cancel()
-                self._publish(fresh)
-                reported = None
-                tg.start_soon(self._read, fresh, sink)
-                logger.warning("the FIFO %s was removed; made a new one", self._path)
-
-    async def _read(self, fifo: _OpenFifo, sink: RequestSink) -> None:
+    async def _read(self, fifo: OpenFifo, sink: RequestSink) -> None:
         with fifo.reading:
+            reader = _Reader(fifo.read_fd, sink, self._name, self._chunk_size, self._max_line)
             try:
-                await self._read_forever(fifo.read_fd, sink)
+                with draining(sink, reader):
+                    await reader.run()
             finally:
+                reader.close()
                 if fifo.reading.cancel_called:  # evicted (or the run ends): close it
                     fifo.close()
-
-    async def _read_forever(self, fd: int, sink: RequestSink) -> None:
-        reader = _Reader(fd, sink, self._name, self._chunk_size, self._max_line)
-        try:
-            with draining(sink, reader):
-                await reader.run()
-        finally:
-            reader.close()
 
     def __repr__(self) -> str:
         return f"<FifoSource {str(self._path)!r} mode={self._mode:#o}>"
