@@ -83,11 +83,6 @@ class PathWatch:
         self._names = {os.fsencode(p.name) for p in (self.path, *others)}
         self._fd = -1
 
-    @property
-    def polling(self) -> bool:
-        """True when inotify is not in use (the watch polls)."""
-        return self._fd < 0
-
     def __enter__(self) -> PathWatch:
         libc = _libc()
         if libc is None:
