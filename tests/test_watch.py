@@ -124,7 +124,7 @@ async def test_the_watchlist_pins_watches_and_forgets_a_worker_once() -> None:
     async with anyio.create_task_group() as tg:
         watchlist = Watchlist(task_group=tg, reaper=reaper, on_gone=lambda *a: gone.append(a))
         assert watchlist.attach(7, None) is False  # no such process: unknown, no record
-        assert 7 not in watchlist
+        assert 7 not in watchlist.by_pid
         assert watchlist.attach(PID, None) is True
         worker = watchlist.get(PID)
         assert worker is not None and worker.state is PINNED
@@ -135,7 +135,7 @@ async def test_the_watchlist_pins_watches_and_forgets_a_worker_once() -> None:
         reaper.exit(PID)
         await settle()
         assert gone == [(PID, "exited")] and worker.gone
-        assert PID not in watchlist and watchlist.pids() == ()
+        assert PID not in watchlist.by_pid and watchlist.pids() == ()
         assert reaper.methods(PID)[-1] == "detach"
         watchlist.gone(worker, "gone before signal")  # seen again: no second report
         worker.end_reap()  # the reap ends after its worker has gone: no change
@@ -188,4 +188,4 @@ async def test_any_other_attach_failure_makes_the_worker_unknown(
         with caplog.at_level(logging.ERROR, logger="aiotimer"):
             assert watchlist.attach(PID, None) is False
         assert f"reaper.attach({PID}) raised" in caplog.text
-        assert PID not in watchlist
+        assert PID not in watchlist.by_pid

@@ -194,8 +194,10 @@ class Watchlist:
         self._on_gone = on_gone
         self._workers: dict[int, WatchedWorker] = {}
 
-    def __contains__(self, pid: object) -> bool:
-        return pid in self._workers
+    @property
+    def by_pid(self) -> Mapping[int, WatchedWorker]:
+        """The watched workers' records by pid (a live, read-only view)."""
+        return self._workers
 
     def get(self, pid: int) -> WatchedWorker | None:
         """The record of worker ``pid``, if it is watched."""

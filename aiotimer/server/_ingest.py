@@ -84,6 +84,7 @@ class Ingest:
         self._stats = stats
         self._overdue = overdue
         self._watchlist = watchlist
+        self._watched = watchlist.by_pid
         self._clock = clock
         self._emit = emit
         self._journal = journal
@@ -174,7 +175,7 @@ class Ingest:
         if self._overdue:
             self._overdue.pop((pid, req.scope_id))  # re-acquired: that block's end is unknown
         if (
-            pid not in self._watchlist
+            pid not in self._watched
             and pid != self._own_pid
             and not self._watchlist.attach(pid, req.start_time)
         ):
