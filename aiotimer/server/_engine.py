@@ -21,7 +21,7 @@ Sources hand their batches to :meth:`Engine.submit` (the engine is their
 :class:`~aiotimer.sources.RequestSink`): it applies the batch, then handles the deadlines
 that fell meanwhile (:meth:`~aiotimer.server._expiry.Expiry.catch_up`). A drain never
 calls ``submit``: it returns what to apply, and the engine is the only caller of its
-ingest, so applying a batch never leads back into an expiry.
+ingest, so a drained batch never leads back into an expiry.
 
 When a worker goes (it exited, or a signal found it gone), its timers are cleared, with
 its journal entry and its overdue blocks, and :class:`~aiotimer.events.WorkerExited` is
