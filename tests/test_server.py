@@ -1197,3 +1197,25 @@ async def test_still_out_of_descriptors_at_expiry_is_reported_never_signalled() 
         assert r.reaper.signals() == []
         [expired] = r.of(TimerExpired)
         assert expired.report_only and "file descriptors" in expired.action
+
+
+@pytest.mark.asyncio
+async def test_a_request_submitted_by_an_event_callback_waits_for_the_batch_to_end() -> None:
+    """A callback that submits while the engine applies a batch does not cut into it:
+    its release of B comes after the batch's acquire of B, so B ends released."""
+    server_box: list[TimerServer] = []
+
+    def on_event(event: Event) -> None:
+        if isinstance(event, TimerAcquired) and event.scope_id == "a":
+            server_box[0].release("b", pid=event.pid)
+
+    async with rig(on_event=on_event, request_events=True) as r:
+        server_box.append(r.server)
+        wall = r.clock.time() + 60.0
+        lines = [
+            f'{{"pid": 900, "scope_id": "{s}", "expiration_time": {wall!r}, "signal": 9}}\n'
+            for s in ("a", "b")
+        ]
+        r.source.push_bytes("".join(lines).encode())  # one batch
+        await settle()
+        assert [t.scope_id for t in r.server.get_state().timers] == ["a"]

@@ -103,6 +103,7 @@ class Engine:
             self_kill=self_kill_after_reap,
             on_gone=self._watchlist.gone,
         )
+        self._applying = False
         self._ingest = Ingest(
             table=self.table,
             counts=self.counts,
@@ -139,8 +140,19 @@ class Engine:
     def submit(self, batch: Decoded, source: str) -> None:
         """Apply ``batch``: every request in order, then one event per rejection; then
         handle the deadlines that fell meanwhile."""
-        self._ingest.apply(batch, source)
-        self._expiry.catch_up()
+        self._applying = True
+        try:
+            self._ingest.apply(batch, source)
+            self._expiry.catch_up()
+        finally:
+            self._applying = False
+
+    @property
+    def busy(self) -> bool:
+        """Whether the engine is applying a batch or handling expired timers right now:
+        an event callback runs inside that work, so a request it submits must wait for
+        the work to end (the shell hands it over) rather than cut into it."""
+        return self._applying or self._expiry.handling
 
     def restore(self, requests: Sequence[Request], source: str) -> None:
         """Apply acquires restored from the journal (see the module docs)."""

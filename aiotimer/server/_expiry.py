@@ -157,6 +157,8 @@ class Expiry:
         self._emit = emit
         self._ingest = ingest
         self._drains: list[Drain] = []
+        #: True while expired timers are being handled (see :attr:`Engine.busy`).
+        self.handling = False
         self._armed = -math.inf  # the deadline the task sleeps until
         self._sleep_scope: anyio.CancelScope | None = None
         #: How late each slice of expiries was handled (the loop was busy), seconds.
@@ -212,6 +214,13 @@ class Expiry:
         """Handle the timers due at ``now``, in deadline order (one slice of them), once
         the sources' input that may concern them is applied: a release that arrived
         before a deadline (written while this loop stalled) wins over it."""
+        self.handling = True
+        try:
+            self._expire_due(now)
+        finally:
+            self.handling = False
+
+    def _expire_due(self, now: float) -> None:
         if self._drains:
             self._drain(now)
         self.last_progress = now

@@ -110,15 +110,20 @@ class Run:
 
     def submit(self, batch: Decoded) -> None:
         """Apply ``batch`` as in-process API requests, from any thread: at once in a task
-        of the loop's thread, else (another thread, or a plain loop callback, where
-        anyio's primitives do not work) in the handoff's task, in order.
+        of the loop's thread, else (another thread, a plain loop callback, where anyio's
+        primitives do not work, or an event callback while the engine is busy with a
+        batch or an expiry) in the handoff's task, in order.
 
         Raises:
             ServerStateError: the run has ended.
         """
         engine = self.engine
         assert engine is not None, "the run serves"
-        if threading.get_ident() == self.thread_id and asyncio.current_task() is not None:
+        if (
+            threading.get_ident() == self.thread_id
+            and asyncio.current_task() is not None
+            and not engine.busy  # an event callback inside a batch: after it, in order
+        ):
             engine.submit(batch, API_SOURCE)
         else:
             self.handoff.call_soon(lambda: engine.submit(batch, API_SOURCE))
