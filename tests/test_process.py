@@ -1,4 +1,4 @@
-"""Process identity (aiotimer.reapers._identity.WorkerProcess) against real child processes."""
+"""Process identity (aiotimer.reapers._identity.PinnedProcess) against real child processes."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 
 from aiotimer._edges.procfs import ancestors, is_descendant, read_start_time, read_status
 from aiotimer.errors import ProcessGoneError, ReapError, RefusedTargetError
-from aiotimer.reapers._identity import WorkerProcess, server_identity
+from aiotimer.reapers._identity import PinnedProcess, server_identity
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(20)]
 
@@ -54,7 +54,7 @@ def test_read_start_time_of_self_is_stable() -> None:
 
 
 def test_pin_and_signal_a_real_child(child: subprocess.Popen[bytes]) -> None:
-    with WorkerProcess.pin(child.pid) as worker:
+    with PinnedProcess.pin(child.pid) as worker:
         assert worker.pid == child.pid
         assert worker.start_time == read_start_time(child.pid)
         assert (worker.fileno() is not None) == HAS_PIDFD
@@ -67,7 +67,7 @@ def test_pin_and_signal_a_real_child(child: subprocess.Popen[bytes]) -> None:
 
 
 def test_signal_after_exit_is_process_gone(child: subprocess.Popen[bytes]) -> None:
-    with WorkerProcess.pin(child.pid) as worker:
+    with PinnedProcess.pin(child.pid) as worker:
         child.kill()
         deadline = time.monotonic() + EXIT_BOUND
         while worker.is_alive() and time.monotonic() < deadline:
@@ -84,17 +84,17 @@ def test_pin_of_dead_or_zombie_process_is_process_gone() -> None:
     proc = subprocess.Popen(["true"])
     assert _wait_gone(proc.pid)  # exited, still a zombie: not reaped yet
     with pytest.raises(ProcessGoneError):
-        WorkerProcess.pin(proc.pid)
+        PinnedProcess.pin(proc.pid)
     proc.wait()
     with pytest.raises(ProcessGoneError):
-        WorkerProcess.pin(proc.pid)
+        PinnedProcess.pin(proc.pid)
 
 
 def test_recycled_pid_is_refused_via_start_time(child: subprocess.Popen[bytes]) -> None:
     actual = read_start_time(child.pid)
     assert actual is not None
     # A handle recorded for an earlier process that had the same pid.
-    stale = WorkerProcess(child.pid, start_time=actual - 1)
+    stale = PinnedProcess(child.pid, start_time=actual - 1)
     assert stale.fileno() is None
     assert not stale.is_alive()
     with pytest.raises(ProcessGoneError):
@@ -105,7 +105,7 @@ def test_recycled_pid_is_refused_via_start_time(child: subprocess.Popen[bytes]) 
     stale.close()
 
     # The same path with the right start time does signal.
-    with WorkerProcess(child.pid, start_time=actual) as same:
+    with PinnedProcess(child.pid, start_time=actual) as same:
         assert same.is_alive()
         same.send_signal(signal.SIGKILL)
     assert child.wait(timeout=EXIT_BOUND) == -signal.SIGKILL
@@ -114,13 +114,13 @@ def test_recycled_pid_is_refused_via_start_time(child: subprocess.Popen[bytes]) 
 def test_refuses_pid_1_own_pid_and_nonpositive_pins() -> None:
     for pid in (0, -1, -os.getpgrp()):
         with pytest.raises(RefusedTargetError):
-            WorkerProcess.pin(pid)
+            PinnedProcess.pin(pid)
     with (
-        WorkerProcess(1, start_time=None) as init,
+        PinnedProcess(1, start_time=None) as init,
         pytest.raises(RefusedTargetError),
     ):
         init.send_signal(signal.SIGKILL)
-    with WorkerProcess.pin(os.getpid()) as me:
+    with PinnedProcess.pin(os.getpid()) as me:
         with pytest.raises(RefusedTargetError):
             me.send_signal(signal.SIGKILL)
         with pytest.raises(RefusedTargetError):
@@ -129,7 +129,7 @@ def test_refuses_pid_1_own_pid_and_nonpositive_pins() -> None:
 
 def test_refuses_the_servers_own_process_group(child: subprocess.Popen[bytes]) -> None:
     assert os.getpgid(child.pid) == os.getpgrp()
-    with WorkerProcess.pin(child.pid) as worker, pytest.raises(RefusedTargetError):
+    with PinnedProcess.pin(child.pid) as worker, pytest.raises(RefusedTargetError):
         worker.send_signal(signal.SIGKILL, group=True)
     assert child.poll() is None
 
@@ -144,7 +144,7 @@ def test_group_signal_reaches_grandchildren() -> None:
     try:
         assert proc.stdout is not None
         grandchild = int(proc.stdout.readline())
-        with WorkerProcess.pin(proc.pid) as worker:
+        with PinnedProcess.pin(proc.pid) as worker:
             worker.send_signal(signal.SIGKILL, group=True)
         assert proc.wait(timeout=EXIT_BOUND) == -signal.SIGKILL
         assert _wait_gone(grandchild)
@@ -157,11 +157,11 @@ def test_group_signal_reaches_grandchildren() -> None:
 
 _EPERM_PROBE = """
 import os, signal, sys
-from aiotimer.reapers._identity import WorkerProcess
+from aiotimer.reapers._identity import PinnedProcess
 from aiotimer.errors import ProcessGoneError, ReapError
 os.setgid(65534)
 os.setuid(65534)
-with WorkerProcess.pin(int(sys.argv[1])) as worker:
+with PinnedProcess.pin(int(sys.argv[1])) as worker:
     try:
         worker.send_signal(signal.SIGKILL)
     except ProcessGoneError:
@@ -190,7 +190,7 @@ def test_permission_denied_is_a_reap_error(child: subprocess.Popen[bytes]) -> No
 
 
 def test_close_is_idempotent_and_final(child: subprocess.Popen[bytes]) -> None:
-    worker = WorkerProcess.pin(child.pid)
+    worker = PinnedProcess.pin(child.pid)
     worker.close()
     worker.close()
     assert worker.closed
@@ -205,7 +205,7 @@ def test_close_is_idempotent_and_final(child: subprocess.Popen[bytes]) -> None:
 def test_unclosed_handle_warns(child: subprocess.Popen[bytes]) -> None:
     if not HAS_PIDFD:
         pytest.skip("only a pidfd is a resource to leak")
-    worker = WorkerProcess.pin(child.pid)
+    worker = PinnedProcess.pin(child.pid)
     with pytest.warns(ResourceWarning):
         worker.__del__()
     assert worker.closed
@@ -215,7 +215,7 @@ def test_unclosed_handle_warns(child: subprocess.Popen[bytes]) -> None:
 async def test_wait_exit_wakes_promptly_on_pidfd(child: subprocess.Popen[bytes]) -> None:
     if not HAS_PIDFD:
         pytest.skip("no pidfd on this OS")
-    with WorkerProcess.pin(child.pid) as worker:
+    with PinnedProcess.pin(child.pid) as worker:
         woke_after: list[float] = []
 
         async def waiter() -> None:
@@ -237,7 +237,7 @@ async def test_wait_exit_wakes_promptly_on_pidfd(child: subprocess.Popen[bytes])
 
 @pytest.mark.asyncio
 async def test_wait_exit_polls_without_pidfd(child: subprocess.Popen[bytes]) -> None:
-    with WorkerProcess(child.pid, read_start_time(child.pid)) as worker:
+    with PinnedProcess(child.pid, read_start_time(child.pid)) as worker:
         child.kill()
         with anyio.fail_after(EXIT_BOUND):
             await worker.wait_exit(poll_interval=0.01)
@@ -246,9 +246,9 @@ async def test_wait_exit_polls_without_pidfd(child: subprocess.Popen[bytes]) -> 
 
 def test_pin_rejects_non_int() -> None:
     with pytest.raises(TypeError):
-        WorkerProcess.pin(True)
+        PinnedProcess.pin(True)
     with pytest.raises(TypeError):
-        WorkerProcess.pin("12")  # type: ignore[arg-type]
+        PinnedProcess.pin("12")  # type: ignore[arg-type]
 
 
 @pytest.fixture
@@ -283,7 +283,7 @@ def test_a_thread_id_is_never_pinned(
     if not pidfd:
         monkeypatch.delattr(os, "pidfd_open", raising=False)
     with pytest.raises(RefusedTargetError, match=f"thread of process {os.getpid()}"):
-        WorkerProcess.pin(thread_id)
+        PinnedProcess.pin(thread_id)
 
 
 def test_read_status_names_the_thread_group_and_parent(thread_id: int) -> None:
@@ -299,8 +299,8 @@ def test_pin_refuses_a_start_time_that_differs(child: subprocess.Popen[bytes]) -
     actual = read_start_time(child.pid)
     assert actual is not None
     with pytest.raises(ProcessGoneError, match="now names another process"):
-        WorkerProcess.pin(child.pid, start_time=actual - 1)
-    with WorkerProcess.pin(child.pid, start_time=actual) as worker:
+        PinnedProcess.pin(child.pid, start_time=actual - 1)
+    with PinnedProcess.pin(child.pid, start_time=actual) as worker:
         assert worker.start_time == actual
 
 
@@ -316,7 +316,7 @@ def test_policy_facts_of_a_child_and_of_the_server(child: subprocess.Popen[bytes
     server = server_identity()
     assert (server.pid, server.uid, server.pgid) == (os.getpid(), os.geteuid(), os.getpgrp())
     assert os.getppid() in server.ancestors
-    with WorkerProcess.pin(child.pid) as worker:
+    with PinnedProcess.pin(child.pid) as worker:
         facts = worker.target(os.getpid())
         assert (facts.pid, facts.uid, facts.pgid) == (child.pid, os.getuid(), os.getpgrp())
         assert facts.registered and facts.descendant

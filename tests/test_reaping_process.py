@@ -43,7 +43,7 @@ from aiotimer.events import (
     WorkerSurvived,
 )
 from aiotimer.reapers import NoDump, SignalReaper
-from aiotimer.reapers._identity import WorkerProcess
+from aiotimer.reapers._identity import PinnedProcess
 from aiotimer.reapers._policy import Escalation, ReapPolicy
 from aiotimer.server import TimerServer
 
@@ -549,7 +549,7 @@ def test_a_pid_whose_process_was_replaced_is_never_signalled(tmp_path: Path) -> 
         assert anyio.run(attempts) == NoDump("the worker has exited")
         # The start-time identity (the path without pidfds) refuses it just the same.
         with (
-            WorkerProcess(pid, start_time) as stale,
+            PinnedProcess(pid, start_time) as stale,
             pytest.raises(ProcessGoneError),
         ):
             stale.send_signal(KILL)

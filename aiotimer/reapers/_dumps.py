@@ -212,7 +212,7 @@ async def collect_dump(
     Args:
         pid: the worker.
         send_signal: sends a signal to exactly that worker, e.g. the bound method
-            ``WorkerProcess.send_signal`` (a pidfd-pinned sender; its errors propagate).
+            ``PinnedProcess.send_signal`` (a pidfd-pinned sender; its errors propagate).
         signum: the signal the hook must listen to (the server's choice: a header
             naming another signal counts as no hook, and is never obeyed).
         dump_dir: the dump directory (see :func:`dump_path_for`).

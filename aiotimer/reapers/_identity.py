@@ -2,7 +2,7 @@
 
 A pid alone does not name a process: once a worker exits and is reaped, the kernel may
 hand its pid to an unrelated process, and a watchdog that signals by pid would hit it.
-:class:`WorkerProcess` pins a worker when it is first seen:
+:class:`PinnedProcess` pins a worker when it is first seen:
 
 * with a **pidfd** (``os.pidfd_open``, Linux >= 5.3): the descriptor refers to that
   process forever. Signals go through it (``signal.pidfd_send_signal``), so a recycled
@@ -23,7 +23,7 @@ refusal, never a reason to fall back to the start time, and without pidfds ``Tgi
 in ``/proc/<pid>/status`` must equal the pid.
 
 A request may carry the start time its sender had when it **sent** the request
-(``start_time`` on the wire). :meth:`WorkerProcess.pin` compares it with the process
+(``start_time`` on the wire). :meth:`PinnedProcess.pin` compares it with the process
 that has the pid when the request is *read*: if the sender died and its pid was reused
 in between, the start times differ and the new process is not pinned.
 """
@@ -44,7 +44,7 @@ from aiotimer.errors import ProcessGoneError, ReapError, RefusedTargetError
 from aiotimer.reapers._kill_policy import ServerIdentity, Target
 
 __all__ = [
-    "WorkerProcess",
+    "PinnedProcess",
     "server_identity",
 ]
 
@@ -114,8 +114,9 @@ def _fd_readable(fd: int) -> bool:
     return bool(poller.poll(0))
 
 
-class WorkerProcess:
-    """A pinned worker process: signals reach it, and only it, or fail loudly.
+class PinnedProcess:
+    """A pinned process identity (a worker's, or any process the supervisor stops):
+    signals reach that very process, and only it, or fail loudly.
 
     Create one with :meth:`pin` (the constructor takes an identity as recorded, without
     checking it); release it with :meth:`close` (or use it as a context manager). Not
@@ -143,7 +144,7 @@ class WorkerProcess:
         self._closed = False
 
     @classmethod
-    def pin(cls, pid: int, *, start_time: int | None = None) -> WorkerProcess:
+    def pin(cls, pid: int, *, start_time: int | None = None) -> PinnedProcess:
         """Pin the process that has ``pid`` now.
 
         ``start_time``, when given, is the start time the worker reported when it sent
@@ -311,7 +312,7 @@ class WorkerProcess:
         if fd is not None:
             os.close(fd)
 
-    def __enter__(self) -> WorkerProcess:
+    def __enter__(self) -> PinnedProcess:
         return self
 
     def __exit__(
@@ -330,4 +331,4 @@ class WorkerProcess:
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "alive" if self.is_alive() else "exited"
-        return f"<WorkerProcess pid={self._pid} pidfd={self._pidfd} {state}>"
+        return f"<PinnedProcess pid={self._pid} pidfd={self._pidfd} {state}>"

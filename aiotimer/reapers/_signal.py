@@ -23,7 +23,7 @@ import anyio
 
 from aiotimer.errors import ProcessGoneError, RefusedTargetError
 from aiotimer.reapers._dumps import NoDump, collect_dump_or_why, py_spy_dump_or_why
-from aiotimer.reapers._identity import WorkerProcess, server_identity
+from aiotimer.reapers._identity import PinnedProcess, server_identity
 from aiotimer.reapers._kill_policy import KillPolicy, ServerIdentity
 
 __all__ = ["NoDump", "Reaper", "SignalReaper"]
@@ -115,9 +115,9 @@ class SignalReaper:
         self._server: tuple[tuple[int, int], ServerIdentity] | None = None
         self._dump_dir = dump_dir
         self._py_spy = py_spy
-        self._procs: dict[int, WorkerProcess] = {}
+        self._procs: dict[int, PinnedProcess] = {}
         # Handles a wait_exit is waiting on: detach() leaves closing them to that wait.
-        self._waiting: set[WorkerProcess] = set()
+        self._waiting: set[PinnedProcess] = set()
 
     def _server_identity(self) -> ServerIdentity:
         """The server as the kill policy sees it; read again only when this process's
@@ -139,7 +139,7 @@ class SignalReaper:
         if pid in self._procs:
             return True
         try:
-            self._procs[pid] = WorkerProcess.pin(pid, start_time=start_time)
+            self._procs[pid] = PinnedProcess.pin(pid, start_time=start_time)
         except ProcessGoneError:
             return False
         except RefusedTargetError:

@@ -10,7 +10,7 @@ and :func:`scan` reports children of this process in a session other than its ow
 
 :func:`terminate` stops what a finder returns: SIGTERM, wait up to ``timeout``, SIGKILL,
 rescanning after every wait (processes may fork while they stop), each process pinned by
-a pidfd (:class:`~aiotimer.reapers._identity.WorkerProcess`) so a recycled pid is never signalled.
+a pidfd (:class:`~aiotimer.reapers._identity.PinnedProcess`) so a recycled pid is never signalled.
 It waits on pidfds, never polls.
 """
 
@@ -30,7 +30,7 @@ import anyio
 
 from aiotimer._edges.procfs import EXITED_STATES, stat_fields
 from aiotimer.errors import ProcessGoneError, ReapError, RefusedTargetError
-from aiotimer.reapers._identity import WorkerProcess
+from aiotimer.reapers._identity import PinnedProcess
 
 __all__ = ["ProcInfo", "become_subreaper", "reap_orphans", "scan", "terminate"]
 
@@ -137,7 +137,7 @@ async def terminate(
     SIGKILL (stuck in the kernel), ``()`` when all are gone.
     """
     kill_at = anyio.current_time() + timeout
-    pinned: dict[int, tuple[WorkerProcess, int]] = {}  # pid -> (handle, last signal sent)
+    pinned: dict[int, tuple[PinnedProcess, int]] = {}  # pid -> (handle, last signal sent)
     try:
         while True:
             pids = find()
@@ -154,7 +154,7 @@ async def terminate(
                 entry = pinned.get(pid)
                 if entry is None:
                     try:
-                        entry = pinned[pid] = (WorkerProcess.pin(pid), 0)
+                        entry = pinned[pid] = (PinnedProcess.pin(pid), 0)
                     except (ProcessGoneError, RefusedTargetError):
                         continue
                 proc, sent = entry
@@ -187,7 +187,7 @@ async def _cancel_when_set(event: asyncio.Event, scope: anyio.CancelScope) -> No
     scope.cancel()
 
 
-async def _all_exited(procs: list[WorkerProcess]) -> None:
+async def _all_exited(procs: list[PinnedProcess]) -> None:
     async with anyio.create_task_group() as tg:
         for proc in procs:
             tg.start_soon(proc.wait_exit)
