@@ -20,9 +20,10 @@ the wire codec, not the server, its sources, anyio or the event log.
 
 from __future__ import annotations
 
-import importlib
 import logging
 from typing import TYPE_CHECKING, Final
+
+from aiotimer._faces import face_getattr
 
 if TYPE_CHECKING:
     from aiotimer import events
@@ -37,11 +38,11 @@ if TYPE_CHECKING:
         current_client,
         expires,
         expires_at,
-        under_timer_server,
+        timer_server_configured,
         use_client,
     )
-    from aiotimer.client._launch import Launch, Launcher, launched
-    from aiotimer.core._stats import DurationStats, SiteSummary
+    from aiotimer.client._launch import Launcher, LaunchInfo, launch_info
+    from aiotimer.core._stats import DurationStats, ScopeStats
     from aiotimer.core._table import Timer, TimerKey, TimerTable
     from aiotimer.errors import (
         AiotimerError,
@@ -65,9 +66,9 @@ if TYPE_CHECKING:
     from aiotimer.reapers._policy import Escalation, ReapPolicy
     from aiotimer.reapers._signal import Reaper, SignalReaper
     from aiotimer.server import (
-        Counters,
-        Lifecycle,
+        LifecycleState,
         ReapRetry,
+        ServerCounters,
         ServerState,
         TimerServer,
         TimerServerThread,
@@ -113,9 +114,9 @@ _LAZY: Final[dict[str, str]] = {
     "events": "aiotimer.events",
     "Clock": "aiotimer._edges.clock",
     "MonotonicClock": "aiotimer._edges.clock",
-    "Launch": "aiotimer.client._launch",
+    "LaunchInfo": "aiotimer.client._launch",
     "Launcher": "aiotimer.client._launch",
-    "launched": "aiotimer.client._launch",
+    "launch_info": "aiotimer.client._launch",
     "Escalation": "aiotimer.reapers._policy",
     "ReapPolicy": "aiotimer.reapers._policy",
     "PIPE_BUF": "aiotimer.wire",
@@ -132,7 +133,7 @@ _LAZY: Final[dict[str, str]] = {
     "RestartScope": "aiotimer.supervisor._restart",
     "WorkerState": "aiotimer.supervisor._restart",
     "DurationStats": "aiotimer.core._stats",
-    "SiteSummary": "aiotimer.core._stats",
+    "ScopeStats": "aiotimer.core._stats",
     "Timer": "aiotimer.core._table",
     "TimerKey": "aiotimer.core._table",
     "TimerTable": "aiotimer.core._table",
@@ -145,7 +146,7 @@ _LAZY: Final[dict[str, str]] = {
     "current_client": "aiotimer.client",
     "expires": "aiotimer.client",
     "expires_at": "aiotimer.client",
-    "under_timer_server": "aiotimer.client",
+    "timer_server_configured": "aiotimer.client",
     "use_client": "aiotimer.client",
     "AiotimerError": "aiotimer.errors",
     "ClientBackpressureError": "aiotimer.errors",
@@ -166,8 +167,8 @@ _LAZY: Final[dict[str, str]] = {
     "Reaper": "aiotimer.reapers",
     "SignalReaper": "aiotimer.reapers",
     "KillPolicy": "aiotimer.reapers._kill_policy",
-    "Counters": "aiotimer.server",
-    "Lifecycle": "aiotimer.server",
+    "ServerCounters": "aiotimer.server",
+    "LifecycleState": "aiotimer.server",
     "ReapRetry": "aiotimer.server",
     "ServerState": "aiotimer.server",
     "TimerServer": "aiotimer.server",
@@ -184,18 +185,17 @@ _LAZY: Final[dict[str, str]] = {
 }
 
 
-def __getattr__(name: str) -> object:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'aiotimer' has no attribute {name!r}")
-    imported = importlib.import_module(module)
-    value = imported if name == "events" else getattr(imported, name)
-    globals()[name] = value  # later lookups skip __getattr__
-    return value
+#: Names this module exported before, and their homes now (each use warns).
+_MOVED: Final[dict[str, str]] = {
+    "Counters": "aiotimer.server.ServerCounters",
+    "Launch": "aiotimer.client.LaunchInfo",
+    "Lifecycle": "aiotimer.server.LifecycleState",
+    "SiteSummary": "aiotimer.core.ScopeStats",
+    "launched": "aiotimer.client.launch_info",
+    "under_timer_server": "aiotimer.client.timer_server_configured",
+}
 
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+__getattr__, __dir__ = face_getattr("aiotimer", globals(), lazy=_LAZY, moved=_MOVED)
 
 
 __all__ = [
@@ -205,7 +205,6 @@ __all__ = [
     "ClientBackpressureError",
     "Clock",
     "ClusterError",
-    "Counters",
     "Decoded",
     "DurationStats",
     "Escalation",
@@ -217,11 +216,11 @@ __all__ = [
     "FifoSource",
     "InProcessClient",
     "KillPolicy",
-    "Launch",
     "LaunchError",
+    "LaunchInfo",
     "Launcher",
     "LeaseLostError",
-    "Lifecycle",
+    "LifecycleState",
     "LineDecoder",
     "LoopWatchdog",
     "MissingExtraError",
@@ -243,11 +242,12 @@ __all__ = [
     "RestartPolicy",
     "RestartScope",
     "RunOutcome",
+    "ScopeStats",
+    "ServerCounters",
     "ServerState",
     "ServerStateError",
     "ServerUnavailableError",
     "SignalReaper",
-    "SiteSummary",
     "SocketSource",
     "Source",
     "SourceError",
@@ -270,9 +270,9 @@ __all__ = [
     "events",
     "expires",
     "expires_at",
-    "launched",
+    "launch_info",
     "loop_watchdog",
-    "under_timer_server",
+    "timer_server_configured",
     "use_client",
     "watchdog",
 ]

@@ -38,7 +38,7 @@ from aiotimer.client import (
     configure,
     current_client,
     expires,
-    under_timer_server,
+    timer_server_configured,
     use_client,
 )
 from aiotimer.client._transport import delivered_late
@@ -783,7 +783,7 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
 
 
 def test_nothing_configured_says_how_to_fix_it(clean_env: pytest.MonkeyPatch) -> None:
-    assert not under_timer_server()
+    assert not timer_server_configured()
     with pytest.raises(NotConfiguredError) as info:
         current_client()
     message = str(info.value)
@@ -867,12 +867,12 @@ def test_under_timer_server_needs_an_existing_fifo(
     clean_env: pytest.MonkeyPatch, fifo: Path, tmp_path: Path
 ) -> None:
     clean_env.setenv(ENV_FIFO, str(tmp_path / "missing"))
-    assert not under_timer_server()
+    assert not timer_server_configured()
     clean_env.setenv(ENV_FIFO, str(fifo))
-    assert under_timer_server()
+    assert timer_server_configured()
     clean_env.delenv(ENV_FIFO)
     configure(QueueClient(queue.Queue()), dump_hook=False)
-    assert under_timer_server()
+    assert timer_server_configured()
 
 
 def test_configure_is_process_wide_and_use_client_is_per_thread(

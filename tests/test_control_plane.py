@@ -27,7 +27,7 @@ import pytest
 
 import aiotimer
 import aiotimer.control.server as control_server
-from aiotimer._edges.lifecycle import Lifecycle
+from aiotimer._edges.lifecycle import LifecycleState
 from aiotimer.control import ControlClient, ControlPlane, Route
 from aiotimer.control._http import HttpRequest, HttpResponse
 from aiotimer.errors import ControlError
@@ -64,7 +64,7 @@ class Rig:
         await settle()
         self.reaped += 1
         assert (pid, KILL) in self.reaper.signals()
-        assert self.server.state is Lifecycle.RUNNING
+        assert self.server.state is LifecycleState.RUNNING
 
 
 @asynccontextmanager
@@ -197,14 +197,14 @@ async def test_the_plane_survives_accept_failing(
         async with rig(path) as r:
             [listener] = listeners
             while listener.failures:  # the server reaps while accept() fails
-                assert r.plane.state is Lifecycle.RUNNING
+                assert r.plane.state is LifecycleState.RUNNING
                 await r.still_reaps()
                 await anyio.sleep(0.01)
             await wait_until(lambda: listener.calls > 5)  # accepting for real again
             snap = await call(ControlClient(path, timeout=5).state)
             assert snap.server.state == "running"
             await r.still_reaps()
-            assert r.plane.state is Lifecycle.RUNNING
+            assert r.plane.state is LifecycleState.RUNNING
     first = f"control socket {path}: accept() failed: EMFILE (Too many open files)"
     assert _tally(caplog, first, "accept failure") == (1, 5)  # one line, all counted
 
@@ -331,7 +331,7 @@ async def test_a_handler_that_raises_is_a_500_and_nothing_more(
             await call(lambda: client.get("/boom"))
         assert (await call(client.state)).server.state == "running"
         await r.still_reaps()
-        assert r.plane.state is Lifecycle.RUNNING
+        assert r.plane.state is LifecycleState.RUNNING
     assert any("GET /boom raised" in rec.getMessage() for rec in caplog.records)
 
 
@@ -350,7 +350,7 @@ async def test_a_crashed_plane_is_logged_and_the_server_reaps_on(
     async with rig(path) as r:
         assert path.exists()
         crash.set()
-        await wait_until(lambda: r.plane.state is Lifecycle.STOPPED)
+        await wait_until(lambda: r.plane.state is LifecycleState.STOPPED)
         assert not path.exists() and r.plane.path is None
         await r.still_reaps()
     assert any(rec.getMessage() == "the control plane crashed" for rec in caplog.records)

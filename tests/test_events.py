@@ -12,9 +12,9 @@ import pytest
 
 from aiotimer import events as ev
 from aiotimer._edges.eventlog import EventLog
-from aiotimer.core._stats import SiteSummary
+from aiotimer.core._stats import ScopeStats
 
-SUMMARY = SiteSummary(
+SUMMARY = ScopeStats(
     site="w.py:3",
     count=2,
     p50=0.1,
@@ -91,7 +91,7 @@ SAMPLES: list[ev.Event] = [
 def test_every_event_kind_has_a_sample_and_a_unique_kind() -> None:
     helpers = {
         "Event",
-        "Counters",
+        "ServerCounters",
         "signal_name",
         "clip_text",
         "MAX_LOGGED_TEXT",

@@ -1,16 +1,17 @@
-"""launched(): what started this process, from the environment, never raising."""
+"""launch_info(): what started this process, from the environment, never raising."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aiotimer import Launch, Launcher, launched
+from aiotimer import LaunchInfo, launch_info
+from aiotimer.client import Launcher
 
 
 def test_nothing_launched_this() -> None:
-    launch = launched({"RANK": "3"})
-    assert launch == Launch(Launcher.NONE)
+    launch = launch_info({"RANK": "3"})
+    assert launch == LaunchInfo(Launcher.NONE)
     assert not launch
 
 
@@ -26,7 +27,7 @@ def test_aiotimer_run_wins_over_the_torch_variables_it_also_sets() -> None:
         "TORCHELASTIC_MAX_RESTARTS": "3",
         "AIOTIMER_FIFO": "/run/x/timer.fifo",
     }
-    assert launched(env) == Launch(
+    assert launch_info(env) == LaunchInfo(
         Launcher.AIOTIMER,
         rank=1,
         local_rank=1,
@@ -47,7 +48,7 @@ def test_torchrun() -> None:
         "TORCHELASTIC_RESTART_COUNT": "1",
         "TORCHELASTIC_TIMER_FILE": "/tmp/t.fifo",
     }
-    launch = launched(env)
+    launch = launch_info(env)
     assert launch
     assert (launch.launcher, launch.restart_count, launch.fifo) == (
         Launcher.TORCHRUN,
@@ -59,7 +60,7 @@ def test_torchrun() -> None:
 @given(st.dictionaries(st.sampled_from(["AIOTIMER_RUN_ID", "TORCHELASTIC_RUN_ID", "RANK",
        "LOCAL_RANK", "WORLD_SIZE", "AIOTIMER_RESTART_COUNT"]), st.text()))  # fmt: skip
 def test_never_raises(env: dict[str, str]) -> None:
-    launch = launched(env)
-    assert isinstance(launch, Launch)
+    launch = launch_info(env)
+    assert isinstance(launch, LaunchInfo)
     if not launch:
-        assert launch == Launch(Launcher.NONE)
+        assert launch == LaunchInfo(Launcher.NONE)

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import anyio
 import pytest
 
-from aiotimer._edges.lifecycle import TRANSITIONS, Lifecycle, OwnedTask, unwrap
+from aiotimer._edges.lifecycle import TRANSITIONS, LifecycleState, OwnedTask, unwrap
 from aiotimer.errors import ServerStateError, SourceError
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(10)]
@@ -44,16 +44,16 @@ class Body:
 async def test_a_life_goes_through_every_state() -> None:
     life = OwnedTask("widget")
     body = Body(life)
-    assert life.state is Lifecycle.CREATED and repr(life) == "<OwnedTask widget created>"
+    assert life.state is LifecycleState.CREATED and repr(life) == "<OwnedTask widget created>"
     await life.aclose()  # closing what never started is a no-op
-    assert life.state is Lifecycle.CREATED
+    assert life.state is LifecycleState.CREATED
     await life.start(body, name="widget")
-    assert life.state is Lifecycle.RUNNING and not life.stop_requested
+    assert life.state is LifecycleState.RUNNING and not life.stop_requested
     await life.aclose()
     await life.aclose()  # idempotent
-    assert life.state is Lifecycle.STOPPED and body.cleaned and life.stop_requested
+    assert life.state is LifecycleState.STOPPED and body.cleaned and life.stop_requested
     assert body.seen == ["<OwnedTask widget starting>", "<OwnedTask widget stopping>"]
-    assert TRANSITIONS[Lifecycle.STOPPED] == {Lifecycle.STARTING}
+    assert TRANSITIONS[LifecycleState.STOPPED] == {LifecycleState.STARTING}
 
 
 async def test_starting_twice_and_restarting() -> None:
@@ -63,7 +63,7 @@ async def test_starting_twice_and_restarting() -> None:
         await life.start(Body(life), name="widget")
     await life.aclose()
     await life.start(Body(life), name="widget")  # restartable: a second life
-    assert life.state is Lifecycle.RUNNING and not life.stop_requested
+    assert life.state is LifecycleState.RUNNING and not life.stop_requested
     await life.aclose()
 
     once = OwnedTask("supervisor", restartable=False)
@@ -78,7 +78,7 @@ async def test_a_failure_before_ready_is_raised_unwrapped() -> None:
     body = Body(life, fail_before=True)
     with pytest.raises(SourceError, match="cannot open"):  # not an ExceptionGroup
         await life.start(body, name="widget")
-    assert life.state is Lifecycle.STOPPED and body.cleaned
+    assert life.state is LifecycleState.STOPPED and body.cleaned
 
 
 async def test_a_body_that_ends_before_ready_fails_start() -> None:
@@ -89,7 +89,7 @@ async def test_a_body_that_ends_before_ready_fails_start() -> None:
 
     with pytest.raises(ServerStateError, match="ended while starting"):
         await life.start(quits, name="widget")
-    assert life.state is Lifecycle.STOPPED
+    assert life.state is LifecycleState.STOPPED
 
 
 async def test_a_cancelled_start_stops_the_task() -> None:
@@ -105,11 +105,11 @@ async def test_a_cancelled_start_stops_the_task() -> None:
 
     starting = asyncio.ensure_future(life.start(slow, name="slow"))
     await entered.wait()
-    assert life.state is Lifecycle.STARTING
+    assert life.state is LifecycleState.STARTING
     starting.cancel()
     with pytest.raises(asyncio.CancelledError):
         await starting
-    assert cleaned.is_set() and life.state is Lifecycle.STOPPED
+    assert cleaned.is_set() and life.state is LifecycleState.STOPPED
 
 
 async def test_a_crash_after_ready_is_logged_and_stays_there(
@@ -127,7 +127,7 @@ async def test_a_crash_after_ready_is_logged_and_stays_there(
     with caplog.at_level(logging.ERROR, logger="aiotimer"):
         crash.set()
         with anyio.fail_after(5):
-            while life.state is not Lifecycle.STOPPED:
+            while life.state is not LifecycleState.STOPPED:
                 await anyio.sleep(0.001)
     assert [r.getMessage() for r in caplog.records] == ["the widget crashed"]
     await life.aclose()  # nothing left to stop, nothing raised
@@ -138,9 +138,9 @@ async def test_the_owner_may_stop_itself() -> None:
     body = Body(life)
     await life.start(body, name="widget")
     life.request_stop()
-    assert life.state is Lifecycle.STOPPING
+    assert life.state is LifecycleState.STOPPING
     await life.aclose()
-    assert life.state is Lifecycle.STOPPED and body.cleaned
+    assert life.state is LifecycleState.STOPPED and body.cleaned
 
 
 async def test_ready_twice_is_a_misuse() -> None:
@@ -175,7 +175,7 @@ async def test_aclose_must_run_in_the_owners_loop() -> None:
     thread.start()
     await anyio.to_thread.run_sync(thread.join)
     assert [str(e) for e in errors] == ["aclose() must be awaited in the widget's own event loop"]
-    assert life.state is Lifecycle.RUNNING
+    assert life.state is LifecycleState.RUNNING
     await life.aclose()
 
 

@@ -38,9 +38,9 @@ PUBLIC_MODULES = [
 ]
 
 EXPECTED_TOP_LEVEL = {
-    "Launch",
+    "LaunchInfo",
     "Launcher",
-    "launched",
+    "launch_info",
     "loop_watchdog",
     "Backoff",
     "ExitKind",
@@ -62,7 +62,7 @@ EXPECTED_TOP_LEVEL = {
     "StoreUnavailableError",
     "ClientBackpressureError",
     "Clock",
-    "Counters",
+    "ServerCounters",
     "Decoded",
     "DurationStats",
     "Escalation",
@@ -72,7 +72,7 @@ EXPECTED_TOP_LEVEL = {
     "FifoSource",
     "InProcessClient",
     "KillPolicy",
-    "Lifecycle",
+    "LifecycleState",
     "LineDecoder",
     "LoopWatchdog",
     "MonotonicClock",
@@ -93,7 +93,7 @@ EXPECTED_TOP_LEVEL = {
     "ServerStateError",
     "ServerUnavailableError",
     "SignalReaper",
-    "SiteSummary",
+    "ScopeStats",
     "SocketSource",
     "Source",
     "SourceError",
@@ -111,7 +111,7 @@ EXPECTED_TOP_LEVEL = {
     "events",
     "expires",
     "expires_at",
-    "under_timer_server",
+    "timer_server_configured",
     "use_client",
     "watchdog",
 }

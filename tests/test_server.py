@@ -45,7 +45,7 @@ from aiotimer.events import (
 )
 from aiotimer.reapers import NoDump
 from aiotimer.reapers._policy import Escalation, ReapPolicy
-from aiotimer.server import Lifecycle, ReapRetry, TimerServer, TimerServerThread
+from aiotimer.server import LifecycleState, ReapRetry, TimerServer, TimerServerThread
 from aiotimer.server._engine import EXPIRE_BUDGET
 from aiotimer.sources import RequestSink
 from aiotimer.sources._base import draining
@@ -611,20 +611,20 @@ async def test_request_events_are_opt_in() -> None:
 async def test_lifecycle_start_stop_restart_and_misuse() -> None:
     events: list[Event] = []
     server = TimerServer(sources=[MemorySource()], reaper=RecordingReaper(), on_event=events.append)
-    assert server.state is Lifecycle.CREATED and repr(server) == "<TimerServer created>"
+    assert server.state is LifecycleState.CREATED and repr(server) == "<TimerServer created>"
     with pytest.raises(ServerStateError, match="created"):
         server.acquire("x", 1.0, pid=1)
     await server.aclose()  # closing a never-started server is a no-op
-    assert server.state is Lifecycle.CREATED
+    assert server.state is LifecycleState.CREATED
     await server.start()
-    assert server.state is Lifecycle.RUNNING
+    assert server.state is LifecycleState.RUNNING
     with pytest.raises(ServerStateError, match="running"):
         await server.start()
     server.acquire("x", 100.0, pid=1)
     assert len(server.get_state().timers) == 1
     await server.aclose()
     await server.aclose()  # idempotent
-    assert server.state is Lifecycle.STOPPED
+    assert server.state is LifecycleState.STOPPED
     with pytest.raises(ServerStateError, match="stopped"):
         server.release("x", pid=1)
     await server.start()  # a stopped server starts again, empty
@@ -639,10 +639,10 @@ async def test_start_and_stop_from_different_tasks() -> None:
     server = TimerServer(reaper=RecordingReaper())
     async with anyio.create_task_group() as tg:
         tg.start_soon(server.start)
-    assert server.state is Lifecycle.RUNNING
+    assert server.state is LifecycleState.RUNNING
     async with anyio.create_task_group() as tg:
         tg.start_soon(server.aclose)
-    assert server.state is Lifecycle.STOPPED
+    assert server.state is LifecycleState.STOPPED
 
 
 class _FailingSource:
@@ -671,7 +671,7 @@ async def test_source_failing_to_start_fails_start() -> None:
     server = TimerServer(sources=[_FailingSource(before_start=True)], reaper=RecordingReaper())
     with pytest.raises(SourceError, match="cannot open"):
         await server.start()
-    assert server.state is Lifecycle.STOPPED
+    assert server.state is LifecycleState.STOPPED
 
 
 @pytest.mark.asyncio
@@ -708,7 +708,7 @@ async def test_get_state_and_repr() -> None:
         r.acquire(1, "a", at=2.5)
         r.acquire(2, "b", at=1.5)
         state = r.server.get_state()
-        assert state.state is Lifecycle.RUNNING
+        assert state.state is LifecycleState.RUNNING
         assert [t.scope_id for t in state.timers] == ["b", "a"]
         assert state.workers == (1, 2)
         assert (state.next_deadline, state.next_expiry_in) == (1.5, 1.5)
@@ -918,12 +918,12 @@ def test_thread_mode_reaps_and_stops(loop: Literal["asyncio", "uvloop"]) -> None
     server = TimerServer(reaper=RecordingReaper(), on_event=on_event)
     runner = TimerServerThread(server, loop=loop)
     with runner:
-        assert runner.running and server.state is Lifecycle.RUNNING
+        assert runner.running and server.state is LifecycleState.RUNNING
         server.acquire("from-another-thread", 0.05, pid=4242)  # thread-safe
         assert reaped.wait(10.0), "the timer did not expire within 10 s"
         with pytest.raises(ServerStateError, match="already started"):
             runner.start()
-    assert not runner.running and server.state is Lifecycle.STOPPED
+    assert not runner.running and server.state is LifecycleState.STOPPED
     runner.stop()  # idempotent
     runner.start()  # and restartable
     runner.stop(timeout=10.0)

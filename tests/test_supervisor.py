@@ -19,7 +19,7 @@ from aiotimer import (
     RunOutcome,
     Supervisor,
     WorkerState,
-    launched,
+    launch_info,
 )
 from aiotimer.events import (
     Event,
@@ -49,7 +49,7 @@ def test_worker_env_sets_every_documented_name() -> None:
     )
     assert set(env) == {"PATH", *WORKER_ENV}
     assert env["MASTER_PORT"] == "1234"  # the user's own wins
-    me = launched(env)
+    me = launch_info(env)
     assert (me.launcher, me.rank, me.world_size, me.restart_count, me.run_id) == (
         Launcher.AIOTIMER, 2, 4, 1, "r",
     )  # fmt: skip

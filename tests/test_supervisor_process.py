@@ -44,9 +44,9 @@ pytestmark = [pytest.mark.process, pytest.mark.timeout(60)]
 
 WORKER = """
 import os, subprocess, sys, time
-from aiotimer import expires, launched
+from aiotimer import expires, launch_info
 
-me = launched()
+me = launch_info()
 mode = os.environ["TEST_MODE"]
 if mode == "hang-once":  # rank 1 hangs on its first attempt only
     if me.rank == 1 and me.restart_count == 0:

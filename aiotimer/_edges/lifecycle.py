@@ -37,12 +37,12 @@ from typing import Final, Self
 
 from aiotimer.errors import ServerStateError
 
-__all__ = ["TRANSITIONS", "Body", "Lifecycle", "OwnedTask", "TaskOwner", "unwrap"]
+__all__ = ["TRANSITIONS", "Body", "LifecycleState", "OwnedTask", "TaskOwner", "unwrap"]
 
 logger = logging.getLogger("aiotimer")
 
 
-class Lifecycle(enum.Enum):
+class LifecycleState(enum.Enum):
     """Where an owner (a timer server, a supervisor, a control plane) is in its life."""
 
     CREATED = "created"
@@ -53,12 +53,14 @@ class Lifecycle(enum.Enum):
 
 
 #: The moves an :class:`OwnedTask` may make; ``stopped -> starting`` only if restartable.
-TRANSITIONS: Final[dict[Lifecycle, frozenset[Lifecycle]]] = {
-    Lifecycle.CREATED: frozenset({Lifecycle.STARTING}),
-    Lifecycle.STARTING: frozenset({Lifecycle.RUNNING, Lifecycle.STOPPING, Lifecycle.STOPPED}),
-    Lifecycle.RUNNING: frozenset({Lifecycle.STOPPING, Lifecycle.STOPPED}),
-    Lifecycle.STOPPING: frozenset({Lifecycle.STOPPED}),
-    Lifecycle.STOPPED: frozenset({Lifecycle.STARTING}),
+TRANSITIONS: Final[dict[LifecycleState, frozenset[LifecycleState]]] = {
+    LifecycleState.CREATED: frozenset({LifecycleState.STARTING}),
+    LifecycleState.STARTING: frozenset(
+        {LifecycleState.RUNNING, LifecycleState.STOPPING, LifecycleState.STOPPED}
+    ),
+    LifecycleState.RUNNING: frozenset({LifecycleState.STOPPING, LifecycleState.STOPPED}),
+    LifecycleState.STOPPING: frozenset({LifecycleState.STOPPED}),
+    LifecycleState.STOPPED: frozenset({LifecycleState.STARTING}),
 }
 
 #: An owner's body: runs one life of the owner; calls ``ready()`` once it serves, then
@@ -84,13 +86,13 @@ class OwnedTask:
     def __init__(self, owner: str, *, restartable: bool = True) -> None:
         self.owner = owner
         self._restartable = restartable
-        self._state = Lifecycle.CREATED
+        self._state = LifecycleState.CREATED
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
         self._stop: asyncio.Event | None = None
 
     @property
-    def state(self) -> Lifecycle:
+    def state(self) -> LifecycleState:
         """The current state."""
         return self._state
 
@@ -99,8 +101,8 @@ class OwnedTask:
         """Whether the current (or last) life was asked to stop."""
         return self._stop is not None and self._stop.is_set()
 
-    def _move(self, to: Lifecycle) -> None:
-        if to is Lifecycle.STARTING and not self._may_start():
+    def _move(self, to: LifecycleState) -> None:
+        if to is LifecycleState.STARTING and not self._may_start():
             raise ServerStateError(f"cannot start a {self._state.value} {self.owner}")
         if to not in TRANSITIONS[self._state]:
             raise ServerStateError(
@@ -110,9 +112,9 @@ class OwnedTask:
 
     def _may_start(self) -> bool:
         """Whether the table and ``restartable`` allow a start now."""
-        if Lifecycle.STARTING not in TRANSITIONS[self._state]:
+        if LifecycleState.STARTING not in TRANSITIONS[self._state]:
             return False
-        return self._state is Lifecycle.CREATED or self._restartable
+        return self._state is LifecycleState.CREATED or self._restartable
 
     async def start(self, body: Body, *, name: str) -> None:
         """Run ``body`` in a new task named ``name``; return once it called ``ready()``.
@@ -124,7 +126,7 @@ class OwnedTask:
                 one-exception groups); the task has ended and the state is ``stopped``.
         """
         loop = asyncio.get_running_loop()
-        self._move(Lifecycle.STARTING)
+        self._move(LifecycleState.STARTING)
         self._loop, self._stop = loop, asyncio.Event()
         ready: asyncio.Future[None] = loop.create_future()
         task = self._task = loop.create_task(self._run(body, ready), name=name)
@@ -141,8 +143,8 @@ class OwnedTask:
     def request_stop(self) -> None:
         """Ask the body to stop (``starting``/``running`` become ``stopping``); returns at
         once. Call it in the owner's loop; a no-op once stopped or before a start."""
-        if self._state in (Lifecycle.STARTING, Lifecycle.RUNNING):
-            self._move(Lifecycle.STOPPING)
+        if self._state in (LifecycleState.STARTING, LifecycleState.RUNNING):
+            self._move(LifecycleState.STOPPING)
         if self._stop is not None:
             self._stop.set()
 
@@ -158,7 +160,7 @@ class OwnedTask:
             ServerStateError: awaited in another event loop than the task's.
         """
         task = self._task
-        if task is None or self._state in (Lifecycle.CREATED, Lifecycle.STOPPED):
+        if task is None or self._state in (LifecycleState.CREATED, LifecycleState.STOPPED):
             return
         if asyncio.get_running_loop() is not self._loop:
             raise ServerStateError(f"aclose() must be awaited in the {self.owner}'s own event loop")
@@ -169,8 +171,8 @@ class OwnedTask:
         def became_ready() -> None:
             if ready.done():
                 raise ServerStateError(f"the {self.owner} reported ready twice")
-            if self._state is Lifecycle.STARTING:
-                self._move(Lifecycle.RUNNING)
+            if self._state is LifecycleState.STARTING:
+                self._move(LifecycleState.RUNNING)
             ready.set_result(None)
 
         try:
@@ -187,7 +189,7 @@ class OwnedTask:
                 return
             raise
         finally:
-            self._state = Lifecycle.STOPPED
+            self._state = LifecycleState.STOPPED
 
     def __repr__(self) -> str:
         return f"<OwnedTask {self.owner} {self._state.value}>"
@@ -201,7 +203,7 @@ class TaskOwner:
     _life: OwnedTask
 
     @property
-    def state(self) -> Lifecycle:
+    def state(self) -> LifecycleState:
         """The current lifecycle state."""
         return self._life.state
 

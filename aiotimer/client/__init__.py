@@ -6,11 +6,13 @@
 Transports: :class:`FifoClient` (the FIFO of ``aiotimer serve`` or torch's server),
 :class:`QueueClient` (a ``multiprocessing`` queue), :class:`InProcessClient` (a server in
 this process). The block itself is :class:`Expires` (see its docs for the two tiers of
-an ``async with`` block).
+an ``async with`` block). :func:`launch_info` tells a worker what launched it
+(``aiotimer run``, torchrun, or nothing) and its place in the run.
 """
 
 from __future__ import annotations
 
+from aiotimer._faces import face_getattr
 from aiotimer.client._expires import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_KILL_AFTER,
@@ -29,9 +31,10 @@ from aiotimer.client._expires import (
     expires,
     expires_at,
     scope_site,
-    under_timer_server,
+    timer_server_configured,
     use_client,
 )
+from aiotimer.client._launch import Launcher, LaunchInfo, launch_info
 
 __all__ = [
     "DEFAULT_CONNECT_TIMEOUT",
@@ -42,6 +45,8 @@ __all__ = [
     "Expires",
     "FifoClient",
     "InProcessClient",
+    "LaunchInfo",
+    "Launcher",
     "QueueClient",
     "QueueRequest",
     "RequestSubmitter",
@@ -50,7 +55,14 @@ __all__ = [
     "current_client",
     "expires",
     "expires_at",
+    "launch_info",
     "scope_site",
-    "under_timer_server",
+    "timer_server_configured",
     "use_client",
 ]
+
+__getattr__, __dir__ = face_getattr(
+    "aiotimer.client",
+    globals(),
+    moved={"under_timer_server": "aiotimer.client.timer_server_configured"},
+)

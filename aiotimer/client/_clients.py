@@ -11,7 +11,12 @@ a block uses when it names none.
 
 from __future__ import annotations
 
-from aiotimer.client._discovery import configure, current_client, under_timer_server, use_client
+from aiotimer.client._discovery import (
+    configure,
+    current_client,
+    timer_server_configured,
+    use_client,
+)
 from aiotimer.client._fifo import FifoClient
 from aiotimer.client._inprocess import InProcessClient, RequestSubmitter
 from aiotimer.client._queue import QueueClient, QueueRequest
@@ -38,6 +43,6 @@ __all__ = [
     "current_client",
     "release_failed",
     "release_undelivered",
-    "under_timer_server",
+    "timer_server_configured",
     "use_client",
 ]

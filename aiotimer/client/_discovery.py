@@ -32,7 +32,7 @@ from aiotimer.client._transport import TimerClient
 from aiotimer.errors import NotConfiguredError
 from aiotimer.wire._request import ENV_FIFO, TORCH_ENV_FIFO
 
-__all__ = ["ENV_DUMP_HOOK", "configure", "current_client", "under_timer_server", "use_client"]
+__all__ = ["ENV_DUMP_HOOK", "configure", "current_client", "timer_server_configured", "use_client"]
 
 #: Set to ``0`` to keep a worker that finds its server through the environment from
 #: installing the stack-dump hook.
@@ -114,7 +114,7 @@ def current_client() -> TimerClient:
     return client
 
 
-def under_timer_server() -> bool:
+def timer_server_configured() -> bool:
     """True when a client is set (:func:`use_client`, :func:`configure`) or the
     environment names an existing FIFO. Never connects.
     """

@@ -36,7 +36,7 @@ from aiotimer.client._clients import (
     TimerClient,
     configure,
     current_client,
-    under_timer_server,
+    timer_server_configured,
     use_client,
 )
 from aiotimer.core._scope import default_scope, scope_site
@@ -59,7 +59,7 @@ __all__ = [
     "expires",
     "expires_at",
     "scope_site",
-    "under_timer_server",
+    "timer_server_configured",
     "use_client",
 ]
 

@@ -3,7 +3,7 @@
 ``aiotimer run`` (the :class:`~aiotimer.supervisor.Supervisor`) gives each worker its
 rank, world size, restart count and run id in environment variables, under aiotimer's
 names and under torch's (so torch-style worker code runs unchanged); torchrun sets
-torch's. :func:`launched` reads them back. The names are defined here, once, for both
+torch's. :func:`launch_info` reads them back. The names are defined here, once, for both
 the writer and the reader.
 """
 
@@ -20,9 +20,9 @@ from aiotimer.wire import ENV_FIFO, TORCH_ENV_FIFO
 __all__ = [
     "ENV_RESTART_COUNT",
     "ENV_RUN_ID",
-    "Launch",
+    "LaunchInfo",
     "Launcher",
-    "launched",
+    "launch_info",
 ]
 
 #: How many times this worker's slot has been restarted (``aiotimer run``).
@@ -43,7 +43,7 @@ class Launcher(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
-class Launch:
+class LaunchInfo:
     """What launched this process, and the worker's place in the run.
 
     Every field but ``launcher`` is ``None`` when its variable is missing or not
@@ -71,7 +71,7 @@ def _int(env: Mapping[str, str], name: str) -> int | None:
         return None
 
 
-def launched(environ: Mapping[str, str] | None = None) -> Launch:
+def launch_info(environ: Mapping[str, str] | None = None) -> LaunchInfo:
     """What launched this process (``aiotimer run``, torchrun, or nothing). Never raises.
 
     ``aiotimer run`` is recognised by ``AIOTIMER_RUN_ID`` (it sets torch's variables
@@ -93,8 +93,8 @@ def launched(environ: Mapping[str, str] | None = None) -> Launch:
             TORCH_ENV_RESTART_COUNT,
         )
     else:
-        return Launch(Launcher.NONE)
-    return Launch(
+        return LaunchInfo(Launcher.NONE)
+    return LaunchInfo(
         launcher,
         rank=_int(env, "RANK"),
         local_rank=_int(env, "LOCAL_RANK"),

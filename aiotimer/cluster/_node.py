@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import anyio
 import anyio.abc
 
-from aiotimer._edges.lifecycle import Lifecycle
+from aiotimer._edges.lifecycle import LifecycleState
 from aiotimer.cluster import connect
 from aiotimer.cluster._cli import MAX_RECORD_WORKERS, NodeConfig
 from aiotimer.cluster._job import JobRestarts
@@ -53,7 +53,7 @@ def supervisor_status(supervisor: Supervisor, generation: int | None = None) -> 
     state = supervisor.get_state(server=False)
     server = supervisor.server
     snap = None
-    if server is not None and server.state in (Lifecycle.RUNNING, Lifecycle.STOPPING):
+    if server is not None and server.state in (LifecycleState.RUNNING, LifecycleState.STOPPING):
         snap = server.snapshot(MAX_RECORD_WORKERS, sites=0)
     timers = {} if snap is None else {w.pid: w.timers for w in snap.workers}
     return NodeStatus(
@@ -132,7 +132,7 @@ class JobCoordinator:
             )
             if record.delay > 0:
                 await anyio.sleep(record.delay)
-            if supervisor.state is not Lifecycle.RUNNING:
+            if supervisor.state is not LifecycleState.RUNNING:
                 return
             with contextlib.suppress(ServerStateError):
                 await supervisor.restart_workers(count=record.generation)

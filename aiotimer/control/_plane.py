@@ -23,7 +23,7 @@ from pathlib import Path
 
 import anyio
 
-from aiotimer._edges.lifecycle import Lifecycle, OwnedTask, TaskOwner
+from aiotimer._edges.lifecycle import LifecycleState, OwnedTask, TaskOwner
 from aiotimer.control._app import server_routes
 from aiotimer.control._http import PeerCredentials
 from aiotimer.control._paths import default_control_path, fits_socket
@@ -128,7 +128,7 @@ class ControlPlane(TaskOwner):
             ControlError: see the class docs.
             ServerStateError: see the class docs.
         """
-        if self._life.state not in (Lifecycle.CREATED, Lifecycle.STOPPED):
+        if self._life.state not in (LifecycleState.CREATED, LifecycleState.STOPPED):
             raise ServerStateError(f"cannot start a {self._life.state.value} control plane")
         server, extra = self._resolve()
         path = self._socket_path(server)

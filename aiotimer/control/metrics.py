@@ -41,7 +41,7 @@ __all__ = ["CONTENT_TYPE", "MetricsSample", "ServerCollector", "render", "sample
 #: The content type of the Prometheus text format served by :func:`render`.
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
-# counter name -> (Counters field, help)
+# counter name -> (ServerCounters field, help)
 _COUNTERS: dict[str, tuple[str, str]] = {
     "aiotimer_requests": ("requests", "Valid requests received."),
     "aiotimer_rejected": ("rejected", "Bad inputs rejected."),

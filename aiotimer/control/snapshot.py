@@ -21,8 +21,8 @@ from typing import Any, Final
 
 import msgspec
 
-from aiotimer.core._stats import SiteSummary
-from aiotimer.events import Counters
+from aiotimer.core._stats import ScopeStats
+from aiotimer.events import ServerCounters
 from aiotimer.server._view import (
     DEFAULT_LIMIT,
     SCOPES_PER_WORKER,
@@ -134,7 +134,7 @@ class StatusSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     ``timers`` are the earliest-expiring live timers, ``workers`` and ``scopes`` (the
     per-site duration statistics, most expirations first) are cut at the request's
     ``limit``; the ``*_total`` fields count them all. ``counters`` are the run's
-    :class:`~aiotimer.server.Counters` by name.
+    :class:`~aiotimer.server.ServerCounters` by name.
     """
 
     api: int = API_VERSION
@@ -145,7 +145,7 @@ class StatusSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     timers: tuple[TimerInfo, ...] = ()
     timers_total: int = 0
     counters: dict[str, int] = {}
-    scopes: tuple[SiteSummary, ...] = ()
+    scopes: tuple[ScopeStats, ...] = ()
     scopes_total: int = 0
     supervisor: SupervisorInfo | None = None
 
@@ -216,7 +216,7 @@ def status_snapshot(snap: ServerSnapshot, *, control: str | None = None) -> Stat
     )
 
 
-def counters_by_name(counters: Counters) -> dict[str, int]:
+def counters_by_name(counters: ServerCounters) -> dict[str, int]:
     """``counters`` as ``{name: value}`` (the shape every answer carries them in)."""
     return {f.name: getattr(counters, f.name) for f in dataclasses.fields(counters)}
 

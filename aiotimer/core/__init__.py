@@ -11,18 +11,23 @@ own, and can be used to build other servers.
 
 from __future__ import annotations
 
+from aiotimer._faces import face_getattr
 from aiotimer.core._fold import fold
 from aiotimer.core._latency import LatencyHistogram
-from aiotimer.core._stats import DurationStats, SiteSummary
+from aiotimer.core._stats import DurationStats, ScopeStats
 from aiotimer.core._table import ReapOptions, Timer, TimerKey, TimerTable
 
 __all__ = [
     "DurationStats",
     "LatencyHistogram",
     "ReapOptions",
-    "SiteSummary",
+    "ScopeStats",
     "Timer",
     "TimerKey",
     "TimerTable",
     "fold",
 ]
+
+__getattr__, __dir__ = face_getattr(
+    "aiotimer.core", globals(), moved={"SiteSummary": "aiotimer.core.ScopeStats"}
+)

@@ -44,8 +44,8 @@ __all__ = [
     "OTHER_SITE",
     "DurationStats",
     "Overdue",
+    "ScopeStats",
     "SiteState",
-    "SiteSummary",
     "StatsState",
     "nice_ceil",
     "suggest_timeout",
@@ -84,8 +84,8 @@ def suggest_timeout(p99: float, maximum: float) -> float:
 
 
 @dataclass(frozen=True, slots=True)
-class SiteSummary:
-    """What is known about one site's durations (seconds) and expirations.
+class ScopeStats:
+    """The duration statistics of one scope site: its durations (seconds) and expirations.
 
     ``p50``/``p99``/``max``/``suggested_timeout`` are ``None`` until a duration was
     recorded. ``longest_expired`` is the longest time a timer of the site had run when it
@@ -199,7 +199,7 @@ class DurationStats:
         if site.longest_expired is None or elapsed > site.longest_expired:
             site.longest_expired = elapsed
 
-    def summary(self, site: str) -> SiteSummary | None:
+    def summary(self, site: str) -> ScopeStats | None:
         """The summary of ``site`` (a site name, e.g. ``"a.py:12"``), or ``None``."""
         entry = self._sites.get(site)
         if entry is None:
@@ -211,7 +211,7 @@ class DurationStats:
         suggested = None
         if p99 is not None and maximum is not None:
             suggested = suggest_timeout(p99, maximum)
-        return SiteSummary(
+        return ScopeStats(
             site=site,
             count=sketch.count,
             p50=p50,
@@ -222,7 +222,7 @@ class DurationStats:
             suggested_timeout=suggested,
         )
 
-    def summaries(self, limit: int | None = None) -> list[SiteSummary]:
+    def summaries(self, limit: int | None = None) -> list[ScopeStats]:
         """Every site's summary: most expirations first, then most samples, then by name.
 
         With ``limit``, only the first ``limit`` of them: ranking costs O(sites), but only

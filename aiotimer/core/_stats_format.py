@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Final
 
-from aiotimer.core._stats import SiteSummary
+from aiotimer.core._stats import ScopeStats
 
 __all__ = ["format_seconds", "format_summaries"]
 
@@ -24,7 +24,7 @@ def format_seconds(seconds: float | None) -> str:
 _COLUMNS: Final = ("site", "count", "p50", "p99", "max", "expired", "longest", "suggested")
 
 
-def format_summaries(summaries: Iterable[SiteSummary]) -> str:
+def format_summaries(summaries: Iterable[ScopeStats]) -> str:
     """A plain-text table of site summaries, one row per site, with a header line.
 
     ``longest`` is the longest an expired timer of the site had run (a lower bound of

@@ -19,6 +19,7 @@ face.
 
 from __future__ import annotations
 
+from aiotimer._faces import face_getattr
 from aiotimer.events._base import (
     MAX_LOGGED_TEXT,
     MAX_REPORTED_SCOPES,
@@ -37,9 +38,9 @@ from aiotimer.events._reaping import (
 )
 from aiotimer.events._server import (
     ControlRefused,
-    Counters,
     EventsLost,
     LoopLagged,
+    ServerCounters,
     ServerStarted,
     ServerStopped,
     SourceFailed,
@@ -66,7 +67,6 @@ __all__ = [
     "MAX_LOGGED_TEXT",
     "MAX_REPORTED_SCOPES",
     "ControlRefused",
-    "Counters",
     "Event",
     "EventsLost",
     "LoopLagged",
@@ -74,6 +74,7 @@ __all__ = [
     "ReapFailed",
     "RequestRejected",
     "RestartScheduled",
+    "ServerCounters",
     "ServerStarted",
     "ServerStopped",
     "SignalRefused",
@@ -96,3 +97,7 @@ __all__ = [
     "clip_text",
     "signal_name",
 ]
+
+__getattr__, __dir__ = face_getattr(
+    "aiotimer.events", globals(), moved={"Counters": "aiotimer.events.ServerCounters"}
+)

@@ -81,7 +81,7 @@ class Event:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict: ``{"event": kind, "time": ..., <fields>}``.
 
-        Tuples become lists, records (e.g. :class:`~aiotimer.core._stats.SiteSummary`) dicts,
+        Tuples become lists, records (e.g. :class:`~aiotimer.core._stats.ScopeStats`) dicts,
         and texts longer than :data:`MAX_LOGGED_TEXT` are clipped (:func:`clip_text`).
         """
         out: dict[str, Any] = {"event": self.kind}

@@ -1,5 +1,5 @@
 """The server's own life and health: started, stopped, a source or the event log failing, a
-busy loop, a refused control connection; and the run's :class:`Counters`."""
+busy loop, a refused control connection; and the run's :class:`ServerCounters`."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING, ClassVar
 from aiotimer.events._base import Event
 
 if TYPE_CHECKING:
-    from aiotimer.core._stats import SiteSummary
+    from aiotimer.core._stats import ScopeStats
 
 __all__ = [
     "ControlRefused",
-    "Counters",
     "EventsLost",
     "LoopLagged",
+    "ServerCounters",
     "ServerStarted",
     "ServerStopped",
     "SourceFailed",
@@ -24,7 +24,7 @@ __all__ = [
 
 
 @dataclass(slots=True)
-class Counters:
+class ServerCounters:
     """What a server run has done so far (the server counts into one; snapshots are copies).
 
     ``requests`` counts valid requests received; ``acquired``/``released`` the timers set
@@ -71,7 +71,7 @@ class ServerStopped(Event):
     kind: ClassVar[str] = "server_stopped"
     timers: int
     counters: dict[str, int]
-    scopes: tuple[SiteSummary, ...] = ()
+    scopes: tuple[ScopeStats, ...] = ()
 
     def describe(self) -> str:
         """One human-readable line."""

@@ -34,10 +34,10 @@ from aiotimer._edges.clock import Clock
 from aiotimer.core._latency import LatencyHistogram
 from aiotimer.errors import ProcessGoneError, RefusedTargetError
 from aiotimer.events import (
-    Counters,
     Event,
     ReapAbandoned,
     ReapFailed,
+    ServerCounters,
     SignalRefused,
     SignalSent,
     StacksDumped,
@@ -85,7 +85,7 @@ class Reaps:
         clock: Clock,
         reaper: Reaper,
         emit: Callable[[Event], None],
-        counts: Counters,
+        counts: ServerCounters,
         retry: ReapRetry,
         confirm: float,
         self_kill: bool,

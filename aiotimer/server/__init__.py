@@ -1,14 +1,17 @@
 """The timer server: :class:`TimerServer`, :class:`TimerServerThread` for synchronous
 programs, and the records of its read-only view (:class:`ServerSnapshot`, what
-:meth:`TimerServer.snapshot` returns).
+:meth:`TimerServer.snapshot` returns; :class:`ServerState`, what
+:meth:`TimerServer.get_state` returns), its :class:`ServerCounters` and the
+:class:`LifecycleState` it is in.
 """
 
 from __future__ import annotations
 
+from aiotimer._faces import face_getattr
 from aiotimer.server._server import (
-    Counters,
-    Lifecycle,
+    LifecycleState,
     ReapRetry,
+    ServerCounters,
     ServerState,
     TimerServer,
 )
@@ -20,11 +23,11 @@ from aiotimer.server._thread import (
 from aiotimer.server._view import EventHistory, ServerSnapshot, WorkerView
 
 __all__ = [
-    "Counters",
     "EventHistory",
-    "Lifecycle",
+    "LifecycleState",
     "LoopName",
     "ReapRetry",
+    "ServerCounters",
     "ServerSnapshot",
     "ServerState",
     "TimerServer",
@@ -32,3 +35,12 @@ __all__ = [
     "WorkerView",
     "loop_factory",
 ]
+
+__getattr__, __dir__ = face_getattr(
+    "aiotimer.server",
+    globals(),
+    moved={
+        "Counters": "aiotimer.server.ServerCounters",
+        "Lifecycle": "aiotimer.server.LifecycleState",
+    },
+)

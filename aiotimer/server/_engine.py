@@ -39,9 +39,9 @@ import anyio.abc
 
 from aiotimer._edges.clock import Clock
 from aiotimer.core._latency import LatencyHistogram
-from aiotimer.core._stats import DurationStats, Overdue, SiteSummary
+from aiotimer.core._stats import DurationStats, Overdue, ScopeStats
 from aiotimer.core._table import Timer, TimerTable
-from aiotimer.events import MAX_REPORTED_SCOPES, Counters, Event, WorkerExited
+from aiotimer.events import MAX_REPORTED_SCOPES, Event, ServerCounters, WorkerExited
 from aiotimer.reapers._escalator import ReapRetry
 from aiotimer.reapers._policy import ReapPolicy
 from aiotimer.reapers._reaps import DUMP_SLACK, Reaps
@@ -59,9 +59,9 @@ __all__ = [
     "LAG_THRESHOLD",
     "MAX_TIMERS",
     "MAX_TIMERS_PER_WORKER",
-    "Counters",
     "Engine",
     "ReapRetry",
+    "ServerCounters",
 ]
 
 
@@ -85,7 +85,7 @@ class Engine:
         max_timers_per_worker: int = MAX_TIMERS_PER_WORKER,
     ) -> None:
         self.table = TimerTable()
-        self.counts = Counters()
+        self.counts = ServerCounters()
         self.stats = DurationStats()
         self.overdue = Overdue()
         self._clock = clock
@@ -222,6 +222,6 @@ class Engine:
         """The live timers (in deadline order) and the watched workers' pids."""
         return self.table.snapshot(), self._watchlist.pids()
 
-    def scope_stats(self) -> tuple[SiteSummary, ...]:
+    def scope_stats(self) -> tuple[ScopeStats, ...]:
         """The duration statistics of every scope site (see :mod:`aiotimer.core._stats`)."""
         return tuple(self.stats.summaries())

@@ -4,7 +4,7 @@ How this works
 --------------
 One task (:meth:`Expiry.run`) sleeps until the table's next deadline (forever when it is
 empty) inside a cancel scope. There is no polling interval: an idle engine makes no
-wake-ups (``Counters.wakeups`` counts them). The clock's ``sleep_until`` never returns
+wake-ups (``ServerCounters.wakeups`` counts them). The clock's ``sleep_until`` never returns
 before the deadline, so the task handles what is due as soon as it wakes. After every
 batch the engine applies, :meth:`Expiry.catch_up` handles the deadlines that fell while
 the loop was busy (with that batch, say), so that ingesting a burst of input does not
@@ -61,7 +61,7 @@ from aiotimer._edges.clock import Clock
 from aiotimer.core._latency import LatencyHistogram
 from aiotimer.core._stats import DurationStats, Overdue
 from aiotimer.core._table import Timer, TimerTable
-from aiotimer.events import MAX_REPORTED_SCOPES, Counters, Event, LoopLagged, TimerExpired
+from aiotimer.events import MAX_REPORTED_SCOPES, Event, LoopLagged, ServerCounters, TimerExpired
 from aiotimer.reapers._policy import ReapPolicy
 from aiotimer.reapers._reaps import Reap, Reaps
 from aiotimer.reapers._steps import Step, format_plan
@@ -135,7 +135,7 @@ class Expiry:
         *,
         table: TimerTable,
         clock: Clock,
-        counts: Counters,
+        counts: ServerCounters,
         stats: DurationStats,
         overdue: Overdue,
         journal: Journal | None,

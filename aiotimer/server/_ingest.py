@@ -42,9 +42,9 @@ from aiotimer.core._fold import fold
 from aiotimer.core._stats import DurationStats, Overdue
 from aiotimer.core._table import ReapOptions, Timer, TimerTable
 from aiotimer.events import (
-    Counters,
     Event,
     RequestRejected,
+    ServerCounters,
     TimerAcquired,
     TimerReleased,
     WorkerUnknown,
@@ -68,7 +68,7 @@ class Ingest:
         self,
         *,
         table: TimerTable,
-        counts: Counters,
+        counts: ServerCounters,
         stats: DurationStats,
         overdue: Overdue,
         watchlist: Watchlist,

@@ -31,11 +31,11 @@ from typing import TYPE_CHECKING, TypeVar, cast
 import anyio
 
 from aiotimer._edges.clock import Clock, MonotonicClock
-from aiotimer._edges.lifecycle import Lifecycle, OwnedTask, TaskOwner
+from aiotimer._edges.lifecycle import LifecycleState, OwnedTask, TaskOwner
 from aiotimer._edges.limits import raise_open_file_limit
 from aiotimer._edges.logs import EventLogger
 from aiotimer._version import __version__
-from aiotimer.core._stats import SiteSummary
+from aiotimer.core._stats import ScopeStats
 from aiotimer.errors import ServerStateError
 from aiotimer.events import Event
 from aiotimer.reapers._kill_policy import fifo_mode_warning
@@ -47,8 +47,8 @@ from aiotimer.server._engine import (
     LAG_THRESHOLD,
     MAX_TIMERS,
     MAX_TIMERS_PER_WORKER,
-    Counters,
     ReapRetry,
+    ServerCounters,
 )
 from aiotimer.server._eventbus import EventBus
 from aiotimer.server._journal import journal_path
@@ -65,9 +65,9 @@ if TYPE_CHECKING:
     import multiprocessing.queues
 
 __all__ = [
-    "Counters",
-    "Lifecycle",
+    "LifecycleState",
     "ReapRetry",
+    "ServerCounters",
     "ServerState",
     "TimerServer",
 ]
@@ -328,7 +328,7 @@ class TimerServer(TaskOwner):
         else:
             batch = Decoded(rejections=[Rejection.of(problem, repr(request).encode())])
         run, state = self._run, self._life.state
-        if state is not Lifecycle.RUNNING or run is None or run.engine is None:
+        if state is not LifecycleState.RUNNING or run is None or run.engine is None:
             raise ServerStateError(f"the server is {state.value}, not running")
         run.submit(batch)
 
@@ -414,7 +414,7 @@ class TimerServer(TaskOwner):
     ) -> ServerSnapshot:
         run, state = self._run, self._life.state
         if live is None:
-            live = state in (Lifecycle.RUNNING, Lifecycle.STOPPING)
+            live = state in (LifecycleState.RUNNING, LifecycleState.STOPPING)
         return _view.take(
             None if run is None else run.engine,
             self._about,
@@ -438,10 +438,10 @@ class TimerServer(TaskOwner):
         """
         return _view.server_state(self.snapshot(None, sites=None))
 
-    def scope_stats(self) -> tuple[SiteSummary, ...]:
+    def scope_stats(self) -> tuple[ScopeStats, ...]:
         """Duration statistics per scope site of the current (or last) run.
 
-        One :class:`~aiotimer.core._stats.SiteSummary` per site (a default scope id
+        One :class:`~aiotimer.core._stats.ScopeStats` per site (a default scope id
         ``"file.py:42#17"`` belongs to site ``"file.py:42"``; any other id is its own
         site): ``count``, ``p50``/``p99``/``max`` of the blocks' durations (within 1%),
         ``expirations``, ``longest_expired`` and ``suggested_timeout``. Most expirations
@@ -469,7 +469,7 @@ class TimerServer(TaskOwner):
         return None
 
     def __repr__(self) -> str:
-        if self._life.state is not Lifecycle.RUNNING:
+        if self._life.state is not LifecycleState.RUNNING:
             return f"<TimerServer {self._life.state.value}>"
         snap, nxt = self.snapshot(0, sites=0), "no timers"
         if snap.next_expiry_in is not None:

@@ -28,11 +28,11 @@ from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 
-from aiotimer._edges.lifecycle import Lifecycle
+from aiotimer._edges.lifecycle import LifecycleState
 from aiotimer.core._latency import LatencyHistogram
-from aiotimer.core._stats import SiteSummary
+from aiotimer.core._stats import ScopeStats
 from aiotimer.core._timer import Timer
-from aiotimer.events import Counters, Event, ServerStopped
+from aiotimer.events import Event, ServerCounters, ServerStopped
 from aiotimer.reapers._policy import ReapPolicy
 from aiotimer.reapers._steps import format_plan
 
@@ -98,12 +98,12 @@ class ServerSnapshot:
     workers or timers, and keeps its last run's counters, statistics and histograms.
     """
 
-    state: Lifecycle
+    state: LifecycleState
     pid: int
     version: str
     time: float
     monotonic: float
-    counters: Counters
+    counters: ServerCounters
     started_at: float | None = None
     sources: tuple[str, ...] = ()
     policy: str = ""
@@ -115,7 +115,7 @@ class ServerSnapshot:
     worker_states: Mapping[str, int] | None = None
     timers: tuple[Timer, ...] = ()
     timers_total: int = 0
-    scopes: tuple[SiteSummary, ...] = ()
+    scopes: tuple[ScopeStats, ...] = ()
     scopes_total: int = 0
     reap_latency: LatencyHistogram = field(default_factory=LatencyHistogram)
     loop_lag: LatencyHistogram = field(default_factory=LatencyHistogram)
@@ -157,15 +157,15 @@ class ServerState:
     :meth:`TimerServer.scope_stats`) are those of the current (or last) run.
     """
 
-    state: Lifecycle
+    state: LifecycleState
     sources: tuple[str, ...]
     timers: tuple[Timer, ...]
     workers: tuple[int, ...]
     next_deadline: float | None
     next_expiry_in: float | None
-    counters: Counters
+    counters: ServerCounters
     last_progress: float | None
-    scopes: tuple[SiteSummary, ...] = ()
+    scopes: tuple[ScopeStats, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,7 +202,7 @@ def take(
     limit: int | None,
     sites: int | None,
     by_state: bool,
-    state: Lifecycle,
+    state: LifecycleState,
     started_at: float | None,
     events_dropped: int,
     undelivered: int,
@@ -212,7 +212,7 @@ def take(
     listed. ``limit``/``sites`` cut the lists (``None``: all); ``by_state`` counts the
     workers by state. The other arguments are the server's own and go into the snapshot
     as they are."""
-    counters = Counters() if engine is None else engine.counts
+    counters = ServerCounters() if engine is None else engine.counts
     fields: dict[str, Any] = {}
     if engine is not None:
         stats = engine.stats

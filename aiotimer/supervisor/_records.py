@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from aiotimer._edges.lifecycle import Lifecycle
+from aiotimer._edges.lifecycle import LifecycleState
 from aiotimer.events import WorkerSummary
 from aiotimer.supervisor._exits import ExitReason
 from aiotimer.supervisor._restart import GiveUp, Restart, RestartPolicy, SlotRecord, WorkerState
@@ -74,7 +74,7 @@ class WorkerSnapshot:
 class SupervisorState:
     """A snapshot of a supervisor: plain typed data (see :meth:`Supervisor.get_state`)."""
 
-    state: Lifecycle
+    state: LifecycleState
     run_id: str
     command: tuple[str, ...]
     policy: RestartPolicy

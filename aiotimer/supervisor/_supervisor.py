@@ -41,7 +41,7 @@ import anyio
 
 from aiotimer._edges.clock import Clock, MonotonicClock
 from aiotimer._edges.eventlog import EventLog
-from aiotimer._edges.lifecycle import Lifecycle, OwnedTask, TaskOwner
+from aiotimer._edges.lifecycle import LifecycleState, OwnedTask, TaskOwner
 from aiotimer.errors import LaunchError, ServerStateError
 from aiotimer.events import (
     Event,
@@ -221,7 +221,7 @@ class Supervisor(TaskOwner):
             LaunchError: the command cannot be found.
             SourceError: the timer server could not open its FIFO.
         """
-        if self._life.state is not Lifecycle.CREATED:
+        if self._life.state is not LifecycleState.CREATED:
             raise ServerStateError(f"cannot start a {self._life.state.value} supervisor")
         exe = self.command[0]
         if shutil.which(exe, path=self._env.get("PATH")) is None:
@@ -392,7 +392,7 @@ class Supervisor(TaskOwner):
 
     def _check_rank(self, rank: int) -> None:
         state = self._life.state
-        if state is not Lifecycle.RUNNING:
+        if state is not LifecycleState.RUNNING:
             what = "has given up" if self._planner.gave_up is not None else "is " + state.value
             raise ServerStateError(f"the supervisor {what} and is not taking actions")
         if not 0 <= rank < self._nproc:

@@ -1,18 +1,18 @@
 """A worker for agent.py: a few timed steps; rank 1 hangs in its first attempt.
 
 It needs no configuration: ``expires()`` finds the supervisor's timer server through
-``AIOTIMER_FIFO``, and ``aiotimer.launched()`` says which rank and attempt this is.
+``AIOTIMER_FIFO``, and ``aiotimer.launch_info()`` says which rank and attempt this is.
 """
 
 from __future__ import annotations
 
 import time
 
-from aiotimer import expires, launched
+from aiotimer import expires, launch_info
 
 
 def main() -> None:
-    me = launched()
+    me = launch_info()
     for step in range(3):
         with expires(after=1.0, scope=f"step-{step}"):
             if me.rank == 1 and me.restart_count == 0 and step == 1:
