@@ -85,7 +85,6 @@ if TYPE_CHECKING:
         RunOutcome,
         Supervisor,
         SupervisorState,
-        WorkerSnapshot,
     )
     from aiotimer.wire import (
         PIPE_BUF,
@@ -181,7 +180,6 @@ _LAZY: Final[dict[str, str]] = {
     "RunOutcome": "aiotimer.supervisor",
     "Supervisor": "aiotimer.supervisor",
     "SupervisorState": "aiotimer.supervisor",
-    "WorkerSnapshot": "aiotimer.supervisor",
 }
 
 
@@ -191,6 +189,7 @@ _MOVED: Final[dict[str, str]] = {
     "Launch": "aiotimer.client.LaunchInfo",
     "Lifecycle": "aiotimer.server.LifecycleState",
     "SiteSummary": "aiotimer.core.ScopeStats",
+    "WorkerSnapshot": "aiotimer.supervisor.RankStatus",
     "launched": "aiotimer.client.launch_info",
     "under_timer_server": "aiotimer.client.timer_server_configured",
 }
@@ -261,7 +260,6 @@ __all__ = [
     "TimerServerThread",
     "TimerTable",
     "Watchdog",
-    "WorkerSnapshot",
     "WorkerState",
     "__version__",
     "configure",

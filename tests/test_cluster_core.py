@@ -19,6 +19,7 @@ from aiotimer.cluster import (
 )
 from aiotimer.cluster._generation import next_generation
 from aiotimer.cluster._record import PublishSchedule, decode, encode, node_key
+from aiotimer.events import RankStatus, WorkerState
 from aiotimer.supervisor._restart import Backoff, RestartPolicy
 
 NOW = 1_700_000_000.0
@@ -43,7 +44,8 @@ def node(name: str, *, updated: float = NOW, heartbeat: float = 1.0, **kw: objec
 def test_records_round_trip_and_bad_values_decode_to_none() -> None:
     rec = node(
         "a",
-        workers=(WorkerRecord(rank=0, pid=5, state="healthy", restarts=1),),
+        ranks=(RankStatus(rank=0, state=WorkerState.HEALTHY, pid=5, restarts=1),),
+        workers=(WorkerRecord(pid=5, state="timed", live_timers=1),),
         last_reaps=(ReapRecord(at=NOW, pid=5, rank=0, scopes=("step",), signal="SIGKILL"),),
         counters={"reaped": 1},
     )
@@ -163,10 +165,12 @@ def test_view_judges_running_stale_lost_and_left_nodes() -> None:
     records = [
         node(
             "a",
-            workers=(
-                WorkerRecord(rank=0, pid=11, state="healthy", restarts=1),
-                WorkerRecord(rank=1, pid=12, state="healthy", restarts=1),
+            role="supervisor",
+            ranks=(
+                RankStatus(rank=0, state=WorkerState.HEALTHY, pid=11, restarts=1),
+                RankStatus(rank=1, state=WorkerState.HEALTHY, pid=12, restarts=1),
             ),
+            workers=(WorkerRecord(pid=12, state="timed", live_timers=2),),
             live_timers=2,
             restarts=1,
             last_reaps=(ReapRecord(at=NOW - 5, pid=10, rank=0, scopes=("s",), signal="SIGKILL"),),
@@ -204,13 +208,23 @@ def test_view_judges_running_stale_lost_and_left_nodes() -> None:
     nodes = as_json["nodes"]
     assert isinstance(nodes, list)
     assert [n["node"] for n in nodes] == ["a", "b", "c", "d", "e"]
-    assert nodes[0]["workers"][0]["pid"] == 11
+    assert nodes[0]["workers"][1] == {
+        "rank": 1,
+        "pid": 12,
+        "state": "healthy",
+        "restarts": 1,
+        "live_timers": 2,
+    }
+    assert nodes[0]["workers_total"] == 2 and "ranks" not in nodes[0]
     assert nodes[3] == {"node": "d", "status": "lost", "host": "host-d", "pid": 1, "age": None}
     text = format_view(view)
     assert "job j: 5 nodes (2 running, 1 stale, 1 lost, 1 left)" in text
     assert "generation 1" in text
     assert "record gone (lease expired)" in text
     assert "node a rank 0 pid 10  SIGKILL  scopes: s" in text
+    assert "supervisor, 2 workers, 2 timers" in text
+    assert "  rank 0    pid       11  healthy    restarts 1\n" in text
+    assert "  rank 1    pid       12  healthy    restarts 1, 2 timers\n" in text
 
 
 def test_view_of_a_job_with_no_nodes() -> None:

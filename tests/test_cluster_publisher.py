@@ -25,7 +25,7 @@ from aiotimer.cluster import (
 from aiotimer.cluster._record import encode, member_key, node_key
 from aiotimer.cluster._store import Entry
 from aiotimer.errors import NodeNameTakenError
-from aiotimer.events import WorkerReaped
+from aiotimer.events import RankStatus, WorkerReaped, WorkerState
 from aiotimer.supervisor._restart import Backoff, RestartPolicy
 from aiotimer.testing import FakeClock, MemoryStore, settle
 
@@ -38,7 +38,8 @@ class Node:
     def __init__(self) -> None:
         self.status = NodeStatus(
             role="supervisor",
-            workers=(WorkerRecord(rank=0, pid=4242, state="healthy"),),
+            ranks=(RankStatus(rank=0, state=WorkerState.HEALTHY, pid=4242),),
+            workers=(WorkerRecord(pid=4242, state="timed", live_timers=1),),
             live_timers=1,
         )
 

@@ -69,9 +69,9 @@ SAMPLES: list[ev.Event] = [
         outcome="succeeded",
         exit_code=0,
         workers=(
-            ev.WorkerSummary(
+            ev.RankStatus(
                 rank=0,
-                state="succeeded",
+                state=ev.WorkerState.SUCCEEDED,
                 attempts=2,
                 restarts=1,
                 start_failures=0,
@@ -96,7 +96,8 @@ def test_every_event_kind_has_a_sample_and_a_unique_kind() -> None:
         "clip_text",
         "MAX_LOGGED_TEXT",
         "MAX_REPORTED_SCOPES",
-        "WorkerSummary",
+        "RankStatus",
+        "WorkerState",
     }
     classes = {getattr(ev, name) for name in ev.__all__ if name not in helpers}
     assert classes == {type(e) for e in SAMPLES}

@@ -52,7 +52,6 @@ EXPECTED_TOP_LEVEL = {
     "RunOutcome",
     "Supervisor",
     "SupervisorState",
-    "WorkerSnapshot",
     "PIPE_BUF",
     "AiotimerError",
     "ClusterError",

@@ -1,11 +1,11 @@
-"""How a run's outcome and summaries are read off the planner's slot records."""
+"""How a run's outcome and each rank's status are read off the planner's slot records."""
 
 from __future__ import annotations
 
 import pytest
 
 from aiotimer.supervisor._exits import ExitKind, ExitReason
-from aiotimer.supervisor._records import RunOutcome, run_outcome, worker_snapshot, worker_summaries
+from aiotimer.supervisor._records import RunOutcome, rank_status, run_outcome
 from aiotimer.supervisor._restart import Attempt, SlotRecord, WorkerState
 
 S = WorkerState
@@ -27,16 +27,25 @@ def test_run_outcome(states: tuple[WorkerState, ...], gave_up: bool, outcome: Ru
     assert run_outcome(slots, gave_up=gave_up) is outcome
 
 
-def test_snapshot_and_summary_of_a_slot() -> None:
+def test_status_of_a_slot_running_and_between_attempts() -> None:
     crash = ExitReason(ExitKind.CRASHED, exit_code=1)
     slot = SlotRecord(
         2, S.HEALTHY, restarts=1, attempts=(Attempt(crash, uptime=0.5, start_failure=True),)
     )
-    live = worker_snapshot(slot, (4242, 3.0))
-    assert (live.pid, live.uptime, live.attempts, live.start_failures) == (4242, 3.0, 2, 1)
-    assert live.reasons == (crash,)
-    between = worker_snapshot(slot, None)
-    assert (between.pid, between.uptime, between.attempts) == (None, None, 1)
-    (summary,) = worker_summaries([slot])
-    assert (summary.rank, summary.state, summary.attempts, summary.uptime) == (2, "healthy", 1, 0.5)
-    assert summary.reasons == ("crashed (exit code 1)",)
+    live = rank_status(slot, (4242, 3.0))
+    assert (live.rank, live.state, live.pid, live.attempts, live.start_failures) == (
+        2,
+        S.HEALTHY,
+        4242,
+        2,
+        1,
+    )
+    assert (live.uptime, live.attempt_uptime) == (3.5, 3.0)
+    assert live.reasons == ("crashed (exit code 1)",)
+    between = rank_status(slot, None)
+    assert (between.pid, between.uptime, between.attempt_uptime, between.attempts) == (
+        None,
+        0.5,
+        None,
+        1,
+    )

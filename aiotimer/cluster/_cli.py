@@ -23,6 +23,7 @@ from aiotimer.cluster._publisher import NodePublisher, NodeStatus
 from aiotimer.cluster._record import WorkerRecord
 from aiotimer.errors import AiotimerError, ClusterError, StoreUnavailableError
 from aiotimer.server._server import TimerServer
+from aiotimer.server._view import ServerSnapshot
 
 __all__ = [
     "NodeConfig",
@@ -33,6 +34,7 @@ __all__ = [
     "publishing",
     "run_job_status",
     "server_status",
+    "worker_records",
 ]
 
 #: The most workers a node record lists (the totals count them all).
@@ -130,6 +132,11 @@ async def publishing(
         await store.aclose()
 
 
+def worker_records(snap: ServerSnapshot) -> tuple[WorkerRecord, ...]:
+    """The workers ``snap`` lists, as a node record carries them."""
+    return tuple(WorkerRecord(pid=w.pid, state=w.state, live_timers=w.timers) for w in snap.workers)
+
+
 def server_status(server: TimerServer) -> NodeStatus:
     """A standalone server's :class:`NodeStatus`: its workers (by pid) and timer counts.
 
@@ -140,9 +147,7 @@ def server_status(server: TimerServer) -> NodeStatus:
     snap = server.snapshot(MAX_RECORD_WORKERS, sites=0)
     return NodeStatus(
         role="server",
-        workers=tuple(
-            WorkerRecord(pid=w.pid, state=w.state, live_timers=w.timers) for w in snap.workers
-        ),
+        workers=worker_records(snap),
         workers_total=snap.workers_total,
         live_timers=snap.timers_total,
         counters=dataclasses.asdict(snap.counters),

@@ -27,10 +27,9 @@ import anyio.abc
 
 from aiotimer._edges.lifecycle import LifecycleState
 from aiotimer.cluster import connect
-from aiotimer.cluster._cli import MAX_RECORD_WORKERS, NodeConfig
+from aiotimer.cluster._cli import MAX_RECORD_WORKERS, NodeConfig, worker_records
 from aiotimer.cluster._job import JobRestarts
 from aiotimer.cluster._publisher import NodePublisher, NodeStatus
-from aiotimer.cluster._record import WorkerRecord
 from aiotimer.cluster._store import Store
 from aiotimer.errors import ClusterError, ServerStateError
 from aiotimer.events import Event, SupervisorGaveUp, WorkerStarted
@@ -47,27 +46,19 @@ GIVE_UP_TIMEOUT = 5.0
 
 
 def supervisor_status(supervisor: Supervisor, generation: int | None = None) -> NodeStatus:
-    """A supervisor's :class:`~aiotimer.cluster.NodeStatus`: its worker slots, and their
-    timer counts from the embedded server's bounded :meth:`~aiotimer.TimerServer.snapshot`
-    (the timer table is never copied)."""
+    """A supervisor's :class:`~aiotimer.cluster.NodeStatus`: its ranks, and the workers
+    its embedded server watches, from the server's bounded
+    :meth:`~aiotimer.TimerServer.snapshot` (the timer table is never copied)."""
     state = supervisor.get_state(server=False)
     server = supervisor.server
     snap = None
     if server is not None and server.state in (LifecycleState.RUNNING, LifecycleState.STOPPING):
         snap = server.snapshot(MAX_RECORD_WORKERS, sites=0)
-    timers = {} if snap is None else {w.pid: w.timers for w in snap.workers}
     return NodeStatus(
         role="supervisor",
-        workers=tuple(
-            WorkerRecord(
-                rank=w.rank,
-                pid=w.pid,
-                state=w.state.value,
-                restarts=w.restarts,
-                live_timers=timers.get(w.pid, 0) if w.pid is not None else 0,
-            )
-            for w in state.workers
-        ),
+        ranks=state.workers,
+        workers=() if snap is None else worker_records(snap),
+        workers_total=0 if snap is None else snap.workers_total,
         restarts=sum(max(0, w.attempts - 1) for w in state.workers),
         live_timers=0 if snap is None else snap.timers_total,
         counters={} if snap is None else dataclasses.asdict(snap.counters),

@@ -36,7 +36,7 @@ from aiotimer.cluster._record import (
 )
 from aiotimer.cluster._store import Store
 from aiotimer.errors import LeaseLostError, NodeNameTakenError, StoreUnavailableError
-from aiotimer.events import Event, WorkerReaped, signal_name
+from aiotimer.events import Event, RankStatus, WorkerReaped, signal_name
 
 __all__ = ["NodePublisher", "NodeStatus"]
 
@@ -54,12 +54,14 @@ RETRY_INTERVAL = 1.0
 class NodeStatus:
     """What a node reports about itself right now (built by its supervisor or server).
 
-    ``workers`` may be a bounded selection: ``workers_total`` counts them all (0: as
-    many as listed). ``generation`` is the job-wide restart generation its workers run
+    ``ranks`` are a supervisor's ranks; ``workers`` the processes its timer server
+    watches, maybe a bounded selection: ``workers_total`` counts them all (0: as many as
+    listed). ``generation`` is the job-wide restart generation its workers run
     under (job scope only).
     """
 
     role: str = "server"
+    ranks: tuple[RankStatus, ...] = ()
     workers: tuple[WorkerRecord, ...] = ()
     workers_total: int = 0
     restarts: int = 0
@@ -254,9 +256,7 @@ class NodePublisher:
 
     def _record(self) -> NodeRecord:
         status = self._describe()
-        self._ranks = {
-            w.pid: w.rank for w in status.workers if w.pid is not None and w.rank is not None
-        }
+        self._ranks = {r.pid: r.rank for r in status.ranks if r.pid is not None}
         return NodeRecord(
             node=self.node,
             job=self.job,
@@ -267,6 +267,7 @@ class NodePublisher:
             updated_at=self._clock.time(),
             heartbeat=self._schedule.heartbeat,
             generation=status.generation,
+            ranks=status.ranks,
             workers=status.workers,
             workers_total=max(status.workers_total, len(status.workers)),
             restarts=status.restarts,

@@ -20,6 +20,8 @@ from typing import TypeVar
 
 import msgspec
 
+from aiotimer.events import RankStatus
+
 __all__ = [
     "KEY_ROOT",
     "MemberRecord",
@@ -59,12 +61,11 @@ def generation_key(job: str) -> str:
 
 
 class WorkerRecord(msgspec.Struct, frozen=True, kw_only=True):
-    """One worker of a node: rank (None under a bare server), pid, state, restarts."""
+    """One worker the node's timer server watches: its pid, its state there (``timed``,
+    ``idle``, ``reaping``) and how many live timers it has."""
 
-    rank: int | None = None
-    pid: int | None = None
+    pid: int
     state: str = "unknown"
-    restarts: int = 0
     live_timers: int = 0
 
 
@@ -82,8 +83,9 @@ class NodeRecord(msgspec.Struct, frozen=True, kw_only=True):
     """Everything a node publishes about itself (times are epoch seconds).
 
     ``heartbeat`` is how often the node rewrites the record at the latest: a record
-    older than a few heartbeats belongs to a stalled node. ``workers`` may list only
-    some of a server's workers; ``workers_total`` counts them all.
+    older than a few heartbeats belongs to a stalled node. ``ranks`` are a supervisor's
+    ranks (none for a bare server); ``workers`` the processes its timer server watches,
+    maybe only some of them: ``workers_total`` counts them all.
     """
 
     node: str
@@ -95,6 +97,7 @@ class NodeRecord(msgspec.Struct, frozen=True, kw_only=True):
     updated_at: float
     heartbeat: float
     generation: int | None = None
+    ranks: tuple[RankStatus, ...] = ()
     workers: tuple[WorkerRecord, ...] = ()
     workers_total: int = 0
     restarts: int = 0

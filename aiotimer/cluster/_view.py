@@ -19,13 +19,14 @@ from __future__ import annotations
 import time as _time
 from collections import Counter
 from collections.abc import Iterable
+from typing import Any
 
 import msgspec
 
 from aiotimer.cluster._generation import GenerationRecord
 from aiotimer.cluster._record import MemberRecord, NodeRecord, ReapRecord
 
-__all__ = ["STALE_HEARTBEATS", "JobView", "NodeRow", "build_view", "format_view"]
+__all__ = ["STALE_HEARTBEATS", "JobView", "NodeRow", "build_view", "format_view", "worker_rows"]
 
 #: A record older than this many of its node's heartbeats (plus one second) is stale.
 STALE_HEARTBEATS = 3
@@ -64,12 +65,18 @@ class JobView(msgspec.Struct, frozen=True, kw_only=True):
     recent_reaps: tuple[JobReap, ...] = ()
 
     def to_json(self) -> dict[str, object]:
-        """The ``--json`` form: ``nodes`` is a list of node records, each with ``node``."""
+        """The ``--json`` form: ``nodes`` is a list of node records, each with ``node``;
+        a record's ``workers`` are its :func:`worker_rows` (a supervisor's ranks, else its
+        server's workers) and ``workers_total`` counts them."""
         nodes = []
         for row in self.nodes:
-            item: dict[str, object] = (
-                msgspec.to_builtins(row.record) if row.record is not None else {"node": row.node}
-            )
+            item: dict[str, object] = {"node": row.node}
+            if row.record is not None:
+                item = msgspec.to_builtins(row.record)
+                del item["ranks"]
+                item.update(
+                    workers=worker_rows(row.record), workers_total=_worker_count(row.record)
+                )
             item.update(node=row.node, status=row.status, host=row.host, pid=row.pid)
             item["age"] = row.age
             if row.outcome is not None:
@@ -135,11 +142,11 @@ def build_view(
         if row.record is None:
             continue
         rec = row.record
-        totals["workers"] += max(rec.workers_total, len(rec.workers))
+        totals["workers"] += _worker_count(rec)
         totals["live_timers"] += rec.live_timers
         totals["restarts"] += rec.restarts
         totals["reaped"] += rec.counters.get("reaped", 0)
-        states.update(w.state for w in rec.workers)
+        states.update(w["state"] for w in worker_rows(rec))
         reaps.extend(JobReap(node=row.node, reap=r) for r in rec.last_reaps)
     reaps.sort(key=lambda r: r.reap.at, reverse=True)
     for name in ("workers", "live_timers", "restarts", "reaped"):
@@ -152,6 +159,38 @@ def build_view(
         totals=dict(totals),
         worker_states=dict(sorted(states.items())),
         recent_reaps=tuple(reaps[:RECENT_REAPS]),
+    )
+
+
+def _worker_count(rec: NodeRecord) -> int:
+    """A node's workers: a supervisor's ranks, else every worker its server watches."""
+    return len(rec.ranks) if rec.ranks else max(rec.workers_total, len(rec.workers))
+
+
+def worker_rows(rec: NodeRecord) -> list[dict[str, Any]]:
+    """A node's workers as the job view shows them: one row per rank of a supervisor
+    (with its live timers, from its server's workers), else one per worker its server
+    watches; each ``{rank, pid, state, restarts, live_timers}``."""
+    if not rec.ranks:
+        return [_row(None, w.pid, w.state, 0, w.live_timers) for w in rec.workers]
+    timers = {w.pid: w.live_timers for w in rec.workers}
+    return [
+        _row(r.rank, r.pid, r.state.value, r.restarts, 0 if r.pid is None else timers.get(r.pid, 0))
+        for r in rec.ranks
+    ]
+
+
+def _row(
+    rank: int | None, pid: int | None, state: str, restarts: int, timers: int
+) -> dict[str, Any]:
+    return {"rank": rank, "pid": pid, "state": state, "restarts": restarts, "live_timers": timers}
+
+
+def _worker_line(w: dict[str, Any]) -> str:
+    pid = "-" if w["pid"] is None else str(w["pid"])
+    rank = "-" if w["rank"] is None else str(w["rank"])
+    return f"  rank {rank:<4} pid {pid:>8}  {w['state']:<10} restarts {w['restarts']}" + (
+        f", {w['live_timers']} timers" if w["live_timers"] else ""
     )
 
 
@@ -180,18 +219,12 @@ def format_view(view: JobView) -> str:
         if rec is None:
             detail = f"outcome {row.outcome}" if row.outcome else "record gone (lease expired)"
         else:
-            count = max(rec.workers_total, len(rec.workers))
-            detail = f"{rec.role}, {count} workers, {rec.live_timers} timers"
+            detail = f"{rec.role}, {_worker_count(rec)} workers, {rec.live_timers} timers"
         lines.append(
             f"{row.node:<16} {row.status:<8} {row.host:<20} {row.pid:>8} {age:>7}  {detail}"
         )
-        for w in () if rec is None else rec.workers:
-            pid = "-" if w.pid is None else str(w.pid)
-            rank = "-" if w.rank is None else str(w.rank)
-            lines.append(
-                f"  rank {rank:<4} pid {pid:>8}  {w.state:<10} restarts {w.restarts}"
-                + (f", {w.live_timers} timers" if w.live_timers else "")
-            )
+        if rec is not None:
+            lines += map(_worker_line, worker_rows(rec))
     if view.recent_reaps:
         lines.append("recent reaps:")
         for item in view.recent_reaps:

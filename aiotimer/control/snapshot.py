@@ -67,14 +67,16 @@ class TimerInfo(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True):
-    """One worker the server knows: its ``pid``, ``state``, how many live ``timers`` it
-    has and (up to :data:`SCOPES_PER_WORKER` of) their ``scopes``.
+    """One row of ``GET /v1/state``'s workers: a worker the server knows (its
+    :class:`~aiotimer.server.WorkerView`), and under a supervisor one row per rank.
 
-    ``state`` is ``"timed"`` (it has live timers), ``"idle"`` (watched, none live) or
-    ``"reaping"`` (an expired timer's reap is in progress). Under a supervisor, ``state``
-    is the supervisor's worker state (``"healthy"``, ``"backoff"``, ...), ``rank`` its
-    slot and ``restarts`` how often that slot was restarted (``None`` without one), and
-    ``pid`` is ``None`` while the slot has no process (between attempts).
+    A worker's row has its ``pid``, ``state``, how many live ``timers`` it has and (up to
+    :data:`SCOPES_PER_WORKER` of) their ``scopes``; ``state`` is ``"timed"`` (it has live
+    timers), ``"idle"`` (watched, none live) or ``"reaping"`` (an expired timer's reap is
+    in progress). A rank's row has its :class:`~aiotimer.events.RankStatus`'s ``rank``,
+    ``state`` (``"healthy"``, ``"backoff"``, ...), ``restarts`` and ``pid`` (``None``
+    between attempts), with the timers the server lists for that pid; ``rank`` and
+    ``restarts`` are ``None`` in a worker's row.
     """
 
     pid: int | None

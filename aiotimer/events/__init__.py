@@ -13,8 +13,10 @@ Long texts (stack dumps) are kept whole in the event objects; their logged forms
 (:meth:`Event.to_dict`, used by the logger and the event log, and :meth:`Event.describe`)
 are cut at :data:`MAX_LOGGED_TEXT` characters with a note saying how much was left out.
 
-The records are defined by family in :mod:`aiotimer._events`; this module is their public
-face.
+The records are defined by family in ``aiotimer.events._*``; this module is their public
+face. Besides the events: :class:`ServerCounters` (a server run's counts, also in
+:class:`ServerStopped`) and :class:`RankStatus` (one supervised rank, as
+:class:`SupervisorStopped` reports it).
 """
 
 from __future__ import annotations
@@ -46,13 +48,14 @@ from aiotimer.events._server import (
     SourceFailed,
 )
 from aiotimer.events._supervisor import (
+    RankStatus,
     RestartScheduled,
     SupervisorGaveUp,
     SupervisorStopped,
     WorkerEnded,
     WorkerRunning,
     WorkerStarted,
-    WorkerSummary,
+    WorkerState,
 )
 from aiotimer.events._timers import (
     RequestRejected,
@@ -70,6 +73,7 @@ __all__ = [
     "Event",
     "EventsLost",
     "LoopLagged",
+    "RankStatus",
     "ReapAbandoned",
     "ReapFailed",
     "RequestRejected",
@@ -91,7 +95,7 @@ __all__ = [
     "WorkerReaped",
     "WorkerRunning",
     "WorkerStarted",
-    "WorkerSummary",
+    "WorkerState",
     "WorkerSurvived",
     "WorkerUnknown",
     "clip_text",
@@ -99,5 +103,10 @@ __all__ = [
 ]
 
 __getattr__, __dir__ = face_getattr(
-    "aiotimer.events", globals(), moved={"Counters": "aiotimer.events.ServerCounters"}
+    "aiotimer.events",
+    globals(),
+    moved={
+        "Counters": "aiotimer.events.ServerCounters",
+        "WorkerSummary": "aiotimer.events.RankStatus",
+    },
 )

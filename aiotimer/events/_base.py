@@ -15,6 +15,8 @@ import signal as _signal
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
+import msgspec
+
 __all__ = [
     "MAX_LOGGED_TEXT",
     "MAX_REPORTED_SCOPES",
@@ -58,6 +60,8 @@ def _logged(value: object) -> object:
         return [_logged(v) for v in value]
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return dataclasses.asdict(value)
+    if isinstance(value, msgspec.Struct):
+        return {k: _logged(v) for k, v in msgspec.to_builtins(value).items()}
     return value
 
 
@@ -81,8 +85,9 @@ class Event:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict: ``{"event": kind, "time": ..., <fields>}``.
 
-        Tuples become lists, records (e.g. :class:`~aiotimer.core._stats.ScopeStats`) dicts,
-        and texts longer than :data:`MAX_LOGGED_TEXT` are clipped (:func:`clip_text`).
+        Tuples become lists, records dicts (e.g. :class:`~aiotimer.core.ScopeStats`; a
+        :class:`~aiotimer.events.RankStatus` with its state's value), and texts longer
+        than :data:`MAX_LOGGED_TEXT` are clipped (:func:`clip_text`).
         """
         out: dict[str, Any] = {"event": self.kind}
         for f in dataclasses.fields(self):

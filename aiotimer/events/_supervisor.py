@@ -1,26 +1,93 @@
-"""The supervisor's events (:mod:`aiotimer.supervisor`).
+"""The supervisor's events (:mod:`aiotimer.supervisor`), and the record of one
+supervised rank they carry, :class:`RankStatus`.
 
 A supervised run delivers these and the embedded server's events to the same callback,
 logger and event log. ``rank`` is the worker's slot; ``pid`` its current process.
+
+:class:`RankStatus` and its :class:`WorkerState` live here, in the lowest layer that needs
+them (:class:`SupervisorStopped` carries one per rank), so that the supervisor's state,
+the final summary, the control API and a cluster node's record all show a rank as the
+same record.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
+
+import msgspec
 
 from aiotimer.events._base import Event
 
 __all__ = [
+    "RankStatus",
     "RestartScheduled",
     "SupervisorGaveUp",
     "SupervisorStopped",
     "WorkerEnded",
     "WorkerRunning",
     "WorkerStarted",
-    "WorkerSummary",
+    "WorkerState",
 ]
+
+
+class WorkerState(enum.Enum):
+    """A supervised rank's state (torch's ``WorkerState`` names where they mean the same)."""
+
+    INIT = "init"  #: not launched yet
+    STARTING = "starting"  #: launched, no evidence yet that it runs
+    HEALTHY = "healthy"  #: survived min-uptime or sent a timer request
+    UNHEALTHY = "unhealthy"  #: a timer expired; being reaped
+    BACKOFF = "backoff"  #: ended; waiting to be restarted
+    STOPPED = "stopped"  #: stopped by the supervisor (shutdown or operator), for good
+    SUCCEEDED = "succeeded"  #: exited 0, for good
+    FAILED = "failed"  #: exited with a no-restart exit code, for good
+    FATAL = "fatal"  #: the restart budget ran out; not restarted
+
+    @property
+    def terminal(self) -> bool:
+        """True when the slot will not run again (unless an operator restarts it)."""
+        return self in _TERMINAL
+
+    @property
+    def alive(self) -> bool:
+        """True when an attempt's process is running."""
+        return self in _ALIVE
+
+
+_TERMINAL = frozenset(
+    {WorkerState.STOPPED, WorkerState.SUCCEEDED, WorkerState.FAILED, WorkerState.FATAL}
+)
+_ALIVE = frozenset({WorkerState.STARTING, WorkerState.HEALTHY, WorkerState.UNHEALTHY})
+
+
+class RankStatus(msgspec.Struct, frozen=True, kw_only=True):
+    """One supervised rank (a worker slot) at one moment.
+
+    What :meth:`Supervisor.get_state() <aiotimer.supervisor.Supervisor.get_state>` lists,
+    :class:`SupervisorStopped` and the final summary table report, the control API's
+    rows and a cluster node's record are built from.
+
+    ``pid`` is the running attempt's process (``None`` between attempts); ``restarts``
+    how often the slot was restarted (its restart count); ``attempts`` how many processes
+    it has run, the running one included, and ``start_failures`` how many of them ended
+    before any evidence that they ran. ``uptime`` is the seconds its processes have run,
+    every attempt's, and ``attempt_uptime`` the running attempt's so far (``None``
+    between attempts). ``reasons`` says why each ended attempt ended, in words
+    (``"crashed with exit code 1"``).
+    """
+
+    rank: int
+    state: WorkerState
+    pid: int | None = None
+    restarts: int = 0
+    attempts: int = 0
+    start_failures: int = 0
+    uptime: float = 0.0
+    attempt_uptime: float | None = None
+    reasons: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -126,34 +193,16 @@ class SupervisorGaveUp(Event):
         return f"supervisor gives up: {self.reason}; stopping every worker"
 
 
-@dataclass(frozen=True, slots=True)
-class WorkerSummary:
-    """One worker's line of the final summary: its attempts, why each ended, uptime."""
-
-    rank: int
-    state: str
-    attempts: int
-    restarts: int
-    start_failures: int
-    reasons: tuple[str, ...]
-    uptime: float
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SupervisorStopped(Event):
     """The supervised run ended: ``outcome`` (``succeeded``, ``failed``, ``gave_up`` or
-    ``stopped``), its ``exit_code``, and one summary per worker."""
+    ``stopped``), its ``exit_code``, and every rank's final :class:`RankStatus` (the rows
+    of the summary table)."""
 
     kind: ClassVar[str] = "supervisor_stopped"
     outcome: str
     exit_code: int
-    workers: tuple[WorkerSummary, ...]
-
-    def to_dict(self) -> dict[str, Any]:
-        """:meth:`Event.to_dict`, with each worker's ``reasons`` as a list."""
-        out = Event.to_dict(self)
-        out["workers"] = [{**w, "reasons": list(w["reasons"])} for w in out["workers"]]
-        return out
+    workers: tuple[RankStatus, ...]
 
     def describe(self) -> str:
         """One human-readable line."""

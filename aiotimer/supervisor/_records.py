@@ -1,5 +1,6 @@
-"""The supervisor's public data: outcomes, snapshots, and the restart coordinator hook;
-and how outcomes, snapshots and summaries are read off the planner's slot records. Pure.
+"""The supervisor's public data: outcomes, its state, and the restart coordinator hook;
+and how outcomes and each rank's :class:`~aiotimer.events.RankStatus` are read off the
+planner's slot records. Pure.
 
 A leaf: it imports nothing above the supervisor's pure parts (no supervisor, no server at
 run time), so the layers that show these records (control, cluster) sit on top without
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from aiotimer._edges.lifecycle import LifecycleState
-from aiotimer.events import WorkerSummary
+from aiotimer.events import RankStatus
 from aiotimer.supervisor._exits import ExitReason
 from aiotimer.supervisor._restart import GiveUp, Restart, RestartPolicy, SlotRecord, WorkerState
 
@@ -30,11 +31,9 @@ __all__ = [
     "SupervisorActions",
     "SupervisorState",
     "WorkerFailure",
-    "WorkerSnapshot",
     "format_summary",
+    "rank_status",
     "run_outcome",
-    "worker_snapshot",
-    "worker_summaries",
 ]
 
 #: What a coordinator may answer: carry this out, or ``None`` (it will call back).
@@ -53,26 +52,9 @@ class RunOutcome(enum.IntEnum):
 
 
 @dataclass(frozen=True, slots=True)
-class WorkerSnapshot:
-    """One worker slot, as :meth:`Supervisor.get_state` sees it.
-
-    ``pid`` is the running attempt's (``None`` between attempts); ``uptime`` the running
-    attempt's seconds so far; ``reasons`` why each ended attempt ended.
-    """
-
-    rank: int
-    state: WorkerState
-    pid: int | None
-    restarts: int
-    attempts: int
-    start_failures: int
-    uptime: float | None
-    reasons: tuple[ExitReason, ...]
-
-
-@dataclass(frozen=True, slots=True)
 class SupervisorState:
-    """A snapshot of a supervisor: plain typed data (see :meth:`Supervisor.get_state`)."""
+    """A snapshot of a supervisor: plain typed data (see :meth:`Supervisor.get_state`);
+    ``workers`` has one :class:`~aiotimer.events.RankStatus` per rank."""
 
     state: LifecycleState
     run_id: str
@@ -80,7 +62,7 @@ class SupervisorState:
     policy: RestartPolicy
     fifo: Path | None
     restarts_in_window: int
-    workers: tuple[WorkerSnapshot, ...]
+    workers: tuple[RankStatus, ...]
     outcome: RunOutcome | None
     gave_up: str | None
     server: ServerState | None
@@ -154,46 +136,32 @@ def run_outcome(slots: Iterable[SlotRecord], *, gave_up: bool) -> RunOutcome:
     return RunOutcome.STOPPED
 
 
-def worker_snapshot(slot: SlotRecord, running: tuple[int, float] | None) -> WorkerSnapshot:
-    """``slot`` as a :class:`WorkerSnapshot`; ``running`` is its live attempt's
-    ``(pid, uptime)``, ``None`` between attempts."""
-    return WorkerSnapshot(
+def rank_status(slot: SlotRecord, running: tuple[int, float] | None) -> RankStatus:
+    """``slot`` as a :class:`~aiotimer.events.RankStatus`; ``running`` is its live
+    attempt's ``(pid, uptime)``, ``None`` between attempts."""
+    ended = sum(a.uptime for a in slot.attempts)
+    return RankStatus(
         rank=slot.rank,
         state=slot.state,
         pid=None if running is None else running[0],
         restarts=slot.restarts,
         attempts=len(slot.attempts) + (running is not None),
         start_failures=slot.start_failures,
-        uptime=None if running is None else running[1],
-        reasons=tuple(a.reason for a in slot.attempts),
+        uptime=ended if running is None else ended + running[1],
+        attempt_uptime=None if running is None else running[1],
+        reasons=tuple(a.reason.describe() for a in slot.attempts),
     )
 
 
-def worker_summaries(slots: Iterable[SlotRecord]) -> tuple[WorkerSummary, ...]:
-    """One line of the final summary per slot: its attempts, why each ended, uptime."""
-    return tuple(
-        WorkerSummary(
-            rank=s.rank,
-            state=s.state.value,
-            attempts=len(s.attempts),
-            restarts=s.restarts,
-            start_failures=s.start_failures,
-            reasons=tuple(a.reason.describe() for a in s.attempts),
-            uptime=sum(a.uptime for a in s.attempts),
-        )
-        for s in slots
-    )
-
-
-def format_summary(workers: Sequence[WorkerSummary]) -> str:
-    """The final summary as a table: one row per worker."""
+def format_summary(ranks: Sequence[RankStatus]) -> str:
+    """The final summary as a table: one row per rank."""
     rows = [("rank", "state", "attempts", "start failures", "uptime", "exits")]
-    for w in workers:
+    for w in ranks:
         exits = "; ".join(w.reasons) or "-"
         rows.append(
             (
                 str(w.rank),
-                w.state,
+                w.state.value,
                 str(w.attempts),
                 str(w.start_failures),
                 f"{w.uptime:.1f}s",

@@ -45,6 +45,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
+from aiotimer.events._supervisor import WorkerState
 from aiotimer.supervisor._exits import ExitKind, ExitReason
 
 __all__ = [
@@ -64,36 +65,6 @@ __all__ = [
 
 #: NVIDIA's fault-tolerance launcher convention: a worker exiting 93 must not be restarted.
 DEFAULT_NO_RESTART_EXIT_CODES: frozenset[int] = frozenset({93})
-
-
-class WorkerState(enum.Enum):
-    """A worker slot's state (torch's ``WorkerState`` names where they mean the same)."""
-
-    INIT = "init"  #: not launched yet
-    STARTING = "starting"  #: launched, no evidence yet that it runs
-    HEALTHY = "healthy"  #: survived min-uptime or sent a timer request
-    UNHEALTHY = "unhealthy"  #: a timer expired; being reaped
-    BACKOFF = "backoff"  #: ended; waiting to be restarted
-    STOPPED = "stopped"  #: stopped by the supervisor (shutdown or operator), for good
-    SUCCEEDED = "succeeded"  #: exited 0, for good
-    FAILED = "failed"  #: exited with a no-restart exit code, for good
-    FATAL = "fatal"  #: the restart budget ran out; not restarted
-
-    @property
-    def terminal(self) -> bool:
-        """True when the slot will not run again (unless an operator restarts it)."""
-        return self in _TERMINAL
-
-    @property
-    def alive(self) -> bool:
-        """True when an attempt's process is running."""
-        return self in _ALIVE
-
-
-_TERMINAL = frozenset(
-    {WorkerState.STOPPED, WorkerState.SUCCEEDED, WorkerState.FAILED, WorkerState.FATAL}
-)
-_ALIVE = frozenset({WorkerState.STARTING, WorkerState.HEALTHY, WorkerState.UNHEALTHY})
 
 
 class RestartScope(enum.Enum):
@@ -237,6 +208,7 @@ class GiveUp:
 
 Decision = Finish | Restart | GiveUp
 
+_ALIVE = frozenset(s for s in WorkerState if s.alive)
 _ALLOWED: dict[str, frozenset[WorkerState]] = {
     "started": frozenset({WorkerState.INIT, WorkerState.BACKOFF}),
     "running": frozenset({WorkerState.STARTING}),

@@ -45,13 +45,13 @@ from aiotimer._edges.lifecycle import LifecycleState, OwnedTask, TaskOwner
 from aiotimer.errors import LaunchError, ServerStateError
 from aiotimer.events import (
     Event,
+    RankStatus,
     ServerStopped,
     SourceFailed,
     SupervisorStopped,
     TimerExpired,
     WorkerEnded,
     WorkerReaped,
-    WorkerSummary,
 )
 from aiotimer.reapers._policy import ReapPolicy
 from aiotimer.reapers._signal import Reaper, SignalReaper
@@ -66,10 +66,8 @@ from aiotimer.supervisor._records import (
     RunOutcome,
     SupervisorState,
     WorkerFailure,
-    WorkerSnapshot,
     format_summary,
-    worker_snapshot,
-    worker_summaries,
+    rank_status,
 )
 from aiotimer.supervisor._restart import GiveUp, Restart, RestartPlanner, RestartPolicy, WorkerState
 
@@ -84,7 +82,6 @@ __all__ = [
     "Supervisor",
     "SupervisorState",
     "WorkerFailure",
-    "WorkerSnapshot",
     "format_summary",
 ]
 
@@ -189,7 +186,7 @@ class Supervisor(TaskOwner):
             request_stop=self._life.request_stop,
             stopping=lambda: self._life.stop_requested,
         )
-        self._summary: tuple[WorkerSummary, ...] = ()
+        self._summary: tuple[RankStatus, ...] = ()
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -209,8 +206,9 @@ class Supervisor(TaskOwner):
         return self._ranks.outcome
 
     @property
-    def summary(self) -> tuple[WorkerSummary, ...]:
-        """The final per-worker summary (empty until the supervisor has stopped)."""
+    def summary(self) -> tuple[RankStatus, ...]:
+        """Every rank's final status, the summary table's rows (empty until the supervisor
+        has stopped)."""
         return self._summary
 
     async def start(self) -> None:
@@ -308,7 +306,7 @@ class Supervisor(TaskOwner):
         self._ranks.conclude()
         if self._server is not None:
             await self._server.aclose()
-        self._summary = worker_summaries(self._planner.slots)
+        self._summary = tuple(rank_status(s, None) for s in self._planner.slots)
         outcome = self._ranks.outcome
         assert outcome is not None
         self._emit(
@@ -410,7 +408,7 @@ class Supervisor(TaskOwner):
         for s in self._planner.slots:
             att = self._pool.attempts.get(s.rank)
             running = None if att is None else (att.pid, now - att.started_at)
-            workers.append(worker_snapshot(s, running))
+            workers.append(rank_status(s, running))
         return SupervisorState(
             state=self._life.state,
             run_id=self.run_id,
