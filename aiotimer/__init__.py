@@ -6,16 +6,22 @@ and, when one passes, reaps the worker through an injectable :class:`Reaper`. Th
 protocol is torch's (``torch.distributed.elastic.timer``), so torch clients and servers
 interoperate; :mod:`aiotimer.compat.torch` offers torch's names as a drop-in.
 
-Public submodules: :mod:`aiotimer.client`, :mod:`aiotimer.server`, :mod:`aiotimer.events`,
-:mod:`aiotimer.errors`, :mod:`aiotimer.reapers`, :mod:`aiotimer.sources`,
+This module holds what a user writes: the worker side, the server, the supervisor and the
+errors worth catching. Everything else lives in its documented submodule:
+:mod:`aiotimer.client` (transports, launch detection), :mod:`aiotimer.server` (counters,
+lifecycle and snapshot records), :mod:`aiotimer.supervisor` (its records and states),
+:mod:`aiotimer.sources` (the sources and their sink protocol), :mod:`aiotimer.reapers`,
+:mod:`aiotimer.events`, :mod:`aiotimer.errors` (every error), :mod:`aiotimer.core` (the
+timer table and duration statistics), :mod:`aiotimer.wire` (the line codec),
 :mod:`aiotimer.watchdog`, :mod:`aiotimer.diagnostics`, :mod:`aiotimer.testing`,
-:mod:`aiotimer.supervisor`, :mod:`aiotimer.cluster`, :mod:`aiotimer.compat.torch`,
-:mod:`aiotimer.control` (control socket, status, metrics). Modules whose names start with
-``_`` are private.
+:mod:`aiotimer.control` (control socket, status, metrics), :mod:`aiotimer.cluster` and
+:mod:`aiotimer.compat.torch`. Modules whose names start with ``_`` are private. A name
+that moved away from here still resolves, with a :class:`DeprecationWarning` that names
+its new home.
 
-Importing the package is cheap: every public name is loaded on first use (a module
-``__getattr__``), so ``from aiotimer import expires`` in a worker loads the client and
-the wire codec, not the server, its sources, anyio or the event log.
+Importing the package is cheap: every public name is loaded on first use, so
+``from aiotimer import expires`` in a worker loads the client and the wire codec, not the
+server, its sources, anyio or the event log.
 """
 
 from __future__ import annotations
@@ -28,73 +34,35 @@ from aiotimer._faces import face_getattr
 if TYPE_CHECKING:
     from aiotimer import events
     from aiotimer._edges.clock import Clock, MonotonicClock
-    from aiotimer.client._expires import (
+    from aiotimer.client import (
         Expires,
         FifoClient,
         InProcessClient,
+        LaunchInfo,
         QueueClient,
         TimerClient,
         configure,
         current_client,
         expires,
         expires_at,
+        launch_info,
         timer_server_configured,
         use_client,
     )
-    from aiotimer.client._launch import Launcher, LaunchInfo, launch_info
-    from aiotimer.core._stats import DurationStats, ScopeStats
-    from aiotimer.core._table import Timer, TimerKey, TimerTable
     from aiotimer.errors import (
         AiotimerError,
         ClientBackpressureError,
-        ClusterError,
-        LaunchError,
-        LeaseLostError,
-        MissingExtraError,
-        NodeNameTakenError,
         NotConfiguredError,
-        ProcessGoneError,
         ReapError,
-        RefusedTargetError,
         ServerStateError,
         ServerUnavailableError,
         SourceError,
-        StoreUnavailableError,
     )
     from aiotimer.events import Event
-    from aiotimer.reapers._kill_policy import KillPolicy
-    from aiotimer.reapers._policy import Escalation, ReapPolicy
-    from aiotimer.reapers._signal import Reaper, SignalReaper
-    from aiotimer.server import (
-        LifecycleState,
-        ReapRetry,
-        ServerCounters,
-        ServerState,
-        TimerServer,
-        TimerServerThread,
-    )
-    from aiotimer.sources import FifoSource, QueueSource, RequestSink, SocketSource, Source
-    from aiotimer.supervisor._exits import ExitKind, ExitReason
-    from aiotimer.supervisor._restart import (
-        Backoff,
-        RestartPolicy,
-        RestartScope,
-        WorkerState,
-    )
-    from aiotimer.supervisor._supervisor import (
-        RunOutcome,
-        Supervisor,
-        SupervisorState,
-    )
-    from aiotimer.wire import (
-        PIPE_BUF,
-        Decoded,
-        LineDecoder,
-        Rejection,
-        Request,
-        RequestTooLargeError,
-        encode,
-    )
+    from aiotimer.reapers import Escalation, KillPolicy, Reaper, ReapPolicy, SignalReaper
+    from aiotimer.server import ReapRetry, TimerServer, TimerServerThread
+    from aiotimer.supervisor import Backoff, RestartPolicy, RestartScope, RunOutcome, Supervisor
+    from aiotimer.wire import Request
 
 from aiotimer._version import __version__
 
@@ -110,161 +78,128 @@ logging.getLogger("aiotimer").addHandler(logging.NullHandler())
 #: added here, to the ``TYPE_CHECKING`` imports above (for type checkers and IDEs) and
 #: to ``__all__``; tests/test_public_api.py checks that the three agree.
 _LAZY: Final[dict[str, str]] = {
-    "events": "aiotimer.events",
-    "Clock": "aiotimer._edges.clock",
-    "MonotonicClock": "aiotimer._edges.clock",
-    "LaunchInfo": "aiotimer.client._launch",
-    "Launcher": "aiotimer.client._launch",
-    "launch_info": "aiotimer.client._launch",
-    "Escalation": "aiotimer.reapers._policy",
-    "ReapPolicy": "aiotimer.reapers._policy",
-    "PIPE_BUF": "aiotimer.wire",
-    "Decoded": "aiotimer.wire",
-    "LineDecoder": "aiotimer.wire",
-    "Rejection": "aiotimer.wire",
-    "Request": "aiotimer.wire",
-    "RequestTooLargeError": "aiotimer.wire",
-    "encode": "aiotimer.wire",
-    "Backoff": "aiotimer.supervisor._restart",
-    "ExitKind": "aiotimer.supervisor._exits",
-    "ExitReason": "aiotimer.supervisor._exits",
-    "RestartPolicy": "aiotimer.supervisor._restart",
-    "RestartScope": "aiotimer.supervisor._restart",
-    "WorkerState": "aiotimer.supervisor._restart",
-    "DurationStats": "aiotimer.core._stats",
-    "ScopeStats": "aiotimer.core._stats",
-    "Timer": "aiotimer.core._table",
-    "TimerKey": "aiotimer.core._table",
-    "TimerTable": "aiotimer.core._table",
+    # the worker side
     "Expires": "aiotimer.client",
     "FifoClient": "aiotimer.client",
     "InProcessClient": "aiotimer.client",
+    "LaunchInfo": "aiotimer.client",
     "QueueClient": "aiotimer.client",
     "TimerClient": "aiotimer.client",
     "configure": "aiotimer.client",
     "current_client": "aiotimer.client",
     "expires": "aiotimer.client",
     "expires_at": "aiotimer.client",
+    "launch_info": "aiotimer.client",
     "timer_server_configured": "aiotimer.client",
     "use_client": "aiotimer.client",
+    # the server
+    "Clock": "aiotimer._edges.clock",
+    "MonotonicClock": "aiotimer._edges.clock",
+    "Escalation": "aiotimer.reapers",
+    "KillPolicy": "aiotimer.reapers",
+    "ReapPolicy": "aiotimer.reapers",
+    "Reaper": "aiotimer.reapers",
+    "SignalReaper": "aiotimer.reapers",
+    "ReapRetry": "aiotimer.server",
+    "TimerServer": "aiotimer.server",
+    "TimerServerThread": "aiotimer.server",
+    "Request": "aiotimer.wire",
+    "Event": "aiotimer.events",
+    "events": "aiotimer.events",
+    # the supervisor
+    "Backoff": "aiotimer.supervisor",
+    "RestartPolicy": "aiotimer.supervisor",
+    "RestartScope": "aiotimer.supervisor",
+    "RunOutcome": "aiotimer.supervisor",
+    "Supervisor": "aiotimer.supervisor",
+    # the errors a user catches
     "AiotimerError": "aiotimer.errors",
     "ClientBackpressureError": "aiotimer.errors",
-    "LaunchError": "aiotimer.errors",
     "NotConfiguredError": "aiotimer.errors",
-    "ProcessGoneError": "aiotimer.errors",
     "ReapError": "aiotimer.errors",
-    "RefusedTargetError": "aiotimer.errors",
     "ServerStateError": "aiotimer.errors",
     "ServerUnavailableError": "aiotimer.errors",
     "SourceError": "aiotimer.errors",
-    "ClusterError": "aiotimer.errors",
-    "LeaseLostError": "aiotimer.errors",
-    "MissingExtraError": "aiotimer.errors",
-    "NodeNameTakenError": "aiotimer.errors",
-    "StoreUnavailableError": "aiotimer.errors",
-    "Event": "aiotimer.events",
-    "Reaper": "aiotimer.reapers",
-    "SignalReaper": "aiotimer.reapers",
-    "KillPolicy": "aiotimer.reapers._kill_policy",
-    "ServerCounters": "aiotimer.server",
-    "LifecycleState": "aiotimer.server",
-    "ReapRetry": "aiotimer.server",
-    "ServerState": "aiotimer.server",
-    "TimerServer": "aiotimer.server",
-    "TimerServerThread": "aiotimer.server",
-    "FifoSource": "aiotimer.sources",
-    "QueueSource": "aiotimer.sources",
-    "RequestSink": "aiotimer.sources",
-    "SocketSource": "aiotimer.sources",
-    "Source": "aiotimer.sources",
-    "RunOutcome": "aiotimer.supervisor",
-    "Supervisor": "aiotimer.supervisor",
-    "SupervisorState": "aiotimer.supervisor",
 }
-
 
 #: Names this module exported before, and their homes now (each use warns).
 _MOVED: Final[dict[str, str]] = {
-    "Counters": "aiotimer.server.ServerCounters",
     "Launch": "aiotimer.client.LaunchInfo",
-    "Lifecycle": "aiotimer.server.LifecycleState",
-    "SiteSummary": "aiotimer.core.ScopeStats",
-    "WorkerSnapshot": "aiotimer.supervisor.RankStatus",
     "launched": "aiotimer.client.launch_info",
     "under_timer_server": "aiotimer.client.timer_server_configured",
+    "Launcher": "aiotimer.client.Launcher",
+    "Counters": "aiotimer.server.ServerCounters",
+    "Lifecycle": "aiotimer.server.LifecycleState",
+    "ServerState": "aiotimer.server.ServerState",
+    "SiteSummary": "aiotimer.core.ScopeStats",
+    "DurationStats": "aiotimer.core.DurationStats",
+    "Timer": "aiotimer.core.Timer",
+    "TimerKey": "aiotimer.core.TimerKey",
+    "TimerTable": "aiotimer.core.TimerTable",
+    "PIPE_BUF": "aiotimer.wire.PIPE_BUF",
+    "Decoded": "aiotimer.wire.Decoded",
+    "LineDecoder": "aiotimer.wire.LineDecoder",
+    "Rejection": "aiotimer.wire.Rejection",
+    "RequestTooLargeError": "aiotimer.wire.RequestTooLargeError",
+    "encode": "aiotimer.wire.encode",
+    "FifoSource": "aiotimer.sources.FifoSource",
+    "QueueSource": "aiotimer.sources.QueueSource",
+    "RequestSink": "aiotimer.sources.RequestSink",
+    "SocketSource": "aiotimer.sources.SocketSource",
+    "Source": "aiotimer.sources.Source",
+    "ExitKind": "aiotimer.supervisor.ExitKind",
+    "ExitReason": "aiotimer.supervisor.ExitReason",
+    "SupervisorState": "aiotimer.supervisor.SupervisorState",
+    "WorkerSnapshot": "aiotimer.supervisor.RankStatus",
+    "WorkerState": "aiotimer.supervisor.WorkerState",
+    "ClusterError": "aiotimer.errors.ClusterError",
+    "LaunchError": "aiotimer.errors.LaunchError",
+    "LeaseLostError": "aiotimer.errors.LeaseLostError",
+    "MissingExtraError": "aiotimer.errors.MissingExtraError",
+    "NodeNameTakenError": "aiotimer.errors.NodeNameTakenError",
+    "ProcessGoneError": "aiotimer.errors.ProcessGoneError",
+    "RefusedTargetError": "aiotimer.errors.RefusedTargetError",
+    "StoreUnavailableError": "aiotimer.errors.StoreUnavailableError",
 }
 
 __getattr__, __dir__ = face_getattr("aiotimer", globals(), lazy=_LAZY, moved=_MOVED)
 
-
 __all__ = [
-    "PIPE_BUF",
     "AiotimerError",
     "Backoff",
     "ClientBackpressureError",
     "Clock",
-    "ClusterError",
-    "Decoded",
-    "DurationStats",
     "Escalation",
     "Event",
-    "ExitKind",
-    "ExitReason",
     "Expires",
     "FifoClient",
-    "FifoSource",
     "InProcessClient",
     "KillPolicy",
-    "LaunchError",
     "LaunchInfo",
-    "Launcher",
-    "LeaseLostError",
-    "LifecycleState",
-    "LineDecoder",
     "LoopWatchdog",
-    "MissingExtraError",
     "MonotonicClock",
-    "NodeNameTakenError",
     "NotConfiguredError",
-    "ProcessGoneError",
     "QueueClient",
-    "QueueSource",
     "ReapError",
     "ReapPolicy",
     "ReapRetry",
     "Reaper",
-    "RefusedTargetError",
-    "Rejection",
     "Request",
-    "RequestSink",
-    "RequestTooLargeError",
     "RestartPolicy",
     "RestartScope",
     "RunOutcome",
-    "ScopeStats",
-    "ServerCounters",
-    "ServerState",
     "ServerStateError",
     "ServerUnavailableError",
     "SignalReaper",
-    "SocketSource",
-    "Source",
     "SourceError",
-    "StoreUnavailableError",
     "Supervisor",
-    "SupervisorState",
-    "Timer",
     "TimerClient",
-    "TimerKey",
     "TimerServer",
     "TimerServerThread",
-    "TimerTable",
     "Watchdog",
-    "WorkerState",
     "__version__",
     "configure",
     "current_client",
-    "encode",
     "events",
     "expires",
     "expires_at",

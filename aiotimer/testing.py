@@ -323,7 +323,7 @@ class MemorySource:
     """An in-memory :class:`~aiotimer.sources.Source`: tests push requests or raw bytes.
 
     :meth:`push` delivers :class:`~aiotimer.Request` objects as one batch;
-    :meth:`push_bytes` goes through a :class:`~aiotimer.LineDecoder` (so bad lines become
+    :meth:`push_bytes` goes through a :class:`~aiotimer.wire.LineDecoder` (so bad lines become
     rejections, as from a FIFO). While the source is being served, a push reaches the
     server synchronously; before that it is queued and delivered when serving starts.
     Use it from the event loop's thread only.

@@ -6,7 +6,7 @@ Run from the repository root::
     python -m benchmarks.bench_codec --quick    # a fraction of a second
 
 Decoding: the stream is cut into 64 KiB chunks as ``os.read`` returns them (so lines
-straddle chunks) and fed to :class:`~aiotimer.LineDecoder`. The references, on the same
+straddle chunks) and fed to :class:`~aiotimer.wire.LineDecoder`. The references, on the same
 chunks:
 
 * ``split only`` — the physical limit: carry the partial line over and ``split`` lines;
@@ -17,7 +17,7 @@ chunks:
 The same again with 1% garbage lines, which sends every chunk down the decoder's exact
 line-by-line path (the reference catches the errors torch would crash on).
 
-Encoding: :func:`~aiotimer.encode` against torch's ``json.dumps`` of the request dict
+Encoding: :func:`~aiotimer.wire.encode` against torch's ``json.dumps`` of the request dict
 plus newline, encoded to bytes.
 """
 
@@ -188,7 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         Row("1% garbage: json.loads + 4 keys", ref_dirty, ref_dirty),
         Row("1% garbage: LineDecoder.feed", time_decode(decode_aiotimer, dirty, repeat), ref_dirty),
         Row("encode: json.dumps(dict)", ref_encode, ref_encode),
-        Row("encode: aiotimer.encode", time_encode(encode, reqs * 20, repeat), ref_encode),
+        Row("encode: aiotimer.wire.encode", time_encode(encode, reqs * 20, repeat), ref_encode),
     ]
     print(
         f"wire codec: {mib:g} MiB of torch lines in {CHUNK // 1024} KiB chunks, "

@@ -5,7 +5,7 @@ Run from the repository root::
     python -m benchmarks.bench_fifo_wake            # 20k wake-ups, best of 5, both loops
     python -m benchmarks.bench_fifo_wake --quick
 
-A :class:`~aiotimer.FifoSource` feeds a sink that only counts. The benchmark writes one
+A :class:`~aiotimer.sources.FifoSource` feeds a sink that only counts. The benchmark writes one
 torch-format line to the FIFO, then waits (an ``asyncio.Event`` the sink sets) until
 the source has delivered it, and again: every line costs the reader one wake-up, one
 ``read(2)`` and one batch. The reference in the same run is the same round trip through
@@ -27,7 +27,7 @@ from typing import Any
 import anyio
 import uvloop
 
-from aiotimer import FifoSource
+from aiotimer.sources import FifoSource
 from aiotimer.wire import Decoded
 from benchmarks._util import format_table
 

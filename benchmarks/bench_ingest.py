@@ -24,7 +24,7 @@ is shared and its load drifts), each with fresh writers:
     for its final, expired acquire (seen through a pidfd), so every line was applied.
 (c) **decode-only reader** (the ceiling of any server that decodes every line): as
     (a), but reading the server's chunk size (:data:`aiotimer.sources.fifo.CHUNK_SIZE`)
-    and decoding each chunk with the server's :class:`~aiotimer.LineDecoder`, then
+    and decoding each chunk with the server's :class:`~aiotimer.wire.LineDecoder`, then
     dropping the requests: no table, no statistics, no event loop.
 
 During (b), ``--probes`` probe processes each write one acquire (a ``mono`` deadline)

@@ -14,7 +14,7 @@ source's ``CHUNK_SIZE``). Rows, each timed over the whole stream:
 
 * ``split only`` — carry the partial line over and ``split``: the floor (what
   ``bench_ingest``'s reader (a) does);
-* ``decode`` — :meth:`~aiotimer.LineDecoder.feed` per chunk;
+* ``decode`` — :meth:`~aiotimer.wire.LineDecoder.feed` per chunk;
 * ``submit`` — :meth:`Engine.submit` of the decoded batches (decoded beforehand), in a
   fresh engine as ``aiotimer serve`` builds it (a journal, a recording reaper that
   attaches every pid, no request events);

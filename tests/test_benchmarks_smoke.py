@@ -40,7 +40,7 @@ def test_bench_codec_quick(capsys: pytest.CaptureFixture[str]) -> None:
         "decode: json.loads + 4 keys",
         "decode: LineDecoder.feed",
         "1% garbage: LineDecoder.feed",
-        "encode: aiotimer.encode",
+        "encode: aiotimer.wire.encode",
     ):
         assert row in out
     assert out.count("x\n") >= 7  # every row has its ratio to json

@@ -14,13 +14,12 @@ import pytest
 
 from aiotimer import (
     Backoff,
-    Launcher,
     RestartPolicy,
     RunOutcome,
     Supervisor,
-    WorkerState,
     launch_info,
 )
+from aiotimer.client import Launcher
 from aiotimer.events import (
     Event,
     RestartScheduled,
@@ -28,7 +27,7 @@ from aiotimer.events import (
     WorkerEnded,
     WorkerStarted,
 )
-from aiotimer.supervisor import Decision, WorkerFailure
+from aiotimer.supervisor import Decision, WorkerFailure, WorkerState
 from aiotimer.supervisor._pool import WORKER_ENV, worker_env
 from aiotimer.supervisor._restart import Restart
 

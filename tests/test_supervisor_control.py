@@ -14,10 +14,11 @@ from typing import TypeVar
 import anyio
 import pytest
 
-from aiotimer import Supervisor, WorkerState
+from aiotimer import Supervisor
 from aiotimer.control import ControlClient, ControlPlane
 from aiotimer.control._format import format_status
 from aiotimer.errors import ControlError, ServerStateError
+from aiotimer.supervisor import WorkerState
 from aiotimer.testing import wait_until
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.process, pytest.mark.timeout(60)]

@@ -28,7 +28,6 @@ from aiotimer import (
     RestartScope,
     RunOutcome,
     Supervisor,
-    WorkerState,
 )
 from aiotimer.events import (
     Event,
@@ -38,6 +37,7 @@ from aiotimer.events import (
     WorkerRunning,
     WorkerStarted,
 )
+from aiotimer.supervisor import WorkerState
 from aiotimer.testing import wait_until
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(60)]

@@ -90,7 +90,7 @@ class Escalation:
 
 
 class ReapPolicy:
-    """Turns an expired :class:`~aiotimer.Timer` into a plan of steps.
+    """Turns an expired :class:`~aiotimer.core.Timer` into a plan of steps.
 
     Args:
         default: the server-wide ladder, or ``None`` for torch semantics (each timer is
