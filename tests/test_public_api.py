@@ -210,6 +210,7 @@ PUBLIC_ALL: dict[str, set[str]] = {
         "LatencyHistogram",
         "ReapOptions",
         "ScopeStats",
+        "StatsState",
         "Timer",
         "TimerKey",
         "TimerTable",
@@ -523,10 +524,22 @@ def _fresh_python(code: str) -> str:
     return done.stdout
 
 
-#: What a worker that only times blocks must not load.
+#: What a worker that only times blocks must not load: the server side, the event log,
+#: the decoder, and the server's cores (table, statistics, fold).
 HEAVY = ["anyio", "aiofiles", "ssl", "subprocess", "asyncio"] + [
     f"aiotimer.{m}"
-    for m in ("server", "sources", "events", "_eventlog", "_server_engine", "_decoder")
+    for m in (
+        "server",
+        "sources",
+        "events",
+        "reapers",
+        "_edges.eventlog",
+        "wire._decoder",
+        "core._table",
+        "core._stats",
+        "core._sketch",
+        "core._fold",
+    )
 ]
 
 

@@ -1,33 +1,66 @@
 """The wire codec: FIFO lines in, requests out; requests in, lines out. Pure: no I/O.
 
 The format, its limits and the validation of a :class:`Request` are in
-:mod:`aiotimer.wire._request`, decoding a byte stream in :mod:`aiotimer.wire._decoder`, encoding in
-:mod:`aiotimer.wire._encoder`; this module is the one the rest of the package imports them
-from.
+:mod:`aiotimer.wire._request`, decoding a byte stream (:class:`LineDecoder`) in
+:mod:`aiotimer.wire._decoder`, encoding (:func:`encode`) in :mod:`aiotimer.wire._encoder`;
+this module is the one the rest of the package imports them from. Each name is loaded on
+first use: a worker, which only encodes, never loads the decoder.
 """
 
 from __future__ import annotations
 
-from aiotimer.wire._decoder import Decoded, LineDecoder, Rejection
-from aiotimer.wire._encoder import BlockEncoder, block_encoder, encode
-from aiotimer.wire._request import (
-    ENV_FIFO,
-    MARKER_SUFFIX,
-    MAX_LINE_BYTES,
-    MAX_SCOPE_ID_LENGTH,
-    MAX_SIGNAL,
-    MAX_START_TIME,
-    PIPE_BUF,
-    PROTOCOL_VERSION,
-    TORCH_ENV_FIFO,
-    Request,
-    RequestTooLargeError,
-    check_block,
-    number_problem,
-    scope_id_problem,
-    signal_problem,
-    validate,
-)
+from typing import TYPE_CHECKING, Final
+
+from aiotimer._faces import face_getattr
+
+if TYPE_CHECKING:
+    from aiotimer.wire._decoder import Decoded, LineDecoder, Rejection
+    from aiotimer.wire._encoder import BlockEncoder, block_encoder, encode
+    from aiotimer.wire._request import (
+        ENV_FIFO,
+        MARKER_SUFFIX,
+        MAX_LINE_BYTES,
+        MAX_SCOPE_ID_LENGTH,
+        MAX_SIGNAL,
+        MAX_START_TIME,
+        PIPE_BUF,
+        PROTOCOL_VERSION,
+        TORCH_ENV_FIFO,
+        Request,
+        RequestTooLargeError,
+        check_block,
+        number_problem,
+        scope_id_problem,
+        signal_problem,
+        validate,
+    )
+
+_LAZY: Final[dict[str, str]] = {
+    "Decoded": "aiotimer.wire._decoder",
+    "LineDecoder": "aiotimer.wire._decoder",
+    "Rejection": "aiotimer.wire._decoder",
+    "BlockEncoder": "aiotimer.wire._encoder",
+    "block_encoder": "aiotimer.wire._encoder",
+    "encode": "aiotimer.wire._encoder",
+    "ENV_FIFO": "aiotimer.wire._request",
+    "MARKER_SUFFIX": "aiotimer.wire._request",
+    "MAX_LINE_BYTES": "aiotimer.wire._request",
+    "MAX_SCOPE_ID_LENGTH": "aiotimer.wire._request",
+    "MAX_SIGNAL": "aiotimer.wire._request",
+    "MAX_START_TIME": "aiotimer.wire._request",
+    "PIPE_BUF": "aiotimer.wire._request",
+    "PROTOCOL_VERSION": "aiotimer.wire._request",
+    "TORCH_ENV_FIFO": "aiotimer.wire._request",
+    "Request": "aiotimer.wire._request",
+    "RequestTooLargeError": "aiotimer.wire._request",
+    "check_block": "aiotimer.wire._request",
+    "number_problem": "aiotimer.wire._request",
+    "scope_id_problem": "aiotimer.wire._request",
+    "signal_problem": "aiotimer.wire._request",
+    "validate": "aiotimer.wire._request",
+}
+
+__getattr__, __dir__ = face_getattr("aiotimer.wire", globals(), lazy=_LAZY)
 
 __all__ = [
     "ENV_FIFO",
