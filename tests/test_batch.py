@@ -10,6 +10,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+from _pids import fake_pid
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -25,6 +26,8 @@ from aiotimer.testing import FakeClock, MemorySource, RecordingReaper
 from aiotimer.wire import Decoded
 
 KILL = int(signal.SIGKILL)
+#: Made-up workers fed to the server and the engine (see tests/_pids.py).
+P100, P101, P102 = map(fake_pid, (100, 101, 102))
 FAR = 4e9  # an epoch deadline in 2096
 
 requests = st.lists(
@@ -151,7 +154,7 @@ def test_fold_examples() -> None:
 async def test_a_block_begun_and_ended_in_one_batch_never_reaches_the_table() -> None:
     source, reaper = MemorySource(), RecordingReaper()
     async with TimerServer(sources=[source], clock=FakeClock(), reaper=reaper) as server:
-        source.push(Request(100, "x.py:1#1", FAR, KILL), Request(100, "x.py:1#1", -1, 0))
+        source.push(Request(P100, "x.py:1#1", FAR, KILL), Request(P100, "x.py:1#1", -1, 0))
         state = server.get_state()
         assert state.timers == ()
         assert (state.counters.acquired, state.counters.released) == (1, 1)
@@ -164,11 +167,11 @@ async def test_a_block_begun_and_ended_in_one_batch_never_reaches_the_table() ->
 async def test_a_folded_block_still_replaces_and_ends_a_live_timer() -> None:
     source = MemorySource()
     async with TimerServer(sources=[source], clock=FakeClock(), reaper=RecordingReaper()) as srv:
-        source.push(Request(100, "s", FAR, KILL))
+        source.push(Request(P100, "s", FAR, KILL))
         [first] = srv.get_state().timers
-        source.push(Request(100, "s", FAR + 50, KILL), Request(100, "s", -1, 0))
+        source.push(Request(P100, "s", FAR + 50, KILL), Request(P100, "s", -1, 0))
         assert srv.get_state().timers == ()
-        source.push(Request(100, "s", FAR, KILL), Request(100, "s", FAR + 50, KILL))
+        source.push(Request(P100, "s", FAR, KILL), Request(P100, "s", FAR + 50, KILL))
         [timer] = srv.get_state().timers  # the later acquire replaced the superseded one
         assert timer.deadline == pytest.approx(first.deadline + 50)
 
@@ -176,7 +179,7 @@ async def test_a_folded_block_still_replaces_and_ends_a_live_timer() -> None:
 # -- the engine: a folded batch leaves what applying its requests one by one leaves --------
 
 SOON = 5.0  # seconds: "soon" acquires expire when the clock moves past it
-ALL_PIDS = (100, 101, 102)
+ALL_PIDS = (P100, P101, P102)
 ALL_SCOPES = ("a.py:1#1", "a.py:1#2", "b.py:2#1")  # two sites
 pids = st.sampled_from(ALL_PIDS)
 scopes = st.sampled_from(ALL_SCOPES)
@@ -246,7 +249,7 @@ def _engine_state(
                 engine.submit(Decoded([req]), "test")
             engine.restore(restored, "journal")
             clock.advance(SOON + 1)
-            engine.submit(Decoded([Request(999, "tick", -1.0, 0)]), "test")  # expire now
+            engine.submit(Decoded([Request(fake_pid(999), "tick", -1.0, 0)]), "test")  # expire now
             if one_by_one:
                 for req in batch:
                     engine.submit(Decoded([req]), "test")
@@ -297,13 +300,13 @@ def test_the_engine_applies_a_folded_batch_like_its_requests_one_by_one(
 
 @pytest.mark.parametrize("caps", [(24, 2), (2, 24)])
 def test_near_a_cap_a_batch_is_applied_one_by_one(caps: tuple[int, int]) -> None:
-    """An open block counts toward the caps while it is open: here it fills worker 100's
+    """An open block counts toward the caps while it is open: here it fills worker P100's
     (or the table's) last place, so the acquire that comes next is rejected."""
-    prior = [Request(100, "a.py:1#1", FAR, KILL)]
+    prior = [Request(P100, "a.py:1#1", FAR, KILL)]
     batch = [
-        Request(100, "a.py:1#2", FAR, KILL),
-        Request(100, "b.py:2#1", FAR, KILL),  # no room while a.py:1#2 is open
-        Request(100, "a.py:1#2", -1.0, 0),
+        Request(P100, "a.py:1#2", FAR, KILL),
+        Request(P100, "b.py:2#1", FAR, KILL),  # no room while a.py:1#2 is open
+        Request(P100, "a.py:1#2", -1.0, 0),
     ]
     folded = _engine_state(prior, [], batch, caps, one_by_one=False)
     assert folded == _engine_state(prior, [], batch, caps, one_by_one=True)

@@ -31,6 +31,7 @@ from typing import Any
 from unittest import mock
 
 import pytest
+from _pids import fake_pid
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -55,8 +56,8 @@ from aiotimer.wire import LineDecoder, Request, encode
 
 #: Generous bound for "the server handled it" waits on a busy 2-core machine.
 WAIT = 10.0
-#: Pids for timers of fake workers (RecordingReaper attaches any pid; none is signalled).
-FAKE_PID, OTHER_FAKE_PID = 4_000_001, 4_000_002
+#: Pids for timers of fake workers (see tests/_pids.py): no process has them.
+FAKE_PID, OTHER_FAKE_PID = fake_pid(1), fake_pid(2)
 
 FORK = multiprocessing.get_context("fork")
 

@@ -21,6 +21,7 @@ from typing import TypeVar
 
 import anyio
 import pytest
+from _pids import fake_pid
 
 from aiotimer import Escalation, ReapPolicy
 from aiotimer import events as ev
@@ -32,6 +33,9 @@ from aiotimer.testing import MemorySource, RecordingReaper, settle, wait_until
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(30)]
 
 _T = TypeVar("_T")
+
+#: Made-up workers (see tests/_pids.py): never this process, pid 1 or a live one.
+P4242, P4343 = fake_pid(4242), fake_pid(4343)
 
 
 async def call(fn: Callable[[], _T]) -> _T:
@@ -61,23 +65,23 @@ def reaped(server: TimerServer) -> int:
 
 async def test_state_lists_timers_workers_and_counters(tmp_path: Path) -> None:
     async with serving(tmp_path) as (server, client, _):
-        server.acquire("load", 60, pid=4242)
-        server.acquire("step", 30, pid=4242)
+        server.acquire("load", 60, pid=P4242)
+        server.acquire("step", 30, pid=P4242)
         server.acquire("mine", 90)  # the server's own process: listed, never watched
         snap = await call(client.state)
     assert isinstance(snap, StatusSnapshot)
     assert snap.server.pid == os.getpid() and snap.server.state == "running"
     assert snap.server.control == str(tmp_path / "ctl" / "http.sock")
     assert [(t.pid, t.scope_id) for t in snap.timers] == [
-        (4242, "step"),
-        (4242, "load"),
+        (P4242, "step"),
+        (P4242, "load"),
         (os.getpid(), "mine"),
     ]
     assert 29 < snap.timers[0].seconds_left <= 30
     assert abs(snap.timers[0].deadline - (time.time() + snap.timers[0].seconds_left)) < 1
     workers = {w.pid: w for w in snap.workers}
-    assert workers[4242].state == "timed" and workers[4242].timers == 2
-    assert set(workers[4242].scopes) == {"load", "step"}
+    assert workers[P4242].state == "timed" and workers[P4242].timers == 2
+    assert set(workers[P4242].scopes) == {"load", "step"}
     assert workers[os.getpid()].timers == 1
     assert snap.counters["acquired"] == 3 and snap.timers_total == 3
     assert not snap.truncated
@@ -86,7 +90,7 @@ async def test_state_lists_timers_workers_and_counters(tmp_path: Path) -> None:
 async def test_lists_are_cut_at_the_limit_with_exact_totals(tmp_path: Path) -> None:
     async with serving(tmp_path) as (server, client, _):
         for i in range(50):
-            server.acquire(f"s{i}", 100 - i, pid=1000 + i % 10)
+            server.acquire(f"s{i}", 100 - i, pid=fake_pid(1000 + i % 10))
         snap = await call(lambda: client.state(limit=5))
     assert [t.scope_id for t in snap.timers] == ["s49", "s48", "s47", "s46", "s45"]
     assert snap.timers_total == 50 and snap.workers_total == 10
@@ -97,7 +101,7 @@ async def test_events_since_a_number(tmp_path: Path) -> None:
     async with serving(tmp_path) as (server, client, _):
         first = await call(client.events)
         assert [e["event"] for e in first.events] == ["server_started"]
-        server.acquire("late", 0, pid=4242)  # expires at once: expired, then reaped
+        server.acquire("late", 0, pid=P4242)  # expires at once: expired, then reaped
         await wait_until(lambda: reaped(server) == 1)
         page = await call(lambda: client.events(since=first.last))
     kinds = [e["event"] for e in page.events]
@@ -108,8 +112,8 @@ async def test_events_since_a_number(tmp_path: Path) -> None:
 
 async def test_metrics_come_from_the_servers_own_state(tmp_path: Path) -> None:
     async with serving(tmp_path) as (server, client, _):
-        server.acquire("a", 60, pid=4242)
-        server.acquire("b", 0, pid=4343)
+        server.acquire("a", 60, pid=P4242)
+        server.acquire("b", 0, pid=P4343)
         await wait_until(lambda: reaped(server) == 1)
         text = await call(client.metrics)
     lines = dict(line.rsplit(" ", 1) for line in text.splitlines() if not line.startswith("#"))
@@ -124,13 +128,13 @@ async def test_metrics_come_from_the_servers_own_state(tmp_path: Path) -> None:
 async def test_dump_of_a_worker_on_demand(tmp_path: Path) -> None:
     reaper = RecordingReaper(stack_dump="Thread 0x1 (most recent call first)")
     async with serving(tmp_path, reaper=reaper) as (server, client, _):
-        server.acquire("a", 60, pid=4242)
-        text = await call(lambda: client.dump(4242, timeout=1))
+        server.acquire("a", 60, pid=P4242)
+        text = await call(lambda: client.dump(P4242, timeout=1))
         with pytest.raises(ControlError, match="404"):
-            await call(lambda: client.dump(999, timeout=1))
+            await call(lambda: client.dump(fake_pid(999), timeout=1))
     assert text == reaper.stack_dump
-    assert reaper.methods(4242).count("dump_stacks") == 1
-    assert "signal" not in reaper.methods(4242)
+    assert reaper.methods(P4242).count("dump_stacks") == 1
+    assert "signal" not in reaper.methods(P4242)
 
 
 async def test_bad_requests_get_clear_errors(tmp_path: Path) -> None:
@@ -230,7 +234,7 @@ async def test_async_on_event_is_awaited_in_order_and_cannot_stall(tmp_path: Pat
     reaper = RecordingReaper()
     async with TimerServer(sources=[MemorySource()], reaper=reaper, on_event=slow) as server:
         for i in range(3):
-            server.acquire(f"t{i}", 0, pid=4000 + i)
+            server.acquire(f"t{i}", 0, pid=fake_pid(4000 + i))
         # Expiry and reaping went on while the callback was stuck.
         await wait_until(lambda: len(reaper.signals()) == 3)
         release.set()
@@ -250,14 +254,14 @@ async def test_events_iterator_ends_when_the_server_stops(tmp_path: Path) -> Non
         tg.start_soon(read)
         await settle()
         async with server:
-            server.acquire("x", 0, pid=4242)
+            server.acquire("x", 0, pid=P4242)
             await wait_until(lambda: "worker_reaped" in kinds)
     assert kinds[0] == "server_started" and kinds[-1] == "server_stopped"
 
 
 async def test_a_blocked_loop_is_reported_as_loop_lag(tmp_path: Path) -> None:
     async with serving(tmp_path, lag_threshold=0.1) as (server, client, seen):
-        server.acquire("x", 0.05, pid=4242)
+        server.acquire("x", 0.05, pid=P4242)
         time.sleep(0.4)  # the host program blocks the loop past the deadline
         await wait_until(lambda: any(isinstance(e, ev.LoopLagged) for e in seen))
         snap = await call(client.state)
@@ -268,7 +272,7 @@ async def test_a_blocked_loop_is_reported_as_loop_lag(tmp_path: Path) -> None:
 
 async def test_a_snapshot_from_another_thread_is_taken_in_the_loop(tmp_path: Path) -> None:
     async with serving(tmp_path) as (server, _, _):
-        server.acquire("x", 60, pid=4242)
+        server.acquire("x", 60, pid=P4242)
         snap = await call(server.snapshot)
     assert snap.timers_total == 1 and snap.timers[0].scope_id == "x"
 
@@ -276,12 +280,12 @@ async def test_a_snapshot_from_another_thread_is_taken_in_the_loop(tmp_path: Pat
 async def test_a_worker_being_reaped_is_listed_as_reaping(tmp_path: Path) -> None:
     ladder = Escalation(soft_signal=signal.SIGTERM, grace=30.0, kill_signal=signal.SIGKILL)
     async with serving(tmp_path, policy=ReapPolicy(ladder)) as (server, client, seen):
-        server.acquire("stuck", 0, pid=4242)  # SIGTERM now, SIGKILL in 30 s
-        server.acquire("fine", 60, pid=4343)
+        server.acquire("stuck", 0, pid=P4242)  # SIGTERM now, SIGKILL in 30 s
+        server.acquire("fine", 60, pid=P4343)
         await wait_until(lambda: any(isinstance(e, ev.SignalSent) for e in seen))
         snap = await call(client.state)
         text = await call(client.metrics)
-    assert {w.pid: w.state for w in snap.workers} == {4242: "reaping", 4343: "timed"}
+    assert {w.pid: w.state for w in snap.workers} == {P4242: "reaping", P4343: "timed"}
     assert 'aiotimer_workers{state="reaping"} 1.0' in text.splitlines()
     assert 'aiotimer_workers{state="idle"} 0.0' in text.splitlines()
 
@@ -291,7 +295,7 @@ async def test_metrics_over_loopback_tcp_only_metrics(tmp_path: Path) -> None:
     async with server, ControlPlane(server, path=False, metrics_port=0) as plane:
         port = plane.metrics_port
         assert port is not None and plane.path is None
-        server.acquire("a", 60, pid=4242)
+        server.acquire("a", 60, pid=P4242)
 
         def get(path: str) -> tuple[int, str]:
             try:

@@ -16,6 +16,7 @@ from pathlib import Path
 import _lines
 import anyio
 import pytest
+from _pids import fake_pid
 
 from aiotimer import diagnostics
 from aiotimer.diagnostics import (
@@ -219,7 +220,7 @@ async def test_no_hook_means_no_signal(tmp_path: Path) -> None:
     "header",
     [
         "aiotimer-dump-hook pid={pid} start=1 signal=10\n",  # an earlier process's file
-        "aiotimer-dump-hook pid=1 start=- signal=10\n",  # another pid's file
+        "aiotimer-dump-hook pid={other} start=- signal=10\n",  # another pid's file
         "something else entirely\n",
         "",
     ],
@@ -227,7 +228,7 @@ async def test_no_hook_means_no_signal(tmp_path: Path) -> None:
 @pytest.mark.asyncio
 async def test_stale_or_foreign_files_are_not_trusted(tmp_path: Path, header: str) -> None:
     pid = os.getpid()
-    dump_path_for(pid, tmp_path).write_text(header.format(pid=pid))
+    dump_path_for(pid, tmp_path).write_text(header.format(pid=pid, other=fake_pid(1)))
     assert hook_info(pid, tmp_path) is None
     assert await collect_dump(pid, send_signal=never_signal, dump_dir=tmp_path) is None
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import anyio
 import pytest
+from _pids import fake_pid
 
 from aiotimer import TimerServer
 from aiotimer.events import Event, TimerExpired
@@ -36,7 +37,8 @@ from aiotimer.wire import Request, encode
 pytestmark = [pytest.mark.process, pytest.mark.timeout(30)]
 
 KILL = 9
-DUE, OTHER_DUE, LATE = 4242, 4343, 4444  # digits that no flood line holds
+# Made-up workers (see tests/_pids.py), with digits that no flood line holds.
+DUE, OTHER_DUE, LATE = fake_pid(4242), fake_pid(4343), fake_pid(4444)
 
 
 @pytest.fixture(autouse=True, params=["tee", "read"])
@@ -79,7 +81,7 @@ class Rig:
         """Move the clock to ``deadline`` and make the server handle it at once, with
         the FIFO's reader task never run meanwhile (a stalled loop)."""
         self.clock.advance(deadline - self.clock.monotonic())
-        self.server.submit(Request(1_000_000, "tick", -1, 0))  # an unrelated request
+        self.server.submit(Request(fake_pid(1_000_000), "tick", -1, 0))  # an unrelated request
 
 
 @asynccontextmanager
@@ -105,7 +107,7 @@ async def rig(tmp_path: pathlib.Path) -> AsyncIterator[Rig]:
             os.close(fd)
 
 
-def flood(lines: int, first_pid: int = 5000) -> bytes:
+def flood(lines: int, first_pid: int = fake_pid(5000)) -> bytes:
     """Releases of unknown timers of 100 other workers: applied, and no-ops."""
     return b"".join(encode(Request(first_pid + i % 100, f"s{i % 7}", -1, 0)) for i in range(lines))
 
@@ -135,11 +137,11 @@ async def test_a_release_behind_a_backlog_wins_and_the_flood_after_it_waits(
         r.server.submit(Request(OTHER_DUE, "b", 1.0, KILL, mono=1.0))
         # Little before the release (the drain budget bounds what is applied before an
         # expiry), a lot after it.
-        before, after = flood(400), flood(r.capacity // 2 // 70, first_pid=6000)
+        before, after = flood(400), flood(r.capacity // 2 // 70, first_pid=fake_pid(6000))
         r.write(before + release(DUE, "a") + after)
         applied = r.requests()
         r.stall_until(1.0)
-        # 4242 released in time; 4343, named nowhere, reaped at once.
+        # DUE released in time; OTHER_DUE, named nowhere, reaped at once.
         assert r.reaper.signals() == [(OTHER_DUE, KILL)]
         assert [e.pid for e in r.events if isinstance(e, TimerExpired)] == [OTHER_DUE]
         # Applied when it acted: the lines up to the release, not the flood after it.
@@ -172,12 +174,12 @@ async def test_a_due_worker_named_nowhere_is_reaped_before_any_of_the_flood(
 async def test_an_expired_acquire_applied_first_is_looked_for_before_it_is_reaped(
     tmp_path: pathlib.Path,
 ) -> None:
-    """The drain applies an acquire that has expired already (4444's): its worker is
+    """The drain applies an acquire that has expired already (LATE's): its worker is
     looked for in turn, and its release, further on in the pipe, wins."""
     async with rig(tmp_path) as r:
         r.server.submit(Request(DUE, "a", 1.0, KILL, mono=1.0))
         chunk = flood(200)
-        rest = flood(r.capacity // 2 // 70, first_pid=6000)
+        rest = flood(r.capacity // 2 // 70, first_pid=fake_pid(6000))
         r.write(
             chunk
             + acquire(LATE, "late", deadline=0.5)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+from _pids import fake_pid
 
 from aiotimer import KillPolicy, SignalReaper, TimerServer
 from aiotimer._edges.procfs import read_start_time
@@ -311,9 +312,9 @@ def test_a_stalled_server_flooded_after_the_releases_kills_no_worker_that_releas
             capacity = fcntl.fcntl(flood_fd, fcntl.F_GETPIPE_SZ)
             time.sleep(0.2)  # the server reads the acquires
             os.kill(server.pid, signal.SIGSTOP)
-            assert _flood(flood_fd, 16 * 1024, first_pid=5000) >= 16 * 1024
+            assert _flood(flood_fd, 16 * 1024, first_pid=fake_pid(5000)) >= 16 * 1024
             _release(workers[:3])
-            assert _flood(flood_fd, capacity, first_pid=6000) > capacity // 2
+            assert _flood(flood_fd, capacity, first_pid=fake_pid(6000)) > capacity // 2
             time.sleep(2.8)  # every deadline passes while the server is stopped
             _resume_and_check(server, workers)
         finally:

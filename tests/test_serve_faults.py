@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _pids import fake_pid
 from _procs import BOUND, Sentinel, env, events, kinds, line, send, serve_argv, serving
 
 from aiotimer.cli import main
@@ -75,7 +76,7 @@ def test_an_undrained_stderr_and_a_garbage_flood_never_delay_a_reap(tmp_path: Pa
         garbage = b"".join(b"garbage line %d, not JSON\n" % i for i in range(5_000))
         unknown = b"".join(
             b'{"pid": %d, "scope_id": "s", "expiration_time": 1e12, "signal": 9}\n'
-            % (4_000_000 + i)
+            % fake_pid(i + 1)
             for i in range(5_000)
         )
         send(fifo, garbage + unknown)

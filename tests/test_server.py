@@ -20,6 +20,7 @@ from typing import Any, Literal, TypeVar
 import anyio
 import anyio.abc
 import pytest
+from _pids import fake_pid
 
 from aiotimer import Request
 from aiotimer._edges.clock import MonotonicClock
@@ -55,6 +56,8 @@ from aiotimer.wire import Decoded
 E = TypeVar("E", bound=Event)
 KILL = int(signal.SIGKILL)
 TERM = int(signal.SIGTERM)
+#: Made-up workers (see tests/_pids.py): never this process, pid 1 or a live one.
+P1, P2, P3, P7, P100, P666, P4242 = map(fake_pid, (1, 2, 3, 7, 100, 666, 4242))
 
 
 @dataclass
@@ -110,14 +113,14 @@ async def rig(**kwargs: Any) -> AsyncIterator[Rig]:
 @pytest.mark.asyncio
 async def test_expires_exactly_at_deadline_not_before() -> None:
     async with rig() as r:
-        r.acquire(100, "a", at=10.0)
+        r.acquire(P100, "a", at=10.0)
         await r.advance(9.999)
         assert r.reaper.signals() == []
         assert r.clock.next_wakeup() == 10.0
         await r.advance(0.001)
-        assert r.reaper.signals() == [(100, KILL)]
+        assert r.reaper.signals() == [(P100, KILL)]
         [expired] = r.of(TimerExpired)
-        assert (expired.pid, expired.scope_id, expired.late) == (100, "a", 0.0)
+        assert (expired.pid, expired.scope_id, expired.late) == (P100, "a", 0.0)
         [reaped] = r.of(WorkerReaped)
         assert reaped.scopes == ("a",)
         assert r.server.get_state().timers == ()
@@ -128,27 +131,27 @@ async def test_torch_line_deadline_is_translated_from_wall_clock() -> None:
     async with rig() as r:
         wall = r.clock.time() + 5.0
         r.source.push_bytes(
-            b'{"version": 1, "pid": 7, "scope_id": "t.py#1", '
+            b'{"version": 1, "pid": %d, "scope_id": "t.py#1", ' % P7
             + f'"expiration_time": {wall!r}, "signal": 15}}\n'.encode()
         )
         [timer] = r.server.get_state().timers
         assert timer.deadline == pytest.approx(5.0)
         await r.advance(5.0)
-        assert r.reaper.signals() == [(7, TERM)]
+        assert r.reaper.signals() == [(P7, TERM)]
 
 
 @pytest.mark.asyncio
 async def test_lag_runs_from_the_deadline_or_from_an_already_late_arrival() -> None:
     async with rig() as r:
-        r.acquire(1, "known", at=10.0)
+        r.acquire(P1, "known", at=10.0)
         await r.advance(50.0)  # the loop wakes 40 s after a deadline it knew
         [lagged] = r.of(LoopLagged)
         assert lagged.lag == pytest.approx(40.0)
-        r.acquire(2, "arrived-late", at=10.0)  # 40 s past its deadline on arrival
+        r.acquire(P2, "arrived-late", at=10.0)  # 40 s past its deadline on arrival
         await settle()
-        assert r.reaper.signals() == [(1, KILL), (2, KILL)]
+        assert r.reaper.signals() == [(P1, KILL), (P2, KILL)]
         late = {e.pid: e.late for e in r.of(TimerExpired)}
-        assert late == {1: pytest.approx(40.0), 2: pytest.approx(40.0)}
+        assert late == {P1: pytest.approx(40.0), P2: pytest.approx(40.0)}
         assert len(r.of(LoopLagged)) == 1  # the loop was not late for pid 2
         snap = r.server.snapshot(0)
     assert snap.reap_latency.count == 2
@@ -159,37 +162,37 @@ async def test_lag_runs_from_the_deadline_or_from_an_already_late_arrival() -> N
 @pytest.mark.asyncio
 async def test_expiry_in_deadline_order() -> None:
     async with rig() as r:
-        for pid, at in [(1, 3.0), (2, 1.0), (3, 2.0)]:
+        for pid, at in [(P1, 3.0), (P2, 1.0), (P3, 2.0)]:
             r.acquire(pid, f"s{pid}", at=at, sig=0)
         await r.advance(5.0)
-        assert [e.pid for e in r.of(TimerExpired)] == [2, 3, 1]
+        assert [e.pid for e in r.of(TimerExpired)] == [P2, P3, P1]
 
 
 @pytest.mark.asyncio
 async def test_earlier_deadline_rearms_sleeper_at_once() -> None:
     async with rig() as r:
-        r.acquire(1, "late", at=100.0)
+        r.acquire(P1, "late", at=100.0)
         await settle()
         assert r.clock.next_wakeup() == 100.0
-        r.acquire(2, "early", at=5.0)
+        r.acquire(P2, "early", at=5.0)
         await settle()
         assert r.clock.next_wakeup() == 5.0
         await r.advance(5.0)
-        assert r.reaper.signals() == [(2, KILL)]
+        assert r.reaper.signals() == [(P2, KILL)]
 
 
 @pytest.mark.asyncio
 async def test_a_deadline_that_falls_while_the_loop_is_busy_is_handled_by_the_next_batch() -> None:
     async with rig() as r:
-        r.acquire(1, "a", at=1.0)
+        r.acquire(P1, "a", at=1.0)
         await settle()
         r.clock.advance(1.0)  # the deadline falls; the expiry task has not run since
-        r.release(2, "other")  # any batch: the sink handles what came due before returning
-        assert r.reaper.signals() == [(1, KILL)]
+        r.release(P2, "other")  # any batch: the sink handles what came due before returning
+        assert r.reaper.signals() == [(P1, KILL)]
         [expired] = r.of(TimerExpired)
         assert expired.late == 0.0
         await settle()  # the expiry task wakes up and finds nothing left to do
-        assert len(r.of(TimerExpired)) == 1 and r.reaper.signals() == [(1, KILL)]
+        assert len(r.of(TimerExpired)) == 1 and r.reaper.signals() == [(P1, KILL)]
 
 
 class SleepRecordingClock(MonotonicClock):
@@ -223,7 +226,7 @@ async def test_on_the_loop_clock_the_expiry_task_never_fires_early() -> None:
     server = TimerServer(sources=[source], clock=clock, reaper=reaper, on_event=events.append)
     async with server:
         deadline = time.monotonic() + 0.05
-        source.push(Request(1, "a", time.time() + 0.05, KILL, mono=deadline))
+        source.push(Request(P1, "a", time.time() + 0.05, KILL, mono=deadline))
         with anyio.fail_after(5):
             while not any(isinstance(e, WorkerReaped) for e in events):
                 await anyio.sleep(0.01)
@@ -238,10 +241,10 @@ async def test_on_the_loop_clock_the_expiry_task_never_fires_early() -> None:
 @pytest.mark.asyncio
 async def test_release_in_time_prevents_reap() -> None:
     async with rig() as r:
-        r.acquire(1, "a", at=5.0)
+        r.acquire(P1, "a", at=5.0)
         await r.advance(4.0)
-        r.release(1, "a")
-        r.release(1, "never-acquired")  # a no-op
+        r.release(P1, "a")
+        r.release(P1, "never-acquired")  # a no-op
         await r.advance(10.0)
         assert r.reaper.signals() == []
         counters = r.server.get_state().counters
@@ -251,19 +254,19 @@ async def test_release_in_time_prevents_reap() -> None:
 @pytest.mark.asyncio
 async def test_acquire_replaces_deadline() -> None:
     async with rig() as r:
-        r.acquire(1, "a", at=5.0)
-        r.acquire(1, "a", at=50.0)
+        r.acquire(P1, "a", at=5.0)
+        r.acquire(P1, "a", at=50.0)
         await r.advance(10.0)
         assert r.reaper.signals() == []
         await r.advance(40.0)
-        assert r.reaper.signals() == [(1, KILL)]
+        assert r.reaper.signals() == [(P1, KILL)]
 
 
 @pytest.mark.asyncio
 async def test_report_only_clears_only_itself() -> None:
     async with rig() as r:
-        r.acquire(1, "shadow", at=1.0, sig=0)
-        r.acquire(1, "real", at=9.0)
+        r.acquire(P1, "shadow", at=1.0, sig=0)
+        r.acquire(P1, "real", at=9.0)
         await r.advance(1.0)
         [expired] = r.of(TimerExpired)
         assert expired.report_only and expired.scope_id == "shadow"
@@ -274,51 +277,51 @@ async def test_report_only_clears_only_itself() -> None:
 @pytest.mark.asyncio
 async def test_reap_clears_the_workers_other_timers() -> None:
     async with rig() as r:
-        r.acquire(1, "first", at=1.0)
-        r.acquire(1, "second", at=9.0)
-        r.acquire(2, "other-worker", at=9.0)
+        r.acquire(P1, "first", at=1.0)
+        r.acquire(P1, "second", at=9.0)
+        r.acquire(P2, "other-worker", at=9.0)
         await r.advance(1.0)
-        assert r.reaper.signals() == [(1, KILL)]
+        assert r.reaper.signals() == [(P1, KILL)]
         [reaped] = r.of(WorkerReaped)
         assert reaped.scopes == ("first", "second")
-        assert [(t.pid, t.scope_id) for t in r.server.get_state().timers] == [(2, "other-worker")]
+        assert [(t.pid, t.scope_id) for t in r.server.get_state().timers] == [(P2, "other-worker")]
 
 
 @pytest.mark.asyncio
 async def test_worker_exit_clears_timers_without_signal() -> None:
     async with rig() as r:
-        r.acquire(1, "a", at=5.0)
-        r.acquire(1, "b", at=6.0)
+        r.acquire(P1, "a", at=5.0)
+        r.acquire(P1, "b", at=6.0)
         await settle()
-        assert r.server.get_state().workers == (1,)
-        r.reaper.exit(1)
+        assert r.server.get_state().workers == (P1,)
+        r.reaper.exit(P1)
         await settle()
         [exited] = r.of(WorkerExited)
-        assert (exited.pid, sorted(exited.cleared), exited.reason) == (1, ["a", "b"], "exited")
+        assert (exited.pid, sorted(exited.cleared), exited.reason) == (P1, ["a", "b"], "exited")
         assert r.server.get_state().timers == ()
         assert r.server.get_state().workers == ()
         await r.advance(10.0)
         assert r.reaper.signals() == []
-        assert r.reaper.methods(1) == ["attach", "wait_exit", "detach"]
+        assert r.reaper.methods(P1) == ["attach", "wait_exit", "detach"]
 
 
 @pytest.mark.asyncio
 async def test_worker_attached_once_and_reattached_after_exit() -> None:
     async with rig() as r:
-        r.acquire(1, "a", at=5.0)
-        r.acquire(1, "b", at=5.0)
+        r.acquire(P1, "a", at=5.0)
+        r.acquire(P1, "b", at=5.0)
         await settle()
-        r.reaper.exit(1)
+        r.reaper.exit(P1)
         await settle()
-        assert r.reaper.methods(1) == ["attach", "wait_exit", "detach"]
+        assert r.reaper.methods(P1) == ["attach", "wait_exit", "detach"]
 
 
 @pytest.mark.asyncio
 async def test_unknown_worker_is_dropped_with_an_event() -> None:
-    async with rig(reaper=RecordingReaper(nonexistent={666})) as r:
-        r.acquire(666, "ghost", at=1.0)
+    async with rig(reaper=RecordingReaper(nonexistent={P666})) as r:
+        r.acquire(P666, "ghost", at=1.0)
         [unknown] = r.of(WorkerUnknown)
-        assert (unknown.pid, unknown.scope_id, unknown.source) == (666, "ghost", "memory")
+        assert (unknown.pid, unknown.scope_id, unknown.source) == (P666, "ghost", "memory")
         assert r.server.get_state().timers == ()
 
 
@@ -326,8 +329,8 @@ async def test_unknown_worker_is_dropped_with_an_event() -> None:
 async def test_failed_reap_is_retried_with_backoff_and_never_reported_as_success() -> None:
     retry = ReapRetry(attempts=5, initial=0.1, maximum=5.0, factor=2.0)
     async with rig(reap_retry=retry) as r:
-        r.reaper.fail_signals(1, times=2)
-        r.acquire(1, "a", at=1.0)
+        r.reaper.fail_signals(P1, times=2)
+        r.acquire(P1, "a", at=1.0)
         await r.advance(1.0)
         assert [(e.attempt, e.retry_in) for e in r.of(ReapFailed)] == [(1, 0.1)]
         assert r.of(WorkerReaped) == []
@@ -342,16 +345,16 @@ async def test_failed_reap_is_retried_with_backoff_and_never_reported_as_success
 @pytest.mark.asyncio
 async def test_reap_abandoned_after_last_attempt_and_worker_stays_watched() -> None:
     async with rig(reap_retry=ReapRetry(attempts=3, initial=1.0)) as r:
-        r.reaper.fail_signals(1, times=100)
-        r.acquire(1, "a", at=1.0)
+        r.reaper.fail_signals(P1, times=100)
+        r.acquire(P1, "a", at=1.0)
         for _ in range(5):
             await r.advance(5.0)
         assert len(r.of(ReapFailed)) == 2
         [abandoned] = r.of(ReapAbandoned)
         assert abandoned.attempts == 3
         assert r.of(WorkerReaped) == []
-        assert r.server.get_state().workers == (1,)
-        r.reaper.exit(1)
+        assert r.server.get_state().workers == (P1,)
+        r.reaper.exit(P1)
         await settle()
         assert len(r.of(WorkerExited)) == 1
 
@@ -359,8 +362,8 @@ async def test_reap_abandoned_after_last_attempt_and_worker_stays_watched() -> N
 @pytest.mark.asyncio
 async def test_process_gone_at_signal_time_is_not_a_failure() -> None:
     async with rig() as r:
-        r.reaper.fail_signals(1, times=1, error=ProcessGoneError("gone"))
-        r.acquire(1, "a", at=1.0)
+        r.reaper.fail_signals(P1, times=1, error=ProcessGoneError("gone"))
+        r.acquire(P1, "a", at=1.0)
         await r.advance(1.0)
         [exited] = r.of(WorkerExited)
         assert exited.reason == "gone before signal"
@@ -370,23 +373,23 @@ async def test_process_gone_at_signal_time_is_not_a_failure() -> None:
 @pytest.mark.asyncio
 async def test_grace_escalates_to_sigkill_unless_worker_exits() -> None:
     async with rig() as r:
-        r.acquire(1, "stubborn", at=1.0, sig=TERM, grace=2.0)
-        r.acquire(2, "polite", at=1.0, sig=TERM, grace=2.0)
+        r.acquire(P1, "stubborn", at=1.0, sig=TERM, grace=2.0)
+        r.acquire(P2, "polite", at=1.0, sig=TERM, grace=2.0)
         await r.advance(1.0)
-        assert sorted(r.reaper.signals()) == [(1, TERM), (2, TERM)]
-        r.reaper.exit(2)
+        assert sorted(r.reaper.signals()) == [(P1, TERM), (P2, TERM)]
+        r.reaper.exit(P2)
         await r.advance(2.0)
-        assert sorted(r.reaper.signals()) == [(1, KILL), (1, TERM), (2, TERM)]
+        assert sorted(r.reaper.signals()) == [(P1, KILL), (P1, TERM), (P2, TERM)]
         # Only the lethal step reaps; the soft signal before the grace is just sent.
-        assert [(e.pid, e.step, e.steps) for e in r.of(SignalSent)] == [(1, 1, 2), (2, 1, 2)]
-        assert [(e.pid, e.step, e.steps) for e in r.of(WorkerReaped)] == [(1, 2, 2)]
+        assert [(e.pid, e.step, e.steps) for e in r.of(SignalSent)] == [(P1, 1, 2), (P2, 1, 2)]
+        assert [(e.pid, e.step, e.steps) for e in r.of(WorkerReaped)] == [(P1, 2, 2)]
 
 
 @pytest.mark.asyncio
 async def test_unkillable_worker_is_reported() -> None:
     policy = ReapPolicy(unkillable_after=3.0)
     async with rig(reaper=RecordingReaper(exit_on=()), policy=policy) as r:
-        r.acquire(1, "a", at=1.0)
+        r.acquire(P1, "a", at=1.0)
         await r.advance(1.0)
         assert r.of(WorkerSurvived) == []
         await r.advance(3.0)
@@ -398,7 +401,7 @@ async def test_unkillable_worker_is_reported() -> None:
 async def test_server_ladder_and_shadow_mode() -> None:
     ladder = ReapPolicy(Escalation(soft_signal=TERM, grace=1.0), shadow=True)
     async with rig(policy=ladder) as r:
-        r.acquire(1, "a", at=1.0)
+        r.acquire(P1, "a", at=1.0)
         await r.advance(5.0)
         [expired] = r.of(TimerExpired)
         assert expired.report_only
@@ -421,11 +424,11 @@ async def test_self_kill_after_reap_is_opt_in(monkeypatch: pytest.MonkeyPatch) -
     killed: list[tuple[int, int]] = []
     monkeypatch.setattr(os, "kill", lambda pid, sig: killed.append((pid, sig)))
     async with rig() as r:
-        r.acquire(1, "a", at=1.0)
+        r.acquire(P1, "a", at=1.0)
         await r.advance(1.0)
     assert killed == []
     async with rig(self_kill_after_reap=True) as r:
-        r.acquire(1, "a", at=1.0)
+        r.acquire(P1, "a", at=1.0)
         await r.advance(1.0)
     assert killed == [(os.getpid(), KILL)]
 
@@ -433,13 +436,13 @@ async def test_self_kill_after_reap_is_opt_in(monkeypatch: pytest.MonkeyPatch) -
 @pytest.mark.asyncio
 async def test_wall_clock_step_does_not_fire_a_mono_timer() -> None:
     async with rig() as r:
-        r.acquire(1, "a", at=10.0)
+        r.acquire(P1, "a", at=10.0)
         r.clock.step_wall(3600.0)
         await r.advance(1.0)
         assert r.reaper.signals() == []
         r.clock.step_wall(-7200.0)
         await r.advance(9.0)
-        assert r.reaper.signals() == [(1, KILL)]
+        assert r.reaper.signals() == [(P1, KILL)]
 
 
 # -- the first signal, inline ------------------------------------------------------------------
@@ -459,7 +462,7 @@ class Witness:
             self.seen.append((event.kind, self.reaper.signals(), task))
 
 
-EXPIRY, REAP1, WATCH1 = "aiotimer-expiry", "aiotimer-reap-1", "aiotimer-watch-1"
+EXPIRY, REAP1, WATCH1 = "aiotimer-expiry", f"aiotimer-reap-{P1}", f"aiotimer-watch-{P1}"
 
 
 @pytest.mark.asyncio
@@ -467,12 +470,12 @@ async def test_first_signal_goes_out_inline_before_the_expiry_is_reported() -> N
     reaper = RecordingReaper()
     witness = Witness(reaper)
     async with rig(reaper=reaper, on_event=witness) as r:
-        r.acquire(1, "a", at=1.0)
+        r.acquire(P1, "a", at=1.0)
         await r.advance(1.0)
         assert witness.seen == [
-            ("timer_expired", [(1, KILL)], EXPIRY),
-            ("worker_reaped", [(1, KILL)], EXPIRY),
-            ("worker_exited", [(1, KILL)], WATCH1),
+            ("timer_expired", [(P1, KILL)], EXPIRY),
+            ("worker_reaped", [(P1, KILL)], EXPIRY),
+            ("worker_exited", [(P1, KILL)], WATCH1),
         ]
         await r.advance(10.0)  # its exit ended the reap: nothing more is sent or reported
         assert len(witness.seen) == 3
@@ -484,16 +487,16 @@ async def test_escalation_resumes_after_the_inline_first_step() -> None:
     reaper = RecordingReaper()
     witness = Witness(reaper)
     async with rig(reaper=reaper, on_event=witness) as r:
-        r.acquire(1, "a", at=1.0, sig=TERM, grace=2.0)
-        r.acquire(1, "b", at=5.0)
+        r.acquire(P1, "a", at=1.0, sig=TERM, grace=2.0)
+        r.acquire(P1, "b", at=5.0)
         await r.advance(1.0)
-        assert witness.seen[-1] == ("signal_sent", [(1, TERM)], EXPIRY)
+        assert witness.seen[-1] == ("signal_sent", [(P1, TERM)], EXPIRY)
         await r.advance(1.999)
-        assert r.reaper.signals() == [(1, TERM)]
+        assert r.reaper.signals() == [(P1, TERM)]
         await r.advance(0.001)
         assert witness.seen[2:] == [
-            ("worker_reaped", [(1, TERM), (1, KILL)], REAP1),
-            ("worker_exited", [(1, TERM), (1, KILL)], WATCH1),
+            ("worker_reaped", [(P1, TERM), (P1, KILL)], REAP1),
+            ("worker_exited", [(P1, TERM), (P1, KILL)], WATCH1),
         ]
         [sent] = r.of(SignalSent)
         assert (sent.signal, sent.step, sent.steps) == (TERM, 1, 2)
@@ -509,16 +512,16 @@ async def test_an_inline_failure_is_retried_with_backoff_by_the_reap_task() -> N
     witness = Witness(reaper)
     retry = ReapRetry(attempts=3, initial=0.25, factor=2.0)  # binary-exact times
     async with rig(reaper=reaper, on_event=witness, reap_retry=retry) as r:
-        r.reaper.fail_signals(1, times=2)
-        r.acquire(1, "a", at=1.0)
+        r.reaper.fail_signals(P1, times=2)
+        r.acquire(P1, "a", at=1.0)
         await r.advance(1.0)
         assert witness.seen == [("timer_expired", [], EXPIRY), ("reap_failed", [], EXPIRY)]
         await r.advance(0.125)
-        assert r.reaper.methods(1) == ["attach", "wait_exit", "signal_failed"]
+        assert r.reaper.methods(P1) == ["attach", "wait_exit", "signal_failed"]
         await r.advance(0.125)
         assert witness.seen[-1] == ("reap_failed", [], REAP1)
         await r.advance(0.5)
-        assert witness.seen[-2] == ("worker_reaped", [(1, KILL)], REAP1)
+        assert witness.seen[-2] == ("worker_reaped", [(P1, KILL)], REAP1)
         assert [(e.attempt, e.retry_in) for e in r.of(ReapFailed)] == [(1, 0.25), (2, 0.5)]
         assert r.server.get_state().counters.reap_failed == 2
 
@@ -528,17 +531,17 @@ async def test_an_inline_failure_can_abandon_at_once_and_a_later_timer_reaps_aga
     reaper = RecordingReaper()
     witness = Witness(reaper)
     async with rig(reaper=reaper, on_event=witness, reap_retry=ReapRetry(attempts=1)) as r:
-        r.reaper.fail_signals(1, times=1)
-        r.acquire(1, "a", at=1.0)
+        r.reaper.fail_signals(P1, times=1)
+        r.acquire(P1, "a", at=1.0)
         await r.advance(1.0)
         assert witness.seen == [("timer_expired", [], EXPIRY), ("reap_abandoned", [], EXPIRY)]
-        assert r.server.get_state().workers == (1,)  # still watched
-        r.acquire(1, "again", at=2.0)
+        assert r.server.get_state().workers == (P1,)  # still watched
+        r.acquire(P1, "again", at=2.0)
         await r.advance(1.0)
         assert witness.seen[2:] == [
-            ("timer_expired", [(1, KILL)], EXPIRY),
-            ("worker_reaped", [(1, KILL)], EXPIRY),
-            ("worker_exited", [(1, KILL)], WATCH1),
+            ("timer_expired", [(P1, KILL)], EXPIRY),
+            ("worker_reaped", [(P1, KILL)], EXPIRY),
+            ("worker_exited", [(P1, KILL)], WATCH1),
         ]
 
 
@@ -548,13 +551,13 @@ async def test_a_dump_first_plan_sends_its_signals_from_the_reap_task() -> None:
     witness = Witness(reaper)
     policy = ReapPolicy(Escalation(dump=True, soft_signal=None))
     async with rig(reaper=reaper, on_event=witness, policy=policy) as r:
-        r.acquire(1, "a", at=1.0)
+        r.acquire(P1, "a", at=1.0)
         await r.advance(1.0)
         assert witness.seen == [
             ("timer_expired", [], EXPIRY),
             ("stacks_dumped", [], REAP1),
-            ("worker_reaped", [(1, KILL)], REAP1),
-            ("worker_exited", [(1, KILL)], WATCH1),
+            ("worker_reaped", [(P1, KILL)], REAP1),
+            ("worker_exited", [(P1, KILL)], WATCH1),
         ]
 
 
@@ -567,7 +570,7 @@ async def test_bad_lines_are_rejected_one_by_one_and_valid_ones_apply() -> None:
         wall = r.clock.time()
         good = [
             f'{{"pid": {pid}, "scope_id": "s", "expiration_time": {wall + 5}, "signal": 9}}'
-            for pid in (1, 2, 3)
+            for pid in (P1, P2, P3)
         ]
         bad = ["garbage", '{"pid": 0, "scope_id": "s", "expiration_time": 1, "signal": 9}']
         lines = [good[0], bad[0], good[1], bad[1], good[2]]
@@ -576,7 +579,7 @@ async def test_bad_lines_are_rejected_one_by_one_and_valid_ones_apply() -> None:
         assert len(rejected) == 2
         assert rejected[0].line == "garbage" and rejected[0].source == "memory"
         assert "pid" in rejected[1].reason
-        assert sorted(t.pid for t in r.server.get_state().timers) == [1, 2, 3]
+        assert sorted(t.pid for t in r.server.get_state().timers) == [P1, P2, P3]
         assert r.server.get_state().counters.rejected == 2
 
 
@@ -587,18 +590,18 @@ async def test_invalid_api_request_is_rejected_not_raised() -> None:
         [rejected] = r.of(RequestRejected)
         assert rejected.source == "api"
         with pytest.raises(ValueError, match="finite"):
-            r.server.acquire("x", float("nan"), pid=1)
+            r.server.acquire("x", float("nan"), pid=P1)
 
 
 @pytest.mark.asyncio
 async def test_request_events_are_opt_in() -> None:
     async with rig() as r:
-        r.acquire(1, "a", at=1.0)
-        r.release(1, "a")
+        r.acquire(P1, "a", at=1.0)
+        r.release(P1, "a")
         assert r.of(TimerAcquired) == [] and r.of(TimerReleased) == []
     async with rig(request_events=True) as r:
-        r.acquire(1, "a", at=1.0)
-        r.release(1, "a")
+        r.acquire(P1, "a", at=1.0)
+        r.release(P1, "a")
         [acq] = r.of(TimerAcquired)
         [rel] = r.of(TimerReleased)
         assert acq.expires_in == 1.0 and rel.scope_id == "a"
@@ -613,20 +616,20 @@ async def test_lifecycle_start_stop_restart_and_misuse() -> None:
     server = TimerServer(sources=[MemorySource()], reaper=RecordingReaper(), on_event=events.append)
     assert server.state is LifecycleState.CREATED and repr(server) == "<TimerServer created>"
     with pytest.raises(ServerStateError, match="created"):
-        server.acquire("x", 1.0, pid=1)
+        server.acquire("x", 1.0, pid=P1)
     await server.aclose()  # closing a never-started server is a no-op
     assert server.state is LifecycleState.CREATED
     await server.start()
     assert server.state is LifecycleState.RUNNING
     with pytest.raises(ServerStateError, match="running"):
         await server.start()
-    server.acquire("x", 100.0, pid=1)
+    server.acquire("x", 100.0, pid=P1)
     assert len(server.get_state().timers) == 1
     await server.aclose()
     await server.aclose()  # idempotent
     assert server.state is LifecycleState.STOPPED
     with pytest.raises(ServerStateError, match="stopped"):
-        server.release("x", pid=1)
+        server.release("x", pid=P1)
     await server.start()  # a stopped server starts again, empty
     assert server.get_state().timers == ()
     await server.aclose()
@@ -688,7 +691,7 @@ async def test_source_failing_later_is_reported_and_server_runs_on() -> None:
         await settle()
         [failed] = [e for e in events if isinstance(e, SourceFailed)]
         assert failed.source == "failing" and "read failed" in failed.error
-        source.push(Request(1, "a", 0.0, 9, mono=100.0))
+        source.push(Request(P1, "a", 0.0, 9, mono=100.0))
         assert len(server.get_state().timers) == 1
 
 
@@ -705,12 +708,12 @@ async def test_idle_server_makes_no_wakeups() -> None:
 @pytest.mark.asyncio
 async def test_get_state_and_repr() -> None:
     async with rig() as r:
-        r.acquire(1, "a", at=2.5)
-        r.acquire(2, "b", at=1.5)
+        r.acquire(P1, "a", at=2.5)
+        r.acquire(P2, "b", at=1.5)
         state = r.server.get_state()
         assert state.state is LifecycleState.RUNNING
         assert [t.scope_id for t in state.timers] == ["b", "a"]
-        assert state.workers == (1, 2)
+        assert state.workers == (P1, P2)
         assert (state.next_deadline, state.next_expiry_in) == (1.5, 1.5)
         assert state.sources == ("memory",)
         assert state.counters.acquired == 2
@@ -729,10 +732,10 @@ async def test_callback_exceptions_are_contained(caplog: pytest.LogCaptureFixtur
     server = TimerServer(sources=[source], clock=clock, reaper=reaper, on_event=explode)
     with caplog.at_level(logging.ERROR, logger="aiotimer"):
         async with server:
-            source.push(Request(1, "a", 0.0, 9, mono=1.0))
+            source.push(Request(P1, "a", 0.0, 9, mono=1.0))
             clock.advance(1.0)
             await settle()
-            assert reaper.signals() == [(1, KILL)]
+            assert reaper.signals() == [(P1, KILL)]
     assert [type(e) for e in seen][-1] is ServerStopped
     assert "on_event callback raised" in caplog.text
 
@@ -743,9 +746,9 @@ async def test_events_go_to_logging_with_structured_extra(
 ) -> None:
     with caplog.at_level(logging.INFO, logger="aiotimer"):
         async with rig() as r:
-            r.acquire(1, "a", at=1.0)
+            r.acquire(P1, "a", at=1.0)
             await r.advance(1.0)
-    reaped = [rec for rec in caplog.records if "SIGKILL to worker 1" in rec.getMessage()]
+    reaped = [rec for rec in caplog.records if f"SIGKILL to worker {P1}" in rec.getMessage()]
     assert reaped and reaped[0].levelno == logging.WARNING
     assert reaped[0].aiotimer["event"] == "worker_reaped"
 
@@ -754,7 +757,7 @@ async def test_events_go_to_logging_with_structured_extra(
 async def test_event_log_is_written_and_flushed_on_stop(tmp_path: Path) -> None:
     log = tmp_path / "events.jsonl"
     async with rig(event_log=log) as r:
-        r.acquire(1, "a", at=1.0)
+        r.acquire(P1, "a", at=1.0)
         await r.advance(1.0)
     records = [json.loads(line) for line in log.read_text().splitlines()]
     kinds = [rec["event"] for rec in records]
@@ -782,13 +785,13 @@ def site(r: Rig, name: str) -> tuple[int, float | None, int, float | None, float
 @pytest.mark.asyncio
 async def test_released_blocks_feed_the_statistics_of_their_site() -> None:
     async with rig() as r:
-        r.acquire(1, "w.py:3#1", at=5.0)
+        r.acquire(P1, "w.py:3#1", at=5.0)
         await r.advance(2.0)
-        r.release(1, "w.py:3#1")
-        r.acquire(1, "w.py:3#2", at=10.0)
+        r.release(P1, "w.py:3#1")
+        r.acquire(P1, "w.py:3#2", at=10.0)
         await r.advance(1.0)
-        r.release(1, "w.py:3#2")
-        r.release(1, "w.py:3#2")  # a second release of the same block adds nothing
+        r.release(P1, "w.py:3#2")
+        r.release(P1, "w.py:3#2")  # a second release of the same block adds nothing
         [summary] = r.server.get_state().scopes
         assert summary.site == "w.py:3"
         assert (summary.count, summary.p50, summary.max) == (2, 1.0, 2.0)
@@ -803,13 +806,13 @@ async def test_released_blocks_feed_the_statistics_of_their_site() -> None:
 @pytest.mark.asyncio
 async def test_shadow_mode_records_the_expiry_and_the_late_release() -> None:
     async with rig(policy=SHADOW) as r:
-        r.acquire(1, "slow", at=1.0)
+        r.acquire(P1, "slow", at=1.0)
         await r.advance(1.0)
         [expired] = r.of(TimerExpired)
         assert "would do: SIGTERM -> wait 1s -> SIGKILL" in expired.action
         assert site(r, "slow") == (0, None, 1, 1.0, None)
         await r.advance(2.5)
-        r.release(1, "slow")  # the block ended 3.5 s after it began
+        r.release(P1, "slow")  # the block ended 3.5 s after it began
         assert site(r, "slow") == (1, 3.5, 1, 1.0, 7.5)  # nice_ceil(1.5 * 3.5)
         assert r.reaper.signals() == []
 
@@ -817,12 +820,12 @@ async def test_shadow_mode_records_the_expiry_and_the_late_release() -> None:
 @pytest.mark.asyncio
 async def test_report_only_timers_are_overdue_too_but_reaped_ones_are_not() -> None:
     async with rig() as r:
-        r.acquire(1, "report", at=1.0, sig=0)
-        r.acquire(2, "reaped", at=1.0)
+        r.acquire(P1, "report", at=1.0, sig=0)
+        r.acquire(P2, "reaped", at=1.0)
         await r.advance(1.0)
         await r.advance(1.0)
-        r.release(1, "report")
-        r.release(2, "reaped")  # too late: the worker was killed, no duration
+        r.release(P1, "report")
+        r.release(P2, "reaped")  # too late: the worker was killed, no duration
         assert site(r, "report") == (1, 2.0, 1, 1.0, 3.0)
         assert site(r, "reaped") == (0, None, 1, 1.0, None)
 
@@ -830,16 +833,16 @@ async def test_report_only_timers_are_overdue_too_but_reaped_ones_are_not() -> N
 @pytest.mark.asyncio
 async def test_overdue_blocks_are_forgotten_on_exit_and_on_reacquire() -> None:
     async with rig(policy=SHADOW) as r:
-        r.acquire(1, "gone", at=1.0)
-        r.acquire(2, "again", at=1.0)
+        r.acquire(P1, "gone", at=1.0)
+        r.acquire(P2, "again", at=1.0)
         await r.advance(1.0)
-        r.reaper.exit(1)
+        r.reaper.exit(P1)
         await settle()
-        r.acquire(2, "again", at=10.0)  # a new block under the same key
+        r.acquire(P2, "again", at=10.0)  # a new block under the same key
         await r.advance(1.0)
-        r.release(2, "again")  # measures the new block: 1 s, not 2 s
-        r.acquire(1, "gone", at=10.0)  # pid 1 again (re-attached) ...
-        r.release(1, "gone")  # ... its old overdue block is not counted
+        r.release(P2, "again")  # measures the new block: 1 s, not 2 s
+        r.acquire(P1, "gone", at=10.0)  # pid P1 again (re-attached) ...
+        r.release(P1, "gone")  # ... its old overdue block is not counted
         assert site(r, "again") == (1, 1.0, 1, 1.0, 1.5)
         assert site(r, "gone")[:3] == (1, 0.0, 1)
 
@@ -850,7 +853,7 @@ async def test_the_dump_rides_on_stacks_dumped_and_each_reaped_event(tmp_path: P
     reaper = RecordingReaper(stack_dump="Thread 0x1 in stuck_here")
     log = tmp_path / "events.jsonl"
     async with rig(policy=policy, reaper=reaper, event_log=log) as r:
-        r.acquire(1, "a", at=1.0)
+        r.acquire(P1, "a", at=1.0)
         await r.advance(1.0)
         await r.advance(1.0)
         [dumped] = r.of(StacksDumped)
@@ -858,7 +861,7 @@ async def test_the_dump_rides_on_stacks_dumped_and_each_reaped_event(tmp_path: P
         reaped = r.of(WorkerReaped)
         assert [(e.signal, e.stacks) for e in reaped] == [(KILL, "Thread 0x1 in stuck_here")]
         assert [e.signal for e in r.of(SignalSent)] == [TERM]
-        assert r.reaper.methods(1)[2:5] == ["dump_stacks", "signal", "signal"]
+        assert r.reaper.methods(P1)[2:5] == ["dump_stacks", "signal", "signal"]
     records = [json.loads(line) for line in log.read_text().splitlines()]
     assert [rec["stacks"] for rec in records if rec["event"] == "worker_reaped"] == [
         "Thread 0x1 in stuck_here"
@@ -878,7 +881,7 @@ class HangingDumpReaper(RecordingReaper):
 async def test_a_dump_that_overruns_is_cut_off_and_the_kill_still_happens() -> None:
     policy = ReapPolicy(Escalation(dump=True, dump_timeout=2.0, soft_signal=None))
     async with rig(policy=policy, reaper=HangingDumpReaper()) as r:
-        r.acquire(1, "a", at=1.0)
+        r.acquire(P1, "a", at=1.0)
         await r.advance(1.0)
         await r.advance(2.9)  # the reaper's own bound (2 s) plus most of DUMP_SLACK (1 s)
         assert r.reaper.signals() == []
@@ -886,7 +889,7 @@ async def test_a_dump_that_overruns_is_cut_off_and_the_kill_still_happens() -> N
         [dumped] = r.of(StacksDumped)
         assert dumped.text is None
         assert dumped.reason is not None and "cut off" in dumped.reason
-        assert r.reaper.signals() == [(1, KILL)]
+        assert r.reaper.signals() == [(P1, KILL)]
 
 
 @pytest.mark.asyncio
@@ -894,12 +897,12 @@ async def test_a_reaper_without_a_dump_says_why_on_the_event() -> None:
     policy = ReapPolicy(Escalation(dump=True, dump_timeout=2.0, soft_signal=None))
     reaper = RecordingReaper(stack_dump=NoDump("no dump hook in the worker"))
     async with rig(policy=policy, reaper=reaper) as r:
-        r.acquire(1, "a", at=1.0)
+        r.acquire(P1, "a", at=1.0)
         await r.advance(1.0)
         [dumped] = r.of(StacksDumped)
         assert (dumped.text, dumped.reason) == (None, "no dump hook in the worker")
         assert "no dump hook in the worker" in dumped.describe()
-        assert r.reaper.signals() == [(1, KILL)]
+        assert r.reaper.signals() == [(P1, KILL)]
 
 
 # -- thread mode -----------------------------------------------------------------------------
@@ -919,7 +922,7 @@ def test_thread_mode_reaps_and_stops(loop: Literal["asyncio", "uvloop"]) -> None
     runner = TimerServerThread(server, loop=loop)
     with runner:
         assert runner.running and server.state is LifecycleState.RUNNING
-        server.acquire("from-another-thread", 0.05, pid=4242)  # thread-safe
+        server.acquire("from-another-thread", 0.05, pid=P4242)  # thread-safe
         assert reaped.wait(10.0), "the timer did not expire within 10 s"
         with pytest.raises(ServerStateError, match="already started"):
             runner.start()
@@ -938,10 +941,10 @@ def test_thread_mode_requests_apply_in_order_before_a_later_call(
     server = TimerServer(reaper=RecordingReaper())
     with TimerServerThread(server, loop=loop):
         for i in range(50):  # new workers: each one attaches (anyio primitives, a task)
-            server.acquire(f"s{i}", 60.0, pid=5000 + i)
+            server.acquire(f"s{i}", 60.0, pid=P1 + i)
         # Taken in the loop, after every request this thread submitted: all 50, always.
         assert len(server.get_state().timers) == 50
-        assert server.get_state().workers == tuple(range(5000, 5050))
+        assert server.get_state().workers == tuple(range(P1, P1 + 50))
     with pytest.raises(ServerStateError):
         server.release("s0", pid=5000)
 
@@ -951,12 +954,12 @@ async def test_acquire_from_a_plain_loop_callback_is_applied() -> None:
     reaper = RecordingReaper()
     async with TimerServer(reaper=reaper) as server:
         asyncio.get_running_loop().call_soon(
-            lambda: server.acquire("from-a-callback", 60.0, pid=4242)
+            lambda: server.acquire("from-a-callback", 60.0, pid=P4242)
         )
         with anyio.fail_after(5):
             while not server.get_state().timers:
                 await anyio.sleep(0.001)
-        assert server.get_state().workers == (4242,)
+        assert server.get_state().workers == (P4242,)
 
 
 def test_thread_mode_start_failure_is_raised_in_caller() -> None:
@@ -974,14 +977,14 @@ def test_thread_mode_start_failure_is_raised_in_caller() -> None:
 async def test_timer_caps_reject_new_timers_clearly_but_let_existing_ones_move() -> None:
     async with rig(max_timers=3, max_timers_per_worker=2) as r:
         for scope in ("a", "b", "c"):
-            r.acquire(1, scope, at=10.0)
+            r.acquire(P1, scope, at=10.0)
         await settle()
         [per_worker] = r.of(RequestRejected)
-        assert "worker 1 holds 2 timers (max_timers_per_worker=2)" in per_worker.reason
-        assert per_worker.line == "acquire 'c' of pid 1"
-        r.acquire(1, "a", at=20.0)  # an existing key may still move
-        r.acquire(2, "x", at=10.0)
-        r.acquire(3, "y", at=10.0)  # the fourth timer in all
+        assert f"worker {P1} holds 2 timers (max_timers_per_worker=2)" in per_worker.reason
+        assert per_worker.line == f"acquire 'c' of pid {P1}"
+        r.acquire(P1, "a", at=20.0)  # an existing key may still move
+        r.acquire(P2, "x", at=10.0)
+        r.acquire(P3, "y", at=10.0)  # the fourth timer in all
         await settle()
         assert "the server holds 3 timers (max_timers=3)" in r.of(RequestRejected)[-1].reason
         state = r.server.get_state()
@@ -992,13 +995,13 @@ async def test_timer_caps_reject_new_timers_clearly_but_let_existing_ones_move()
 async def test_many_timers_of_one_worker_expiring_together_make_one_reap_and_one_event() -> None:
     async with rig() as r:
         for i in range(5000):
-            r.acquire(1, f"s{i}", at=1.0)
-        r.acquire(2, "other", at=1.0)
+            r.acquire(P1, f"s{i}", at=1.0)
+        r.acquire(P2, "other", at=1.0)
         await settle()
         await r.advance(1.0)
-        assert sorted(r.reaper.signals()) == [(1, KILL), (2, KILL)]
-        assert [e.pid for e in r.of(TimerExpired)] == [1, 2]
-        [reaped] = [e for e in r.of(WorkerReaped) if e.pid == 1]
+        assert sorted(r.reaper.signals()) == [(P1, KILL), (P2, KILL)]
+        assert [e.pid for e in r.of(TimerExpired)] == [P1, P2]
+        [reaped] = [e for e in r.of(WorkerReaped) if e.pid == P1]
         assert len(reaped.scopes) == 100 and reaped.omitted == 4900
         assert r.server.get_state().timers == ()
 
@@ -1049,26 +1052,26 @@ class HeldSource:
 async def test_a_release_waiting_in_a_source_wins_over_its_deadline() -> None:
     held = HeldSource()
     async with rig(sources=[held]) as r:
-        r.acquire(1, "a", at=1.0)
-        r.acquire(2, "b", at=1.0)
+        r.acquire(P1, "a", at=1.0)
+        r.acquire(P2, "b", at=1.0)
         await settle()
-        held.held += [Request(1, "a", -1, 0), Request(3, "c", -1, 0)]
+        held.held += [Request(P1, "a", -1, 0), Request(P3, "c", -1, 0)]
         await r.advance(1.0)
-        assert r.reaper.signals() == [(2, KILL)]  # 1 released in time, 2 did not
+        assert r.reaper.signals() == [(P2, KILL)]  # 1 released in time, 2 did not
         # Applied up to the last request naming a due worker (and all before it).
-        assert held.held == [Request(3, "c", -1, 0)] and held.drained == 1
-        assert held.looked == [{1, 2}]
+        assert held.held == [Request(P3, "c", -1, 0)] and held.drained == 1
+        assert held.looked == [{P1, P2}]
 
 
 @pytest.mark.asyncio
 async def test_input_naming_no_due_worker_is_left_to_the_reader() -> None:
     held = HeldSource()
     async with rig(sources=[held]) as r:
-        r.acquire(1, "a", at=1.0)
+        r.acquire(P1, "a", at=1.0)
         await settle()
-        held.held += [Request(2, "b", -1, 0), Request(3, "c", -1, 0)]
+        held.held += [Request(P2, "b", -1, 0), Request(P3, "c", -1, 0)]
         await r.advance(1.0)
-        assert r.reaper.signals() == [(1, KILL)]
+        assert r.reaper.signals() == [(P1, KILL)]
         assert held.drained == 0 and len(held.held) == 2
 
 
@@ -1078,16 +1081,16 @@ async def test_an_expired_acquire_applied_by_a_drain_is_looked_for_before_it_is_
     drain is asked about it too, and its release, further on, wins."""
     held = HeldSource()
     async with rig(sources=[held]) as r:
-        r.acquire(1, "a", at=1.0)
+        r.acquire(P1, "a", at=1.0)
         await settle()
         held.held += [
-            Request(3, "late", 0.0, KILL, mono=0.5),
-            Request(1, "a", -1, 0),
-            Request(3, "late", -1, 0),
+            Request(P3, "late", 0.0, KILL, mono=0.5),
+            Request(P1, "a", -1, 0),
+            Request(P3, "late", -1, 0),
         ]
         await r.advance(1.0)
         assert r.reaper.signals() == []
-        assert held.looked == [{1}, {3}] and held.held == []
+        assert held.looked == [{P1}, {P3}] and held.held == []
 
 
 class BrokenSource(HeldSource):
@@ -1116,30 +1119,30 @@ async def test_a_broken_drain_is_logged_and_skipped_and_the_others_still_win(
 ) -> None:
     held, bad = HeldSource(), BrokenSource(broken)
     async with rig(sources=[bad, held]) as r:
-        r.acquire(1, "a", at=1.0)
-        r.acquire(2, "b", at=1.0)
+        r.acquire(P1, "a", at=1.0)
+        r.acquire(P2, "b", at=1.0)
         await settle()
-        held.held.append(Request(1, "a", -1, 0))
-        bad.held.append(Request(2, "b", -1, 0))
+        held.held.append(Request(P1, "a", -1, 0))
+        bad.held.append(Request(P2, "b", -1, 0))
         with caplog.at_level(logging.ERROR, logger="aiotimer"):
             await r.advance(1.0)
         assert f"draining broken-{broken} before an expiry failed" in caplog.text
-        assert r.reaper.signals() == [(2, KILL)]  # 1 released through the healthy drain
-        assert held.held == [] and bad.held == [Request(2, "b", -1, 0)]
+        assert r.reaper.signals() == [(P2, KILL)]  # 1 released through the healthy drain
+        assert held.held == [] and bad.held == [Request(P2, "b", -1, 0)]
 
 
 @pytest.mark.asyncio
 async def test_with_more_timers_due_than_a_slice_the_drains_look_for_anyone() -> None:
     held = HeldSource()
     async with rig(sources=[held]) as r:
-        for pid in range(2, EXPIRE_BUDGET + 12):
+        for pid in range(P2, P2 + EXPIRE_BUDGET + 10):
             r.acquire(pid, "a", at=1.0)
         await settle()
-        held.held += [Request(2, "a", -1, 0), Request(7, "a", -1, 0)]
+        held.held += [Request(P2, "a", -1, 0), Request(P7, "a", -1, 0)]
         await r.advance(1.0)
         assert held.looked[0] == {-1}  # anyone: too many due to name them
         killed = {pid for pid, _ in r.reaper.signals()}
-        assert killed == set(range(2, EXPIRE_BUDGET + 12)) - {2, 7}
+        assert killed == set(range(P2, P2 + EXPIRE_BUDGET + 10)) - {P2, P7}
 
 
 @pytest.mark.asyncio
@@ -1150,7 +1153,7 @@ async def test_a_server_starved_of_cpu_still_drains_every_waiting_release() -> N
     reaper = RecordingReaper()
     async with TimerServer(sources=[held], reaper=reaper, clock=MonotonicClock()) as server:
         deadline = time.monotonic() + 0.2
-        pids = range(1, 21)
+        pids = range(P1, P1 + 20)
         submit = server.submit
         for pid in pids:
             submit(Request(pid, "a", 0.0, KILL, mono=deadline))
@@ -1180,19 +1183,19 @@ async def test_out_of_descriptors_keeps_the_timer_and_pins_again_at_expiry(
 ) -> None:
     async with rig(reaper=_OutOfDescriptors(failures=1)) as r:
         with caplog.at_level(logging.CRITICAL, logger="aiotimer"):
-            r.acquire(1, "a", at=1.0)
+            r.acquire(P1, "a", at=1.0)
             await settle()
         assert "out of file descriptors" in caplog.text
         assert r.of(WorkerUnknown) == [], "never reported as an unknown worker"
         assert len(r.server.get_state().timers) == 1
         await r.advance(1.0)  # a descriptor is free again: pinned, then reaped
-        assert r.reaper.signals() == [(1, KILL)]
+        assert r.reaper.signals() == [(P1, KILL)]
 
 
 @pytest.mark.asyncio
 async def test_still_out_of_descriptors_at_expiry_is_reported_never_signalled() -> None:
     async with rig(reaper=_OutOfDescriptors(failures=2)) as r:
-        r.acquire(1, "a", at=1.0)
+        r.acquire(P1, "a", at=1.0)
         await r.advance(1.0)
         assert r.reaper.signals() == []
         [expired] = r.of(TimerExpired)
