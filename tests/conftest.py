@@ -12,6 +12,7 @@ import importlib.util
 import os
 import subprocess
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -62,13 +63,13 @@ def pytest_asyncio_loop_factories(
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test that runs a real etcd is an ``etcd`` and a ``process`` test."""
     for item in items:
-        if "etcd" in getattr(item, "fixturenames", ()):
+        if {"etcd", "own_etcd"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.etcd)
             item.add_marker(pytest.mark.process)
 
 
-@pytest.fixture
-def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
+@contextmanager
+def _running_etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
     """A real etcd on free loopback ports, removed (data dir included) afterwards.
 
     Fails, never skips, when no etcd binary is installed (see ``tests/_etcd.py``).
@@ -82,6 +83,32 @@ def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
         yield server
     finally:
         server.remove()
+
+
+@pytest.fixture(scope="session")
+def _session_etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
+    with _running_etcd(tmp_path_factory) as server:
+        yield server
+
+
+@pytest.fixture
+def etcd(_session_etcd: EtcdServer) -> EtcdServer:
+    """A real etcd holding no key: one per session, emptied before each test.
+
+    Tests that stop or restart etcd take :func:`own_etcd` instead (this one is started
+    again if a test left it stopped).
+    """
+    if not _session_etcd.running:
+        _session_etcd.start()
+    _session_etcd.clear()
+    return _session_etcd
+
+
+@pytest.fixture
+def own_etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
+    """A real etcd of the test's own, to stop and start as an operator would."""
+    with _running_etcd(tmp_path_factory) as server:
+        yield server
 
 
 @pytest.fixture

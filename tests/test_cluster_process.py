@@ -25,6 +25,7 @@ from _etcd import EtcdServer
 
 from aiotimer.cluster import GenerationRecord, connect, read_view
 from aiotimer.cluster._record import encode, generation_key
+from aiotimer.errors import StoreUnavailableError
 
 pytestmark = [pytest.mark.etcd, pytest.mark.process, pytest.mark.timeout(90)]
 
@@ -127,14 +128,27 @@ class Job:
         return done.returncode, view
 
     def wait_status(self, test: Callable[[dict[str, Any]], bool], timeout: float) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while True:
-            _, view = self.status()
-            if view and test(view):
-                return view
-            if time.monotonic() > deadline:
-                raise AssertionError(f"status never matched in {timeout}s; last: {view}")
-            time.sleep(0.1)
+        """The job view once ``test`` holds for it, read every 0.1 s in this process (as
+        ``aiotimer status --json`` prints it: starting that CLI for every read cost a
+        second of CPU each); fails after ``timeout`` seconds."""
+
+        async def poll() -> dict[str, Any]:
+            store = connect(self.etcd.endpoint, timeout=5)
+            view: dict[str, Any] = {}
+            try:
+                with anyio.move_on_after(timeout):
+                    while True:
+                        with contextlib.suppress(StoreUnavailableError):
+                            read = await read_view(store, self.name, now=time.time())
+                            view = json.loads(json.dumps(read.to_json()))
+                            if test(view):
+                                return view
+                        await anyio.sleep(0.1)
+            finally:
+                await store.aclose()
+            raise AssertionError(f"status never matched in {timeout}s; last: {view}")
+
+        return anyio.run(poll)
 
     def started(self) -> set[str]:
         return {p.name for p in self.out.iterdir() if p.name != "go"}
@@ -151,13 +165,19 @@ class Job:
                 child.wait()
 
 
-@pytest.fixture
-def job(etcd: EtcdServer, tmp_path: Path) -> Iterator[Job]:
+@contextlib.contextmanager
+def running_job(etcd: EtcdServer, tmp_path: Path) -> Iterator[Job]:
     job = Job(etcd, tmp_path)
     try:
         yield job
     finally:
         job.stop_all()
+
+
+@pytest.fixture
+def job(etcd: EtcdServer, tmp_path: Path) -> Iterator[Job]:
+    with running_job(etcd, tmp_path) as job:
+        yield job
 
 
 def nodes(view: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -288,23 +308,24 @@ def test_a_second_node_with_a_taken_name_is_refused(job: Job) -> None:
 
 
 def test_publishers_recover_from_an_etcd_restart_without_restarting_workers(
-    job: Job,
+    own_etcd: EtcdServer, tmp_path: Path
 ) -> None:
-    job.start("a", "--restart-scope", "job")
-    view = job.wait_status(lambda v: len(running_workers(v, "a")) == 2, timeout=30)
-    pids = running_workers(view, "a")
-    job.etcd.stop(signal.SIGKILL)
-    time.sleep(TTL + 1)  # down for longer than the lease's time to live
-    job.etcd.start()
-    restarted_at = time.time()
-    view = job.wait_status(
-        lambda v: nodes(v).get("a", {}).get("updated_at", 0) > restarted_at, timeout=15
-    )
-    assert running_workers(view, "a") == pids, "the workers were not restarted"
-    assert [w["restarts"] for w in nodes(view)["a"]["workers"]] == [0, 0]
-    assert job.nodes["a"].poll() is None
-    assert job.started() == {"a-0-0", "a-1-0"}
-    assert "cluster store reachable again" in job.log("a")
+    with running_job(own_etcd, tmp_path) as job:
+        job.start("a", "--restart-scope", "job")
+        view = job.wait_status(lambda v: len(running_workers(v, "a")) == 2, timeout=30)
+        pids = running_workers(view, "a")
+        job.etcd.stop(signal.SIGKILL)
+        time.sleep(TTL + 1)  # down for longer than the lease's time to live
+        job.etcd.start()
+        restarted_at = time.time()
+        view = job.wait_status(
+            lambda v: nodes(v).get("a", {}).get("updated_at", 0) > restarted_at, timeout=15
+        )
+        assert running_workers(view, "a") == pids, "the workers were not restarted"
+        assert [w["restarts"] for w in nodes(view)["a"]["workers"]] == [0, 0]
+        assert job.nodes["a"].poll() is None
+        assert job.started() == {"a-0-0", "a-1-0"}
+        assert "cluster store reachable again" in job.log("a")
 
 
 def test_a_late_node_starts_at_the_job_generation(job: Job) -> None:
