@@ -1,8 +1,8 @@
 """The async face's two tiers against a real ``aiotimer serve``, on asyncio and uvloop.
 
 Workers are fresh Python processes that find the server through the environment only.
-The server runs with ``--dump`` (stack dump, then SIGKILL) and ``--event-log``; each
-test reads the log after a SIGTERM has flushed it.
+One server per module runs with ``--dump`` (stack dump, then SIGKILL) and
+``--event-log`` (another without ``--dump``); each test reads its own worker's records.
 
 Tolerances: deadlines are 0.5-1.5 s, healthy items last ~10 ms, and every wait is
 bounded (``BOUND``), so a stalled machine fails a test rather than hangs it.
@@ -10,7 +10,6 @@ bounded (``BOUND``), so a stalled machine fails a test rather than hangs it.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -41,24 +40,26 @@ RUN = """
 """
 
 
-@pytest.fixture(params=["--dump"])
-def server(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[tuple[Path, Path]]:
-    """``aiotimer serve`` with an event log: (fifo, log). With ``--dump`` (the default
-    param) every reap starts with a stack dump; without, only what requests ask for."""
-    fifo, log = tmp_path / "timer.fifo", tmp_path / "events.jsonl"
-    dumps = tmp_path / "dumps"
+@pytest.fixture(scope="module", params=["--dump"])
+def server(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[tuple[Path, Path]]:
+    """``aiotimer serve`` with an event log: (fifo, log), one for the module's tests
+    (each worker is a new process; a test reads only its own worker's records). With
+    ``--dump`` (the default param) every reap starts with a stack dump; without, only
+    what requests ask for."""
+    tmp = tmp_path_factory.mktemp("serve")
+    fifo, log, dumps = tmp / "timer.fifo", tmp / "events.jsonl", tmp / "dumps"
     dumps.mkdir(mode=0o700)
-    os.environ["AIOTIMER_DUMP_DIR"] = str(dumps)  # the server's and the workers'
     options = ["--event-log", str(log)]
     if request.param == "--dump":
         options += ["--dump-dir", str(dumps)]
-    try:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("AIOTIMER_DUMP_DIR", str(dumps))  # the server's and the workers'
         with serving(fifo, *options) as proc:
             yield fifo, log
             proc.send_signal(signal.SIGTERM)  # flushes the event log
             proc.wait(BOUND)
-    finally:
-        del os.environ["AIOTIMER_DUMP_DIR"]
 
 
 def spawn(fifo: Path, code: str, loop: str) -> subprocess.Popen[str]:
@@ -84,15 +85,16 @@ def finish(proc: subprocess.Popen[str]) -> tuple[int, str, str]:
     return proc.returncode, out, err
 
 
-def reaps(log: Path) -> list[dict[str, Any]]:
-    return [r for r in events(log) if r["event"] == "worker_reaped"]
+def of(log: Path, pid: int, kind: str) -> list[dict[str, Any]]:
+    """The records of ``kind`` about worker ``pid`` (the server is the module's)."""
+    return [r for r in events(log) if r["event"] == kind and r.get("pid") == pid]
 
 
-def wait_reaps(log: Path) -> list[dict[str, Any]]:
-    """The reap events, once there is one: the worker may die before the server has
-    written the event of its reap."""
+def wait_reaps(log: Path, pid: int) -> list[dict[str, Any]]:
+    """The reap events of ``pid``, once there is one: the worker may die before the
+    server has written the event of its reap."""
     deadline = time.monotonic() + BOUND
-    while not (found := reaps(log)) and time.monotonic() < deadline:
+    while not (found := of(log, pid, "worker_reaped")) and time.monotonic() < deadline:
         time.sleep(0.02)
     return found
 
@@ -123,10 +125,11 @@ def test_two_stuck_tasks_of_two_hundred_and_two_time_out_and_nothing_is_reaped(
     server: tuple[Path, Path], loop: str
 ) -> None:
     fifo, log = server
-    code, out, err = finish(spawn(fifo, PIPELINE, loop))
+    worker = spawn(fifo, PIPELINE, loop)
+    code, out, err = finish(worker)
     assert (code, out) == (0, "200 2\n"), err
     time.sleep(0.2)  # any reap would follow the timeouts within ms; give it time to show
-    assert not reaps(log)
+    assert not of(log, worker.pid, "worker_reaped")
 
 
 HOG = """
@@ -169,9 +172,8 @@ def test_a_blocked_loop_is_reaped_and_the_dump_names_the_task_that_holds_it(
     # for by the server's --dump, or else by the two-tier block itself (its process has
     # the hook, installed by its first block).
     assert 1.3 <= died < 1.3 + 5.0
-    [reaped] = wait_reaps(log)
-    records = events(log)
-    expired = [r["scope_id"] for r in records if r["event"] == "timer_expired"]
+    [reaped] = wait_reaps(log, worker.pid)
+    expired = [r["scope_id"] for r in of(log, worker.pid, "timer_expired")]
     # The earliest deadline, whose task could not run, is what the server acted on ...
     assert [scope.rpartition("@")[2] for scope in expired] == ["innocent"], expired
     # ... and the reap's stack dump names the task that held the loop, and its block.
@@ -214,7 +216,7 @@ def test_a_task_that_swallows_its_cancellation_is_reaped_kill_after_later(
     died = time.monotonic() - entered
     assert code == -signal.SIGKILL, err
     assert 1.3 <= died < 1.3 + 5.0  # tier 2: deadline (0.3 s) + kill_after (1 s)
-    [reaped] = wait_reaps(log)
+    [reaped] = wait_reaps(log, worker.pid)
     assert reaped["scopes"] == ["swallows"]
 
 
@@ -246,7 +248,7 @@ def test_the_loop_watchdog_reaps_a_stalled_loop_and_the_dump_names_the_task(
     assert code == -signal.SIGKILL, err
     # The stall starts at ~0.3 s; reaped stall_after (0.5 s) to 1.25x that later.
     assert 0.3 + 0.5 <= died < 0.3 + 0.625 + 5.0
-    [reaped] = wait_reaps(log)
+    [reaped] = wait_reaps(log, worker.pid)
     [scope] = reaped["scopes"]
     assert scope.startswith("<string>:")  # the loop_watchdog() line
     assert "The loop is held by task 'hog'\n" in reaped["stacks"]
