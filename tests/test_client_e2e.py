@@ -262,8 +262,8 @@ def test_no_server_is_a_typed_error_within_the_connect_timeout(harness: Harness)
 @pytest.mark.parametrize(
     ("args", "status", "verdict"),
     [
-        (["--workers", "3"], 0, "the stuck worker was reaped"),
-        (["--workers", "2", "--deadline", "30", "--budget", "2"], 1, "NOT reaped"),
+        (["--workers", "3", "--deadline", "1"], 0, "the stuck worker was reaped"),
+        (["--workers", "2", "--deadline", "30", "--budget", "1"], 1, "NOT reaped"),
     ],
     ids=["reaped", "not-reaped-in-budget"],
 )
@@ -367,7 +367,7 @@ RELEASE_RETRY_WORKER = """
     from aiotimer.client import FifoClient, expires
     logging.basicConfig()
     client = FifoClient({path!r}, write_timeout=0.3)
-    with expires(after=4.0, scope="blk", client=client):
+    with expires(after=4.0, scope="blk", client=client) as block:
         print("entered", flush=True)
         sys.stdin.readline()  # the server is stopped: fill its pipe with harmless lines
         fd = os.open({path!r}, os.O_WRONLY | os.O_NONBLOCK)
@@ -381,7 +381,8 @@ RELEASE_RETRY_WORKER = """
         except BlockingIOError:
             pass
     print("left", flush=True)  # the release could not be written in time: no exception
-    time.sleep(6.0)  # past the deadline: killed unless the release reached the server
+    # 1.5 s past the deadline: killed unless the release reached the server.
+    time.sleep(max(0.0, block.deadline + 1.5 - time.monotonic()))
     print("done", flush=True)
 """
 

@@ -9,7 +9,6 @@ server is flooded); everything else is bounded by seconds.
 from __future__ import annotations
 
 import math
-import os
 import resource
 import signal
 import subprocess
@@ -19,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from _pids import fake_pid
-from _procs import BOUND, Sentinel, env, events, kinds, line, send, serve_argv, serving
+from _procs import BOUND, Sentinel, env, events, line, send, serve_argv, serving
 
 from aiotimer.cli import main
 
@@ -105,18 +104,8 @@ def test_a_full_disk_under_the_event_log_never_stops_reaping(
             sentinel.arm(fifo, after=0.3)
             assert sentinel.lateness() < 0.1
         assert server.poll() is None
-        os.truncate(log, 0)  # room again: the log says what it lost, then goes on
-        time.sleep(5.5)  # the log retries every 5 s
-        with Sentinel() as sentinel:
-            sentinel.arm(fifo, after=0.1, scope="after")
-            assert sentinel.lateness() < 0.1
-            pid = sentinel.pid
-        while not any(r.get("pid") == pid for r in events(log) if r["event"] == "worker_reaped"):
-            assert time.monotonic() < deadline + BOUND, kinds(events(log))
-            time.sleep(0.05)
-        records = events(log)
-        assert records[0]["event"] == "events_lost" and records[0]["count"] > 0
-        assert "ENOSPC" in records[0]["error"]
+    # Once there is room again the log says what it lost, then goes on: the event log's
+    # own test shows it on a full tmpfs (test_eventlog.py), without serve's 5 s retry.
 
 
 def _soft_nofile_128() -> None:
