@@ -844,9 +844,10 @@ def test_multiple_concurrent_clients(file_server: timer.FileTimerServer, events:
     assert events.of(WorkerReaped) == []
 
 
-def _exit_before_release(path: str) -> None:
+def _exit_before_release(path: str, acquired: Any) -> None:
     client = timer.FileTimerClient(path)
-    client.acquire("test_scope", time.time() + 2)
+    client.acquire("test_scope", time.time() + 1)
+    acquired.wait(WAIT)  # exits once the server holds the timer
 
 
 @pytest.mark.process
@@ -854,14 +855,20 @@ def _exit_before_release(path: str) -> None:
 def test_a_worker_that_exits_before_releasing_is_forgotten_not_reaped(
     file_server: timer.FileTimerServer, events: Events
 ) -> None:
-    p = FORK.Process(target=_exit_before_release, args=(file_server.file_path,))
+    acquired = FORK.Event()
+    p = FORK.Process(target=_exit_before_release, args=(file_server.file_path, acquired))
     p.start()
+    # The server holds the timer once it watches the worker: an exit before that would
+    # make the pid unknown (dropped, not forgotten).
+    wait_until(lambda: bool(file_server.get_expired_timers(math.inf)))
+    deadline = time.time() + 1
+    acquired.set()
     p.join(WAIT)
     assert p.exitcode == 0
     [exited] = events.wait_for(WorkerExited)
     assert (exited.pid, exited.cleared) == (p.pid, ("test_scope",))
     assert file_server.get_expired_timers(math.inf) == {}
-    time.sleep(2.5)  # past the deadline: still nothing to reap
+    time.sleep(max(0.0, deadline + 0.5 - time.time()))  # past the deadline: nothing to reap
     assert events.of(WorkerReaped) == []
     assert events.of(TimerExpired) == []
 
