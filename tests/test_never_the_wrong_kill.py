@@ -202,12 +202,17 @@ time.sleep(60)
 """
 
 
+#: Each stall worker's deadline, seconds after its acquire.
+STALL_AFTER = 1.5
+
+
 @contextlib.contextmanager
 def _stall_rig(
     tmp_path: Path, healthy: int
-) -> Iterator[tuple[subprocess.Popen[bytes], list[subprocess.Popen[str]]]]:
+) -> Iterator[tuple[subprocess.Popen[bytes], list[subprocess.Popen[str]], float]]:
     """``aiotimer serve`` and ``healthy`` workers plus one that hangs, each holding one
-    timer due 2.5 s after it acquired; torn down (server resumed first) on exit."""
+    timer due ``STALL_AFTER`` s after it acquired, and a ``time.monotonic()`` by which
+    every deadline has passed; torn down (server resumed first) on exit."""
     fifo, log = tmp_path / "t.fifo", tmp_path / "events.jsonl"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     serve = [sys.executable, "-m", "aiotimer", "serve", "--fifo", str(fifo)]
@@ -221,7 +226,7 @@ def _stall_rig(
         for mode in ["go"] * healthy + ["hang"]:
             workers.append(
                 subprocess.Popen(
-                    [sys.executable, "-c", STALL_WORKER, str(fifo), "2.5", mode],
+                    [sys.executable, "-c", STALL_WORKER, str(fifo), str(STALL_AFTER), mode],
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
                     text=True,
@@ -229,7 +234,7 @@ def _stall_rig(
             )
         for w in workers:
             assert w.stdout is not None and w.stdout.readline().strip() == "acquired"
-        yield server, workers
+        yield server, workers, time.monotonic() + STALL_AFTER + 0.3
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(server.pid, signal.SIGCONT)
@@ -269,14 +274,14 @@ def _resume_and_check(
 
 
 def test_a_stalled_server_kills_no_worker_that_released_in_time(tmp_path: Path) -> None:
-    """5 workers release while the server is stopped (SIGSTOP, 3 s), before their
-    deadlines; one hangs. On SIGCONT the releases in the pipe win: 0 healthy workers
-    killed, and the hung one is reaped within 0.5 s."""
-    with _stall_rig(tmp_path, healthy=5) as (server, workers):
+    """5 workers release while the server is stopped (SIGSTOP), before their deadlines;
+    one hangs. On SIGCONT the releases in the pipe win: 0 healthy workers killed, and
+    the hung one is reaped within 0.5 s."""
+    with _stall_rig(tmp_path, healthy=5) as (server, workers, passed):
         time.sleep(0.2)  # the server reads the acquires
         os.kill(server.pid, signal.SIGSTOP)
         _release(workers[:5])
-        time.sleep(3.0)  # every deadline passes while the server is stopped
+        time.sleep(max(0.0, passed - time.monotonic()))  # every deadline passes meanwhile
         _resume_and_check(server, workers)
 
 
@@ -306,7 +311,7 @@ def test_a_stalled_server_flooded_after_the_releases_kills_no_worker_that_releas
     workers' input before the releases, most of a pipe's worth after them. The releases
     win, and the hung worker (named nowhere in the flood) is reaped without the server
     decoding the flood first."""
-    with _stall_rig(tmp_path, healthy=3) as (server, workers):
+    with _stall_rig(tmp_path, healthy=3) as (server, workers, passed):
         flood_fd = os.open(tmp_path / "t.fifo", os.O_WRONLY | os.O_NONBLOCK)
         try:
             capacity = fcntl.fcntl(flood_fd, fcntl.F_GETPIPE_SZ)
@@ -315,7 +320,7 @@ def test_a_stalled_server_flooded_after_the_releases_kills_no_worker_that_releas
             assert _flood(flood_fd, 16 * 1024, first_pid=fake_pid(5000)) >= 16 * 1024
             _release(workers[:3])
             assert _flood(flood_fd, capacity, first_pid=fake_pid(6000)) > capacity // 2
-            time.sleep(2.8)  # every deadline passes while the server is stopped
+            time.sleep(max(0.0, passed - time.monotonic()))  # every deadline passes meanwhile
             _resume_and_check(server, workers)
         finally:
             os.close(flood_fd)
@@ -369,6 +374,7 @@ def test_an_acquire_queued_before_its_pid_was_recycled_never_hits_the_new_proces
         os.kill(server.pid, signal.SIGSTOP)
         worker = subprocess.Popen([sys.executable, "-c", SHORT_LIVED, str(fifo)])
         assert worker.wait(BOUND) == 0  # exited and reaped: its pid is free
+        past_due = time.monotonic() + 1.0 + 0.3  # its acquire's deadline passed by then
         time.sleep(0.05)  # a few clock ticks, so the successor's start time differs
         successor = spawn_with_pid(
             worker.pid, [sys.executable, "-c", "import time; time.sleep(30)"]
@@ -380,7 +386,7 @@ def test_an_acquire_queued_before_its_pid_was_recycled_never_hits_the_new_proces
         while not [e for e in events_of(log) if e["event"] == "worker_unknown"]:
             assert time.monotonic() < deadline, "the stale acquire was never reported"
             time.sleep(0.05)
-        time.sleep(1.5)  # past the acquire's deadline
+        time.sleep(max(0.0, past_due - time.monotonic()))
         assert successor.poll() is None
         events = events_of(log)
         assert [e["pid"] for e in events if e["event"] == "worker_unknown"] == [worker.pid]
