@@ -8,6 +8,7 @@ in ``[asyncio]`` / ``[uvloop]``.
 from __future__ import annotations
 
 import asyncio
+import gc
 import importlib.util
 import os
 import subprocess
@@ -66,6 +67,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if {"etcd", "own_etcd"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.etcd)
             item.add_marker(pytest.mark.process)
+
+
+@pytest.fixture(autouse=True)
+def _no_frozen_heap_left() -> Iterator[None]:
+    """Undo ``gc.freeze()`` after a test that ran ``aiotimer serve`` in this process.
+
+    Serve freezes its start-up heap for the rest of its process's life; run in-process
+    by a test, it would leave the collector changed for every later test (and fail a
+    test that expects nothing frozen, depending on the order the files run in).
+    """
+    yield
+    if gc.get_freeze_count():
+        gc.unfreeze()
 
 
 @contextmanager
