@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -100,7 +101,8 @@ def supervisor(
 ) -> Supervisor:
     env = {**os.environ, "TEST_MODE": mode, "TEST_PIDS": str(tmp_path / "pids")}
     kwargs.setdefault("stop_timeout", 2.0)
-    return Supervisor(command, env=env, on_event=events.append, **kwargs)  # type: ignore[arg-type]
+    kwargs.setdefault("on_event", events.append)
+    return Supervisor(command, env=env, **kwargs)  # type: ignore[arg-type]
 
 
 def policy(**kwargs: object) -> RestartPolicy:
@@ -117,13 +119,23 @@ def starts(events: list[Event]) -> Counter[int]:
     return Counter(e.rank for e in events if isinstance(e, WorkerStarted))
 
 
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        return False
-    return data[data.rindex(b")") + 2 : data.rindex(b")") + 3] not in (b"Z", b"X")
+def pin(pids: list[int]) -> list[int]:
+    """pidfds of ``pids`` (running or not yet reaped): a pid that another process gets
+    later (a concurrent test's, or after ``ns_last_pid`` was rewound) is not taken for
+    one of them."""
+    return [os.pidfd_open(pid) for pid in pids]
+
+
+def running(pidfds: list[int]) -> int:
+    """How many of the pinned processes have not exited (a pidfd is readable once its
+    process has)."""
+    ready, _, _ = select.select(pidfds, [], [], 0)
+    return len(pidfds) - len(ready)
+
+
+def close(pidfds: list[int]) -> None:
+    for fd in pidfds:
+        os.close(fd)
 
 
 @pytest.mark.asyncio
@@ -166,18 +178,27 @@ async def test_budget_gives_up_after_exactly_k_plus_one_attempts(
     worker: list[str], tmp_path: Path
 ) -> None:
     events: list[Event] = []
+    pidfds: list[int] = []
+
+    def record(event: Event) -> None:
+        events.append(event)
+        if isinstance(event, WorkerStarted):
+            pidfds.extend(pin([event.pid]))
+
     sup = supervisor(worker, tmp_path, "hang-always", events, nproc=2,
-                     policy=policy(max_restarts=2))  # fmt: skip
+                     policy=policy(max_restarts=2), on_event=record)  # fmt: skip
     started = time.monotonic()
-    with anyio.fail_after(30):
-        outcome = await sup.run()
-    elapsed = time.monotonic() - started
-    assert outcome is RunOutcome.GAVE_UP
-    assert starts(events)[1] == 3
-    assert len(of(SupervisorGaveUp, events)) == 1
-    assert elapsed < 15  # three 0.1 s hangs, ~0.15 s of back-off, interpreter start-ups
-    pids = [e.pid for e in of(WorkerStarted, events)]
-    assert not [pid for pid in pids if alive(pid)]
+    try:
+        with anyio.fail_after(30):
+            outcome = await sup.run()
+        elapsed = time.monotonic() - started
+        assert outcome is RunOutcome.GAVE_UP
+        assert starts(events)[1] == 3
+        assert len(of(SupervisorGaveUp, events)) == 1
+        assert elapsed < 15  # three 0.1 s hangs, ~0.15 s of back-off, interpreter start-ups
+        assert running(pidfds) == 0
+    finally:
+        close(pidfds)
     assert {w.state.value for w in sup.get_state().workers} == {"succeeded", "fatal"}
 
 
@@ -259,6 +280,7 @@ def run_tree(worker: list[str], pids_file: Path, *options: str) -> subprocess.Po
 def test_sigterm_to_run_leaves_no_process(worker: list[str], tmp_path: Path) -> None:
     pids_file = tmp_path / "pids"
     run = run_tree(worker, pids_file, "--nproc", "2", "--stop-timeout", "0.5")
+    pidfds: list[int] = []
     try:
         deadline = time.monotonic() + 20
         while (not pids_file.exists() or len(pids_file.read_text().splitlines()) < 2) and (
@@ -267,15 +289,18 @@ def test_sigterm_to_run_leaves_no_process(worker: list[str], tmp_path: Path) -> 
             time.sleep(0.05)
         pids = [int(p) for line in pids_file.read_text().splitlines() for p in line.split()]
         assert len(pids) == 6
-        assert all(alive(pid) for pid in pids)
+        pidfds = pin(pids)
+        assert running(pidfds) == 6
         run.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
         _, err = run.communicate(timeout=20)
         stopped_in = time.monotonic() - signalled
+        leftover = running(pidfds)
     finally:
         run.kill()
+        close(pidfds)
     assert run.returncode == 128 + signal.SIGTERM, err
-    assert [pid for pid in pids if alive(pid)] == []
+    assert leftover == 0
     assert "stopped" in err  # the summary table
     # the children ignoring SIGTERM needed the SIGKILL 0.5 s later; bounded well below 10 s
     assert 0.5 <= stopped_in < 10
@@ -305,11 +330,12 @@ def test_a_second_signal_kills_at_once(worker: list[str], tmp_path: Path) -> Non
     """With --stop-timeout 60, SIGTERM waits for workers; a second signal SIGKILLs."""
     pids_file = tmp_path / "pids"
     run = run_tree(worker, pids_file, "--stop-timeout", "60")
+    pidfds: list[int] = []
     try:
         deadline = time.monotonic() + 20
         while not pids_file.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
-        pids = [int(p) for p in pids_file.read_text().split()]
+        pidfds = pin([int(p) for p in pids_file.read_text().split()])
         run.send_signal(signal.SIGTERM)
         time.sleep(0.5)
         assert run.poll() is None  # a child ignores SIGTERM: the stop waits for it
@@ -317,8 +343,10 @@ def test_a_second_signal_kills_at_once(worker: list[str], tmp_path: Path) -> Non
         signalled = time.monotonic()
         _, err = run.communicate(timeout=20)
         stopped_in = time.monotonic() - signalled
+        leftover = running(pidfds)
     finally:
         run.kill()
+        close(pidfds)
     assert run.returncode == 128 + signal.SIGTERM, err
     assert stopped_in < 10  # not the 60 s of --stop-timeout
-    assert [pid for pid in pids if alive(pid)] == []
+    assert leftover == 0
