@@ -24,6 +24,7 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 import pytest
+from _pids import fake_pid
 
 import aiotimer
 import aiotimer.control.server as control_server
@@ -57,7 +58,7 @@ class Rig:
 
     async def still_reaps(self) -> None:
         """A timer set now expires and its worker is signalled, on the fake clock."""
-        pid = 5000 + self.reaped
+        pid = fake_pid(5000 + self.reaped)  # see tests/_pids.py
         self.server.acquire(f"sentinel-{pid}", 5.0, pid=pid)
         await settle()
         self.clock.advance(5.0)

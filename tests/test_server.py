@@ -946,7 +946,7 @@ def test_thread_mode_requests_apply_in_order_before_a_later_call(
         assert len(server.get_state().timers) == 50
         assert server.get_state().workers == tuple(range(P1, P1 + 50))
     with pytest.raises(ServerStateError):
-        server.release("s0", pid=5000)
+        server.release("s0", pid=P1)
 
 
 @pytest.mark.asyncio
@@ -1127,7 +1127,7 @@ async def test_a_broken_drain_is_logged_and_skipped_and_the_others_still_win(
         with caplog.at_level(logging.ERROR, logger="aiotimer"):
             await r.advance(1.0)
         assert f"draining broken-{broken} before an expiry failed" in caplog.text
-        assert r.reaper.signals() == [(P2, KILL)]  # 1 released through the healthy drain
+        assert r.reaper.signals() == [(P2, KILL)]  # P1 released through the healthy drain
         assert held.held == [] and bad.held == [Request(P2, "b", -1, 0)]
 
 
