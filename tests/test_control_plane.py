@@ -136,6 +136,7 @@ def test_the_supervisor_records_are_a_leaf() -> None:
 
 def test_no_import_cycles() -> None:
     import grimp  # noqa: PLC0415 (the test extra has it)
+
     graph = grimp.build_graph("aiotimer", cache_dir=None)
     in_cycles = {
         tuple(sorted((module, imported)))
