@@ -154,6 +154,11 @@ class Engine:
         the work to end (the shell hands it over) rather than cut into it."""
         return self._applying or self._expiry.handling
 
+    def flush(self) -> None:
+        """Apply what every source holds now, for any worker, then handle every deadline
+        passed (see :meth:`~aiotimer.server.TimerServer.flush`)."""
+        self._expiry.flush()
+
     def restore(self, requests: Sequence[Request], source: str) -> None:
         """Apply acquires restored from the journal (see the module docs)."""
         self.submit(Decoded(requests=list(requests)), source)

@@ -210,6 +210,28 @@ class Expiry:
             self._armed = -math.inf
             self._sleep_scope.cancel()
 
+    def flush(self) -> None:
+        """A synchronous round (:meth:`~aiotimer.server.TimerServer.flush`): apply what
+        every drain holds now, for any worker (each looked into at most
+        :data:`MAX_DRAIN_CALLS` times), then handle every timer due, and re-arm the task."""
+        self.handling = True
+        try:
+            for drain in tuple(self._drains):
+                for _ in range(MAX_DRAIN_CALLS):
+                    if not _look(drain, None):
+                        break
+                    while (batch := _step(drain)) is not None:
+                        if batch.requests or batch.rejections:
+                            self._ingest.apply(batch, drain.name)
+        finally:
+            self.handling = False
+        now = self._clock.monotonic()
+        while (deadline := self._table.next_deadline(budget=EXPIRE_BUDGET)) is not None:
+            if deadline > now:
+                break
+            self.expire_due(now)
+        self.catch_up()
+
     def expire_due(self, now: float) -> None:
         """Handle the timers due at ``now``, in deadline order (one slice of them), once
         the sources' input that may concern them is applied: a release that arrived

@@ -128,6 +128,24 @@ class Run:
         else:
             self.handoff.call_soon(lambda: engine.submit(batch, API_SOURCE))
 
+    def flush(self, timeout: float) -> None:
+        """The engine's synchronous round, from any thread (another thread waits up to
+        ``timeout`` seconds for the loop to run it).
+
+        Raises:
+            RuntimeError: called inside the engine's own work (an event callback).
+            TimeoutError: the loop did not run it in time (it is blocked).
+            ServerStateError: the run ended first.
+        """
+        engine = self.engine
+        assert engine is not None, "the run serves"
+        if threading.get_ident() != self.thread_id:
+            self.handoff.call(engine.flush, timeout)
+        elif engine.busy:
+            raise RuntimeError("flush() cannot run inside an event callback of the server")
+        else:
+            engine.flush()
+
     def read(self, fn: Callable[[], _T], timeout: float) -> _T:
         """``fn()`` on a consistent view of the run, from any thread: in the loop while
         the run is live (after every call handed over before; another thread waits up to

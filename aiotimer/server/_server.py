@@ -371,6 +371,21 @@ class TimerServer(TaskOwner):
         pid = os.getpid() if pid is None else pid
         self.submit(Request(pid=pid, scope_id=scope_id, expiration_time=-1, signal=0))
 
+    def flush(self) -> None:
+        """Apply every request the sources hold right now, then handle every deadline
+        that has passed (first signals sent); return once done. A synchronous round, for
+        owners that drive the server by hand (torch's ``_run_watchdog``). Thread-safe.
+
+        Raises:
+            ServerStateError: the server is not running.
+            TimeoutError: see :meth:`snapshot`.
+            RuntimeError: called from the server's own event callback.
+        """
+        run, state = self._run, self._life.state
+        if state is not LifecycleState.RUNNING or run is None or run.engine is None:
+            raise ServerStateError(f"the server is {state.value}, not running")
+        run.flush(SNAPSHOT_TIMEOUT)
+
     def _read(self, fn: Callable[[], _T]) -> _T:
         """``fn()`` on a consistent view of the server, from any thread (see
         :meth:`Run.read`)."""
