@@ -25,13 +25,14 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from unittest import mock
 
 import pytest
 from _pids import fake_pid
+from _waits import WAIT, Events, wait_until
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -44,7 +45,6 @@ from aiotimer.errors import (
     SourceError,
 )
 from aiotimer.events import (
-    Event,
     RequestRejected,
     ServerStarted,
     TimerExpired,
@@ -54,8 +54,6 @@ from aiotimer.events import (
 from aiotimer.testing import RecordingReaper
 from aiotimer.wire import LineDecoder, Request, encode
 
-#: Generous bound for "the server handled it" waits on a busy 2-core machine.
-WAIT = 10.0
 #: Pids for timers of fake workers (see tests/_pids.py): no process has them.
 FAKE_PID, OTHER_FAKE_PID = fake_pid(1), fake_pid(2)
 
@@ -65,35 +63,6 @@ LocalServer = tuple[timer.LocalTimerServer, "queue.Queue[Any]"]
 
 
 # -- helpers ------------------------------------------------------------------------------
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = WAIT) -> None:
-    """Poll ``predicate`` until true; fail the test after ``timeout`` seconds."""
-    end = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > end:
-            pytest.fail(f"condition not met within {timeout}s")
-        time.sleep(0.005)
-
-
-class Events:
-    """A thread-safe ``on_event`` recorder."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._events: list[Event] = []
-
-    def __call__(self, event: Event) -> None:
-        with self._lock:
-            self._events.append(event)
-
-    def of(self, kind: type[Event]) -> list[Any]:
-        with self._lock:
-            return [e for e in self._events if isinstance(e, kind)]
-
-    def wait_for(self, kind: type[Event], count: int = 1, timeout: float = WAIT) -> list[Any]:
-        wait_until(lambda: len(self.of(kind)) >= count, timeout)
-        return self.of(kind)
 
 
 class RecordingClient(timer.TimerClient):
@@ -468,12 +437,14 @@ def test_watchdog_round_clears_reaped_and_raising_workers_only() -> None:
     assert server.cleared == [{1, 2}]
 
 
-def test_polling_server_stop_is_idempotent_and_it_restarts() -> None:
+def test_polling_server_stop_is_idempotent_and_it_restarts(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     server = MockTimerServer(MockRequestQueue(), max_interval=0.01)
     server.stop()  # never started: nothing to do
     server.start()
-    with pytest.raises(ServerStateError):
-        server.start()
+    server.start()  # torch would start a second watchdog thread: logged, ignored
+    assert "MockTimerServer.start(): already running; ignored" in caplog.text
     wait_until(lambda: len(server.cleared) > 0)
     server.stop()
     server.stop()
@@ -584,8 +555,8 @@ def test_server_lifecycle_stop_is_idempotent_and_restart_works(reaper: Recording
     for _ in range(2):
         server.start()
         assert server.running
-        with pytest.raises(ServerStateError):
-            server.start()
+        server.start()  # logged and ignored, as torch's second start() is harmless
+        assert server.running
         server.register_timers([valid(FAKE_PID, "a")])
         assert len(server.get_expired_timers(math.inf)[FAKE_PID]) == 1
         server.stop()

@@ -33,15 +33,20 @@ What is different (aiotimer's semantics; see docs/migrating-from-torch.md):
   :class:`TimerServerUnavailableError` a ``BrokenPipeError``,
   :class:`TimerRequestTooLargeError` a ``RuntimeError``.
 * **Unique default scopes.** ``expires()`` without ``scope=`` names the caller's
-  ``file:line`` plus a counter (cheap, no ``inspect.stack()``), so nested or concurrent
-  blocks on one line are independent timers. Pass ``scope=`` to share one timer (torch's
-  behaviour for recursive calls).
+  ``file:line`` plus a counter (cheap, no ``inspect.stack()``), so every block is its own
+  timer. torch 2.13 names every such block ``.../contextlib.py#137`` (its ``expires`` is
+  a ``@contextmanager``): all of a process's default-scope blocks share one timer. Pass
+  the same ``scope=`` to share one timer on purpose.
 * A release that fails never hides the exception of the block it closes.
 
-The servers run aiotimer's :class:`~aiotimer.server.TimerServer` in a daemon thread
-(:class:`~aiotimer.server.TimerServerThread`); ``stop()`` is idempotent and a stopped
-server can be started again. The clients use aiotimer's
-:class:`~aiotimer.client.FifoClient` and :class:`~aiotimer.client.QueueClient`.
+The servers are subclasses of :class:`TimerServer` run by aiotimer's
+:class:`~aiotimer.server.TimerServer` in a daemon thread: every reap calls their
+``_reap_worker``, every worker exit is checked with ``is_process_running``, and
+``_run_watchdog()`` runs one synchronous round, so subclasses and patches written for
+torch's servers keep working (see :mod:`aiotimer.compat.torch._engine_server`). A second
+``start()`` is logged and ignored; ``stop()`` is idempotent and a stopped server can be
+started again. The clients use aiotimer's :class:`~aiotimer.client.FifoClient` and
+:class:`~aiotimer.client.QueueClient`.
 """
 
 from __future__ import annotations
@@ -65,11 +70,9 @@ from aiotimer.compat.torch._requests import (
     TimerRequestTooLargeError,
     TimerServerUnavailableError,
 )
-from aiotimer.compat.torch._servers import (
-    FileTimerServer,
-    LocalTimerServer,
-    log_debug_info_for_expired_timers,
-)
+from aiotimer.compat.torch.debug_info_logging import log_debug_info_for_expired_timers
+from aiotimer.compat.torch.file_based_local_timer import FileTimerServer
+from aiotimer.compat.torch.local_timer import LocalTimerServer
 
 __all__ = [
     "FileTimerClient",

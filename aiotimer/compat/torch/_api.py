@@ -14,7 +14,6 @@ from typing import Any
 from aiotimer.client._clients import release_failed
 from aiotimer.compat.torch._requests import TimerNotConfiguredError, TimerRequest
 from aiotimer.core._scope import default_scope, scope_at_site, scope_site
-from aiotimer.errors import ServerStateError
 
 logger = logging.getLogger("aiotimer.compat.torch")
 
@@ -52,14 +51,17 @@ class RequestQueue(abc.ABC):
 
 
 class TimerServer(abc.ABC):
-    """torch's polling ``TimerServer`` ABC, for custom servers written against it.
+    """torch's ``TimerServer`` ABC, for servers with a table of their own.
 
-    A watchdog thread repeatedly takes a batch from ``request_queue`` (waiting up to
-    ``max_interval``), registers it, and reaps every worker with expired timers. Unlike
-    torch's, :meth:`stop` is idempotent and a stopped server can be started again.
+    A subclass implements the four abstract methods; :meth:`start` runs torch's
+    watchdog over them in a thread: each round (:meth:`_run_watchdog`) takes a batch
+    from ``request_queue`` (waiting up to ``max_interval``), registers it, and reaps
+    every worker with expired timers. Unlike torch's, :meth:`stop` is idempotent and a
+    stopped server can be started again.
 
-    :class:`FileTimerServer` and :class:`LocalTimerServer` do not poll: they run
-    aiotimer's deadline-driven engine and are not subclasses of this class.
+    :class:`FileTimerServer` and :class:`LocalTimerServer` are subclasses whose table is
+    aiotimer's deadline-driven engine: they do not poll, and call ``_reap_worker`` at
+    each reap (see :mod:`aiotimer.compat.torch._engine_server`).
     """
 
     def __init__(
@@ -117,13 +119,11 @@ class TimerServer(abc.ABC):
                 logger.exception("the watchdog round failed")
 
     def start(self) -> None:
-        """Start the watchdog thread.
-
-        Raises:
-            ServerStateError: it is already running.
-        """
+        """Start the watchdog thread. A second call while it runs is logged and ignored
+        (torch starts a second watchdog thread on the same table)."""
         if self._watchdog_thread is not None:
-            raise ServerStateError(f"{type(self).__name__} is already running")
+            logger.warning("%s.start(): already running; ignored", type(self).__name__)
+            return
         self._stop_event = threading.Event()
         self._watchdog_thread = threading.Thread(
             target=self._watchdog_loop,

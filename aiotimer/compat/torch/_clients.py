@@ -17,6 +17,7 @@ from aiotimer.client._expires import (
 from aiotimer.compat.torch._api import RequestQueue, TimerClient
 from aiotimer.compat.torch._requests import (
     _SIGKILL,
+    FileTimerRequest,
     TimerRequest,
     TimerRequestTooLargeError,
     TimerServerUnavailableError,
@@ -32,23 +33,16 @@ if TYPE_CHECKING:
 # -- clients ------------------------------------------------------------------------------
 
 
-def _acquire_request(scope_id: str, expiration_time: float, signal: int) -> Request:
-    """An acquire carrying both torch's epoch deadline and the same one on the monotonic
-    clock (sent only to aiotimer servers)."""
+def _wire(pid: int, scope_id: str, expiration_time: float, signal: int) -> Request:
+    """The aiotimer request of torch's ``(pid, scope_id, expiration_time, signal)``: an
+    acquire also carries its epoch deadline on the monotonic clock (sent only to
+    aiotimer servers)."""
     mono = None
     if expiration_time >= 0 and math.isfinite(expiration_time):
         mono = time.monotonic() + (expiration_time - time.time())
     return Request(
-        pid=current_pid(),
-        scope_id=scope_id,
-        expiration_time=expiration_time,
-        signal=int(signal),
-        mono=mono,
+        pid=pid, scope_id=scope_id, expiration_time=expiration_time, signal=int(signal), mono=mono
     )
-
-
-def _release_request(scope_id: str) -> Request:
-    return Request(pid=current_pid(), scope_id=scope_id, expiration_time=-1, signal=0)
 
 
 def _send(client: _AioTimerClient, request: Request) -> None:
@@ -102,11 +96,24 @@ class FileTimerClient(TimerClient):
 
     def acquire(self, scope_id: str, expiration_time: float) -> None:
         """Set this process's timer ``scope_id`` to expire at ``expiration_time`` (epoch)."""
-        _send(self._client, _acquire_request(scope_id, expiration_time, self.signal))
+        self._send_request(FileTimerRequest(current_pid(), scope_id, expiration_time, self.signal))
 
     def release(self, scope_id: str) -> None:
         """Release this process's timer ``scope_id``."""
-        _send(self._client, _release_request(scope_id))
+        self._send_request(FileTimerRequest(current_pid(), scope_id, -1, 0))
+
+    def _send_request(self, request: FileTimerRequest) -> None:
+        """Send ``request`` as it is (any pid, any signal): what :meth:`acquire` and
+        :meth:`release` call, as in torch (a test may patch it, or send its own).
+
+        Raises:
+            TimerServerUnavailableError: no server reads the FIFO.
+            TimerRequestTooLargeError: the request's line exceeds ``PIPE_BUF`` bytes.
+        """
+        _send(
+            self._client,
+            _wire(request.worker_pid, request.scope_id, request.expiration_time, request.signal),
+        )
 
     def close(self) -> None:
         """Close the persistent descriptor, if any (reopened on next use)."""
@@ -137,11 +144,11 @@ class LocalTimerClient(TimerClient):
 
     def acquire(self, scope_id: str, expiration_time: float) -> None:
         """Set this process's timer ``scope_id`` to expire at ``expiration_time`` (epoch)."""
-        _send(self._client, _acquire_request(scope_id, expiration_time, _SIGKILL))
+        _send(self._client, _wire(current_pid(), scope_id, expiration_time, _SIGKILL))
 
     def release(self, scope_id: str) -> None:
         """Release this process's timer ``scope_id``."""
-        _send(self._client, _release_request(scope_id))
+        _send(self._client, _wire(current_pid(), scope_id, -1, 0))
 
     def __repr__(self) -> str:
         return f"<LocalTimerClient {self._mp_queue!r}>"

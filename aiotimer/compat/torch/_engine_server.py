@@ -1,67 +1,150 @@
-"""torch's servers (``FileTimerServer``, ``LocalTimerServer``) on aiotimer's engine, run in
-a daemon thread."""
+"""What torch's servers share here: a :class:`~aiotimer.compat.torch.TimerServer` run by
+aiotimer's deadline-driven engine, in a daemon thread.
+
+How this works
+--------------
+:class:`EngineServer` is a subclass of torch's ABC whose table is the engine's: the
+engine reads the transport (FIFO or queue), sleeps until the next deadline and reaps at
+it, without a polling round. torch's hooks are the points where the engine meets the
+worker, so a subclass (or a test's ``mock.patch``) that overrides them is obeyed:
+
+* ``_reap_worker`` is called for every reap: the engine's reaper is a
+  :class:`TorchHooks` that hands each signal to it (a ``False`` result is a failed
+  attempt, retried with back-off; an exception is reported and retried too);
+* ``is_process_running`` is asked when the engine sees a worker exit (its pidfd): while
+  it says the process runs, the worker's timers stay and expire as usual;
+* ``_run_watchdog()`` is one synchronous round: what the transport holds now is taken
+  and applied, and every timer due is reaped
+  (:meth:`aiotimer.server.TimerServer.flush`).
+
+``register_timers``, ``clear_timers`` and ``get_expired_timers`` are operations on the
+engine's table (thread-safe). The engine takes in what it reads itself, so overriding
+them changes those calls only: a subclass that overrides one is told so in the log. A
+server with a table of its own subclasses :class:`~aiotimer.compat.torch.TimerServer`
+directly, whose watchdog runs torch's round over its four methods.
+"""
 
 from __future__ import annotations
 
-import array
+import abc
 import contextlib
-import fcntl
 import logging
 import os
-import termios
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, Final, Self
+from typing import Final, Self
+
+import anyio
 
 from aiotimer._edges.clock import Clock, MonotonicClock
-from aiotimer.compat.torch._requests import FileTimerRequest, TimerRequest, _to_request
+from aiotimer._edges.procfs import EXITED_STATES, read_stat
+from aiotimer.compat.torch._api import RequestQueue, TimerServer
+from aiotimer.compat.torch._requests import TimerRequest, _to_request
 from aiotimer.core._table import Timer
-from aiotimer.errors import ServerStateError
-from aiotimer.events import (
-    Event,
-    ServerStarted,
-    ServerStopped,
-    TimerExpired,
-    WorkerExited,
-    WorkerReaped,
-)
-from aiotimer.reapers._signal import Reaper
+from aiotimer.errors import ReapError
+from aiotimer.events import Event
+from aiotimer.reapers._signal import NoDump, Reaper, SignalReaper
 from aiotimer.server._server import TimerServer as _AioTimerServer
 from aiotimer.server._thread import TimerServerThread
 
+__all__ = ["EngineServer", "TorchHooks"]
+
 logger = logging.getLogger("aiotimer.compat.torch")
 
-#: How long ``register_timers``/``clear_timers`` wait for the server's loop to apply them.
-_SYNC_TIMEOUT: Final[float] = 10.0
 #: How long ``start()`` waits for the server to accept requests.
 _START_TIMEOUT: Final[float] = 30.0
+#: The longest ``_run_watchdog()`` waits for requests still in transit on a queue.
+ROUND_WAIT: Final[float] = 5.0
+#: The table operations the engine does not call (see the module docs).
+_TABLE_METHODS: Final = ("register_timers", "clear_timers", "get_expired_timers")
 
 
-# -- servers on aiotimer's engine -------------------------------------------------------
+class TorchHooks:
+    """The reaper an :class:`EngineServer` runs its engine with: ``reaper`` underneath,
+    with each reap handed to the server's ``_reap_worker`` and each exit checked with its
+    ``is_process_running`` (a :class:`~aiotimer.reapers.Reaper`)."""
+
+    __slots__ = ("_owner", "inner")
+
+    def __init__(self, owner: EngineServer, inner: Reaper) -> None:
+        self._owner = owner
+        #: The reaper that pins, watches and signals the workers.
+        self.inner = inner
+
+    def attach(self, pid: int, *, start_time: int | None = None) -> bool:
+        """Pin worker ``pid`` through the inner reaper."""
+        if start_time is None:  # older reapers lack the keyword
+            return self.inner.attach(pid)
+        return self.inner.attach(pid, start_time=start_time)
+
+    async def wait_exit(self, pid: int) -> None:
+        """Return when worker ``pid`` has exited and ``is_process_running`` agrees."""
+        await self.inner.wait_exit(pid)
+        try:
+            running = bool(self._owner.is_process_running(pid))
+        except Exception:
+            logger.exception("is_process_running(%d) raised; the worker is taken as gone", pid)
+            return
+        if running:
+            logger.warning(
+                "worker %d has exited, but is_process_running(%d) says it runs: its "
+                "timers are kept and expire as usual",
+                pid,
+                pid,
+            )
+            await anyio.sleep_forever()
+
+    def signal(self, pid: int, signum: int, *, group: bool = False) -> None:
+        """Reap ``pid`` through the server's ``_reap_worker``; a process-group signal
+        (an aiotimer request's ``group`` key) goes to the inner reaper.
+
+        Raises:
+            ReapError: ``_reap_worker`` returned a false value (retried).
+        """
+        if group:
+            self.inner.signal(pid, signum, group=True)
+        elif not self._owner._reap_with(pid, signum):
+            raise ReapError(f"_reap_worker({pid}) returned False; retrying")
+
+    async def dump_stacks(self, pid: int, timeout: float) -> str | NoDump | None:
+        """The worker's stack dump, through the inner reaper."""
+        return await self.inner.dump_stacks(pid, timeout)
+
+    def detach(self, pid: int) -> None:
+        """Forget worker ``pid`` (the inner reaper releases its pin)."""
+        self.inner.detach(pid)
 
 
-def log_debug_info_for_expired_timers(run_id: str, expired_timers: dict[int, list[str]]) -> None:
-    """Log the expired timers of run ``run_id`` (pid → JSON lines), as torch does."""
-    if expired_timers:
-        logger.info("Timers expired for run:[%s] [%s].", run_id, expired_timers)
-
-
-class _EngineServer:
-    """What the compat servers share: an aiotimer server run in a daemon thread."""
+class EngineServer(TimerServer):
+    """torch's ``TimerServer`` on aiotimer's engine, in a daemon thread (see the module
+    docs). Subclasses build the aiotimer server (:meth:`_build`) and say how a reap
+    calls their ``_reap_worker`` (:meth:`_reap_with`)."""
 
     def __init__(
         self,
-        *,
+        request_queue: RequestQueue,
         max_interval: float,
         daemon: bool,
+        *,
+        reaper: Reaper | None,
         clock: Clock | None,
         on_event: Callable[[Event], None] | None,
     ) -> None:
-        self._max_interval = max_interval
-        self._daemon = daemon
+        super().__init__(request_queue, max_interval, daemon)
         self._clock: Clock = clock if clock is not None else MonotonicClock()
         self._on_event = on_event
         self._last_beat: float | None = None
+        self._hooks = TorchHooks(self, reaper if reaper is not None else SignalReaper())
+        for name in _TABLE_METHODS:
+            if getattr(type(self), name) is not getattr(EngineServer, name):
+                logger.warning(
+                    "%s overrides %s(): aiotimer's engine takes in and expires requests "
+                    "itself, so only explicit calls use it (see "
+                    "docs/migrating-from-torch.md; subclass TimerServer for a table of "
+                    "your own)",
+                    type(self).__name__,
+                    name,
+                )
 
     def _build(self, server: _AioTimerServer) -> None:
         self._server = server
@@ -77,15 +160,20 @@ class _EngineServer:
         """True while the server's thread runs."""
         return self._thread.running
 
+    # -- lifecycle ------------------------------------------------------------------------
+
     def start(self) -> None:
         """Start serving in a daemon thread; return once requests are accepted.
 
+        A second call while running is logged and ignored (torch starts a second
+        watchdog thread).
+
         Raises:
-            ServerStateError: the server is already running.
             SourceError: the FIFO path is taken (not a FIFO, or another server's).
         """
         if self._thread.running:
-            raise ServerStateError(f"{type(self).__name__} is already running")
+            logger.warning("%s.start(): already running; ignored", type(self).__name__)
+            return
         self._thread.stop()  # reap a thread that ended on its own, if any
         self._thread.start(_START_TIMEOUT)
         self._last_beat = self._clock.time()
@@ -94,6 +182,23 @@ class _EngineServer:
         """Stop serving; return once the thread has ended. Idempotent; can be restarted."""
         self._thread.stop()
         self._last_beat = None
+
+    def _run_watchdog(self) -> None:
+        """One synchronous round: take what the transport holds now (waiting up to
+        :data:`ROUND_WAIT` seconds for requests still in transit on the queue), apply
+        it, and reap every timer due. A server not running is started first: the
+        engine needs its loop, and keeps reaping at the deadlines after the round.
+        """
+        if not self._thread.running:
+            logger.info("%s._run_watchdog(): starting the server first", type(self).__name__)
+            self.start()
+        end = time.monotonic() + ROUND_WAIT
+        pause = 0.0005
+        with contextlib.suppress(NotImplementedError):  # no qsize() on this platform
+            while self._request_queue.size() > 0 and time.monotonic() < end:
+                time.sleep(pause)
+                pause = min(2 * pause, 0.01)
+        self._server.flush()
 
     def get_last_progress_time(self) -> int:
         """Epoch seconds when the server's loop last proved responsive.
@@ -112,11 +217,48 @@ class _EngineServer:
     def _beat(self) -> None:
         self._last_beat = self._clock.time()
 
+    # -- torch's hooks ----------------------------------------------------------------------
+
+    @staticmethod
+    def is_process_running(pid: int) -> bool:
+        """Whether process ``pid`` runs: it exists, this process may signal it, and it
+        has not exited (a zombie has; torch counts one as running). ``False`` for
+        ``pid <= 0``, which names process groups, not a process."""
+        if pid <= 0:
+            return False
+        try:
+            os.kill(pid, 0)
+        except OSError:
+            return False
+        try:
+            stat = read_stat(pid)
+        except OSError:  # no /proc: the signal test is all there is
+            return True
+        return stat is not None and stat[0] not in EXITED_STATES
+
+    def _signal_worker(self, pid: int, signum: int) -> bool:
+        """What the default ``_reap_worker`` does: send ``signum`` to the pinned worker.
+
+        Raises:
+            ProcessGoneError: the worker has exited (its timers are then cleared).
+            RefusedTargetError: it must never be signalled (pid <= 1, this process, or
+                never pinned).
+            ReapError: the signal failed this time (retried).
+        """
+        self._hooks.inner.signal(pid, signum)
+        return True
+
+    @abc.abstractmethod
+    def _reap_with(self, pid: int, signum: int) -> bool:
+        """Call this server's ``_reap_worker`` for a reap of ``pid`` with ``signum``."""
+
+    # -- the table (the engine's) -----------------------------------------------------------
+
     def register_timers(self, timer_requests: Iterable[TimerRequest]) -> None:
         """Apply acquires and releases as if clients had sent them; return once applied.
 
-        ``TimerRequest`` objects carry no signal: SIGKILL. Invalid requests are reported
-        as rejection events. Thread-safe.
+        ``TimerRequest`` objects carry no signal: SIGKILL. Invalid requests (a
+        ``worker_id`` of 0 or less, say) are reported as rejection events. Thread-safe.
 
         Raises:
             ServerStateError: the server is not running.
@@ -145,14 +287,22 @@ class _EngineServer:
         ``deadline=time.time()`` this is normally empty; a later ``deadline`` shows what
         will expire by then (``math.inf``: every live timer).
         """
+        due: dict[int, list[TimerRequest]] = {}
+        for key, request in self._timers.items():
+            if request.expiration_time <= deadline:
+                due.setdefault(key[0], []).append(request)
+        return due
+
+    @property
+    def _timers(self) -> dict[tuple[int, str], TimerRequest]:
+        """torch's table as a fresh copy: ``(pid, scope_id) -> request`` for every live
+        timer (a full snapshot of the engine: O(n log n) per read)."""
         clock = self._clock
         offset = clock.time() - clock.monotonic()
-        due: dict[int, list[TimerRequest]] = {}
-        for timer in self._server.get_state().timers:
-            expiration_time = timer.deadline + offset
-            if expiration_time <= deadline:
-                due.setdefault(timer.pid, []).append(self._report(timer, expiration_time))
-        return due
+        return {
+            (t.pid, t.scope_id): self._report(t, t.deadline + offset)
+            for t in self._server.get_state().timers
+        }
 
     def _report(self, timer: Timer, expiration_time: float) -> TimerRequest:
         return TimerRequest(timer.pid, timer.scope_id, expiration_time)
@@ -180,150 +330,3 @@ class _EngineServer:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self._server!r}>"
-
-
-def _unread_bytes(fd: int) -> int:
-    """How many bytes wait in the pipe behind ``fd`` (``FIONREAD``)."""
-    count = array.array("i", [0])
-    fcntl.ioctl(fd, termios.FIONREAD, count)
-    return count[0]
-
-
-class FileTimerServer(_EngineServer):
-    """A FIFO timer server with torch's signature, on aiotimer's engine.
-
-    Serves torch's ``FileTimerClient`` and aiotimer's clients alike. ``log_event(name,
-    request)`` receives torch's event names — ``"watchdog started"``, ``"timer
-    expired"``, ``"kill worker process"`` (with :class:`FileTimerRequest` objects) and
-    ``"watchdog stopped"`` — in the server's thread.
-
-    Args:
-        file_path: the FIFO to create (a stale FIFO there is replaced; anything else,
-            or a FIFO another server reads, is refused).
-        run_id: the job's id, for :func:`log_debug_info_for_expired_timers`.
-        max_interval: accepted for compatibility; expiry is deadline-driven, so it does
-            not bound latency.
-        daemon: accepted for compatibility; the server thread is always a daemon.
-        log_event: torch's event callback.
-        self_kill: after reaping a worker, send the same signal to this process, as
-            torch 2.13 does. Off by default.
-        fifo_mode: the FIFO's permission bits (torch: 0666 minus umask).
-        reaper: how workers are acted on (default: pidfd-pinned signals); inject
-            :class:`aiotimer.testing.RecordingReaper` in tests.
-        clock: the server's clock.
-        on_event: also receive every aiotimer :class:`~aiotimer.events.Event`.
-    """
-
-    def __init__(
-        self,
-        file_path: str,
-        run_id: str,
-        max_interval: float = 10,
-        daemon: bool = True,
-        log_event: Callable[[str, FileTimerRequest | None], None] | None = None,
-        *,
-        self_kill: bool = False,
-        fifo_mode: int = 0o600,
-        reaper: Reaper | None = None,
-        clock: Clock | None = None,
-        on_event: Callable[[Event], None] | None = None,
-    ) -> None:
-        super().__init__(max_interval=max_interval, daemon=daemon, clock=clock, on_event=on_event)
-        self._file_path = file_path
-        self._run_id = run_id
-        self._log_event = log_event
-        self._reaping: dict[int, FileTimerRequest] = {}
-        self._build(
-            _AioTimerServer(
-                fifo=file_path,
-                fifo_mode=fifo_mode,
-                reaper=reaper,
-                clock=self._clock,
-                on_event=self._dispatch,
-                self_kill_after_reap=self_kill,
-            )
-        )
-
-    @property
-    def file_path(self) -> str:
-        """The FIFO's path."""
-        return self._file_path
-
-    def run_once(self, timeout: float = _SYNC_TIMEOUT) -> None:
-        """Apply every request already written to the FIFO, then stop (torch's test hook).
-
-        Raises:
-            TimeoutError: the FIFO still held unread bytes after ``timeout`` seconds.
-        """
-        if self.running:
-            self._drain(timeout)
-            self._sync()
-        self.stop()
-
-    def _drain(self, timeout: float) -> None:
-        """Wait until the server has read everything in the FIFO."""
-        fd = os.open(self._file_path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        try:
-            end = time.monotonic() + timeout
-            while _unread_bytes(fd) > 0:
-                if time.monotonic() > end:
-                    raise TimeoutError(f"the FIFO still held unread requests after {timeout}s")
-                time.sleep(0.001)
-        finally:
-            os.close(fd)
-
-    def _report(self, timer: Timer, expiration_time: float) -> TimerRequest:
-        return FileTimerRequest(timer.pid, timer.scope_id, expiration_time, timer.signal)
-
-    def _translate(self, event: Event) -> None:
-        log = self._log_event
-        if isinstance(event, TimerExpired):
-            request = FileTimerRequest(
-                event.pid, event.scope_id, event.time - event.late, event.signal
-            )
-            log_debug_info_for_expired_timers(self._run_id, {event.pid: [request.to_json()]})
-            if not event.report_only:
-                self._reaping[event.pid] = request
-            if log is not None:
-                log("timer expired", request)
-        elif isinstance(event, WorkerReaped):
-            expired = self._reaping.get(event.pid)
-            scope = expired.scope_id if expired else (event.scopes[0] if event.scopes else "")
-            when = expired.expiration_time if expired else event.time
-            if log is not None:
-                log("kill worker process", FileTimerRequest(event.pid, scope, when, event.signal))
-        elif isinstance(event, WorkerExited):
-            self._reaping.pop(event.pid, None)
-        elif isinstance(event, ServerStarted):
-            if log is not None:
-                log("watchdog started", None)
-        elif isinstance(event, ServerStopped):
-            self._reaping.clear()
-            if log is not None:
-                log("watchdog stopped", None)
-
-
-class LocalTimerServer(_EngineServer):
-    """A ``multiprocessing.Queue`` timer server with torch's signature, on aiotimer's engine.
-
-    Serves torch's ``LocalTimerClient`` (``TimerRequest`` objects, reaped with SIGKILL)
-    and :class:`LocalTimerClient`. ``max_interval`` and ``daemon`` are accepted for
-    compatibility only (see :class:`FileTimerServer`); ``reaper``, ``clock`` and
-    ``on_event`` as there.
-    """
-
-    def __init__(
-        self,
-        mp_queue: Any,
-        max_interval: float = 60,
-        daemon: bool = True,
-        *,
-        reaper: Reaper | None = None,
-        clock: Clock | None = None,
-        on_event: Callable[[Event], None] | None = None,
-    ) -> None:
-        super().__init__(max_interval=max_interval, daemon=daemon, clock=clock, on_event=on_event)
-        server = _AioTimerServer(
-            queue=mp_queue, reaper=reaper, clock=self._clock, on_event=self._dispatch
-        )
-        self._build(server)
