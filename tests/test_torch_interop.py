@@ -271,3 +271,40 @@ def test_compat_local_client_against_torch_local_server() -> None:
         assert join(stuck) == -signal.SIGKILL
     finally:
         server.stop()  # torch's thread may still be in q.get(): leave the queue open
+
+
+# -- 4. default scopes: torch's one timer per process, aiotimer's one per block -------------
+
+
+def _default_scopes(lib: Any) -> list[str]:
+    """The scope ids ``lib.expires()`` gives two nested blocks and a third block."""
+
+    class Recorder(lib.TimerClient):
+        def __init__(self) -> None:
+            self.scopes: list[str] = []
+
+        def acquire(self, scope_id: str, expiration_time: float) -> None:
+            self.scopes.append(scope_id)
+
+        def release(self, scope_id: str) -> None:
+            pass
+
+    client = Recorder()
+    with lib.expires(after=60, client=client), lib.expires(after=60, client=client):
+        pass
+    with lib.expires(after=60, client=client):
+        pass
+    scopes: list[str] = client.scopes
+    return scopes
+
+
+def test_torchs_default_scope_is_one_per_process_and_aiotimers_one_per_block() -> None:
+    # torch 2.13's expires() is a @contextmanager: the caller it inspects is contextlib's
+    # __enter__, so every default-scope block of a process is the same timer
+    # (docs/migrating-from-torch.md, "Default scopes").
+    theirs = _default_scopes(torch_timer)
+    assert len(set(theirs)) == 1
+    assert theirs[0].rsplit("#", 1)[0].endswith("contextlib.py")
+    ours = _default_scopes(compat)
+    assert len(set(ours)) == 3
+    assert all(scope.startswith("test_torch_interop.py:") for scope in ours)
