@@ -19,7 +19,6 @@ import os
 import queue
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -36,23 +35,6 @@ from aiotimer.testing import RecordingReaper
 FAKE_PID, OTHER_FAKE_PID = fake_pid(1), fake_pid(2)
 KILL, TERM = int(signal.SIGKILL), int(signal.SIGTERM)
 FORK = multiprocessing.get_context("fork")
-
-
-@pytest.fixture(autouse=True)
-def _no_configured_client() -> Iterator[None]:
-    timer.configure(None)
-    yield
-    timer.configure(None)
-
-
-@pytest.fixture
-def events() -> Events:
-    return Events()
-
-
-@pytest.fixture
-def reaper() -> RecordingReaper:
-    return RecordingReaper()
 
 
 @pytest.fixture
@@ -144,7 +126,8 @@ class OwnReap(timer.LocalTimerServer):
         return True
 
 
-def test_a_subclass_reap_worker_does_every_reap(reaper: RecordingReaper, events: Events) -> None:
+def test_a_subclass_reap_worker_does_every_reap() -> None:
+    reaper, events = RecordingReaper(), Events()
     server = OwnReap(queue.Queue(), reaper=reaper, on_event=events)
     server.reaped = []
     with server:
@@ -170,9 +153,8 @@ def test_a_subclass_that_overrides_a_table_method_is_told_what_it_changes(
 # -- the patch points torch's tests use -----------------------------------------------------
 
 
-def test_patching_reap_worker_on_the_class_sees_every_reap(
-    reaper: RecordingReaper, events: Events
-) -> None:
+def test_patching_reap_worker_on_the_class_sees_every_reap() -> None:
+    reaper, events = RecordingReaper(), Events()
     with mock.patch("aiotimer.compat.torch.LocalTimerServer._reap_worker") as reap:
         reap.return_value = True
         with timer.LocalTimerServer(queue.Queue(), reaper=reaper, on_event=events) as server:
@@ -182,9 +164,8 @@ def test_patching_reap_worker_on_the_class_sees_every_reap(
     assert reaper.signals() == []
 
 
-def test_a_reap_worker_that_returns_false_is_reported_and_retried(
-    reaper: RecordingReaper, events: Events
-) -> None:
+def test_a_reap_worker_that_returns_false_is_reported_and_retried() -> None:
+    reaper, events = RecordingReaper(), Events()
     with (
         mock.patch.object(
             timer.LocalTimerServer, "_reap_worker", side_effect=[False, True]
@@ -199,9 +180,8 @@ def test_a_reap_worker_that_returns_false_is_reported_and_retried(
 
 
 @pytest.mark.parametrize("running", [True, False])
-def test_is_process_running_decides_whether_an_exited_workers_timers_stay(
-    reaper: RecordingReaper, events: Events, running: bool
-) -> None:
+def test_is_process_running_decides_whether_an_exited_workers_timers_stay(running: bool) -> None:
+    reaper, events = RecordingReaper(), Events()
     with (
         mock.patch.object(timer.LocalTimerServer, "is_process_running") as check,
         mock.patch.object(timer.LocalTimerServer, "_reap_worker", return_value=True) as reap,
@@ -223,9 +203,8 @@ def test_is_process_running_decides_whether_an_exited_workers_timers_stay(
 
 @pytest.mark.process
 @pytest.mark.timeout(30)
-def test_log_debug_info_is_called_through_the_module_torchs_tests_patch(
-    fifo: str, reaper: RecordingReaper, events: Events
-) -> None:
+def test_log_debug_info_is_called_through_the_module_torchs_tests_patch(fifo: str) -> None:
+    reaper, events = RecordingReaper(), Events()
     patched = "aiotimer.compat.torch.file_based_local_timer.log_debug_info_for_expired_timers"
     with (
         mock.patch(patched) as debug_info,
@@ -246,9 +225,8 @@ def test_log_debug_info_is_called_through_the_module_torchs_tests_patch(
 
 @pytest.mark.process
 @pytest.mark.timeout(30)
-def test_a_round_takes_what_the_fifo_holds_and_reaps_what_is_due(
-    fifo: str, reaper: RecordingReaper, events: Events
-) -> None:
+def test_a_round_takes_what_the_fifo_holds_and_reaps_what_is_due(fifo: str) -> None:
+    reaper, events = RecordingReaper(), Events()
     server = timer.FileTimerServer(fifo, "run", reaper=reaper, on_event=events)
     server._run_watchdog()  # not started: the round starts it (an empty FIFO is fine)
     assert server.running
@@ -278,9 +256,8 @@ def test_a_round_takes_what_the_fifo_holds_and_reaps_what_is_due(
     assert server._request_count == 5  # the last run's, read after the stop
 
 
-def test_a_round_on_an_empty_queue_starts_the_server_and_returns(
-    reaper: RecordingReaper, events: Events
-) -> None:
+def test_a_round_on_an_empty_queue_starts_the_server_and_returns() -> None:
+    reaper, events = RecordingReaper(), Events()
     q: queue.Queue[Any] = queue.Queue()
     server = timer.LocalTimerServer(q, max_interval=60, reaper=reaper, on_event=events)
     try:
@@ -297,8 +274,9 @@ def test_a_round_on_an_empty_queue_starts_the_server_and_returns(
 
 
 def test_a_second_start_is_logged_and_the_server_serves_on(
-    reaper: RecordingReaper, caplog: pytest.LogCaptureFixture
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    reaper = RecordingReaper()
     caplog.set_level(logging.WARNING, logger="aiotimer.compat.torch")
     with timer.LocalTimerServer(queue.Queue(), reaper=reaper) as server:
         server.start()

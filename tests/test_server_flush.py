@@ -1,56 +1,24 @@
 """TimerServer.flush: one synchronous round (take what the sources hold, apply it, reap
-what is due), unit layer: FakeClock + RecordingReaper + a source whose input waits for
-the server's drain, as a FIFO's bytes wait for its read loop."""
+what is due), unit layer: FakeClock + RecordingReaper + test_server's HeldSource, whose
+input reaches the server only through its drain, as a FIFO's bytes wait for its read
+loop."""
 
 from __future__ import annotations
 
 import signal
-from collections.abc import Set as AbstractSet
 
-import anyio
-import anyio.abc
 import pytest
 from _pids import fake_pid
+from test_server import HeldSource
 
 from aiotimer import Request
 from aiotimer.errors import ServerStateError
 from aiotimer.events import Event, TimerExpired
 from aiotimer.server import TimerServer
-from aiotimer.sources import RequestSink
-from aiotimer.sources._base import draining
 from aiotimer.testing import FakeClock, RecordingReaper, settle
-from aiotimer.wire import Decoded
 
 KILL = int(signal.SIGKILL)
 P1, P2, P3 = map(fake_pid, (1, 2, 3))
-
-
-class HeldSource:
-    """A source whose input reaches the server only through its drain."""
-
-    name = "held"
-
-    def __init__(self) -> None:
-        self.held: list[Decoded] = []
-
-    def hold(self, *requests: Request) -> None:
-        self.held.append(Decoded(requests=list(requests)))
-
-    def look(self, pids: AbstractSet[int] | None) -> bool:
-        return bool(self.held)
-
-    def step(self) -> Decoded | None:
-        return self.held.pop(0) if self.held else None
-
-    async def serve(
-        self,
-        sink: RequestSink,
-        *,
-        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
-    ) -> None:
-        with draining(sink, self):
-            task_status.started()
-            await anyio.sleep_forever()
 
 
 def acquire(clock: FakeClock, pid: int, scope: str, at: float) -> Request:
@@ -63,12 +31,12 @@ async def test_flush_applies_held_input_reaps_what_is_due_and_rearms_for_the_res
     async with TimerServer(sources=[source], clock=clock, reaper=reaper) as server:
         await settle()
         now = clock.monotonic()
-        source.hold(
+        source.held += [
             acquire(clock, P1, "due", now - 1),
             acquire(clock, P2, "later", now + 5),
             acquire(clock, P3, "done", now + 1),
-        )
-        source.hold(Request(P3, "done", -1, 0))
+            Request(P3, "done", -1, 0),
+        ]
         server.flush()
         # Synchronously: everything held is applied, the due worker reaped.
         assert source.held == []
@@ -109,7 +77,7 @@ async def test_flush_refuses_a_server_not_running_and_its_own_event_callback() -
     with pytest.raises(ServerStateError, match="not running"):
         server.flush()
     async with server:
-        source.hold(acquire(clock, P1, "due", clock.monotonic()))
+        source.held.append(acquire(clock, P1, "due", clock.monotonic()))
         server.flush()
     assert len(refused) == 1
     assert "event callback" in refused[0]
