@@ -188,7 +188,8 @@ def test_is_process_running_decides_whether_an_exited_workers_timers_stay(runnin
     ):
         check.return_value = running
         with timer.LocalTimerServer(queue.Queue(), reaper=reaper, on_event=events) as server:
-            server.register_timers([timer.TimerRequest(FAKE_PID, "a", time.time() + 0.3)])
+            after = 0.3 if running else 60.0  # gone: the timer must not expire meanwhile
+            server.register_timers([timer.TimerRequest(FAKE_PID, "a", time.time() + after)])
             in_loop(server, reaper.exit, FAKE_PID)  # the worker's pidfd says it exited
             if running:  # torch's view: still there, so its timer expires and is reaped
                 events.wait_for(WorkerReaped)
