@@ -233,12 +233,14 @@ def test_a_round_takes_what_the_fifo_holds_and_reaps_what_is_due(fifo: str) -> N
     assert server.running
     client = timer.FileTimerClient(fifo)
     now = time.time()
-    client._send_request(timer.FileTimerRequest(FAKE_PID, "stuck", now - 60, TERM))
+    # The due timer last: the server's reader may apply lines before the round does, and
+    # a reap drops only the timers its worker had when it began.
     client._send_request(timer.FileTimerRequest(FAKE_PID, "other", now + 60, TERM))
     client._send_request(timer.FileTimerRequest(OTHER_FAKE_PID, "kept", now + 60, KILL))
     client._send_request(timer.FileTimerRequest(OTHER_FAKE_PID, "gone", now + 60, KILL))
     client._send_request(timer.FileTimerRequest(OTHER_FAKE_PID, "gone", -1))
     client._send_request(timer.FileTimerRequest(-3, "group", now - 60, KILL))
+    client._send_request(timer.FileTimerRequest(FAKE_PID, "stuck", now - 60, TERM))
     try:
         server._run_watchdog()
         # Synchronously: all six lines taken, the due worker reaped, the rest kept.
