@@ -99,6 +99,11 @@ def test_default_backoff_grows_until_the_cap(n: int, u1: float, u2: float) -> No
         assert b.delay(n + 1, u2) > b.delay(n, u1)
 
 
+def test_a_zero_initial_backoff_never_waits() -> None:
+    # --backoff 0:2 once divided by zero on the first restart.
+    assert [Backoff(initial=0, cap=2).delay(n, 0.5) for n in range(3)] == [0.0, 0.0, 0.0]
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [{"initial": -1}, {"cap": math.inf}, {"factor": 0.5}, {"jitter": 1.0}, {"initial": math.nan}],

@@ -108,7 +108,9 @@ class Backoff:
     def delay(self, n: int, u: float) -> float:
         """The delay before restart number ``n`` (0-based) given ``u`` uniform in [0, 1)."""
         base = self.cap
-        if self.initial < self.cap and (
+        if self.initial == 0:
+            base = 0.0  # 0 * factor**n: no back-off at all
+        elif self.initial < self.cap and (
             self.factor == 1 or n < math.log(self.cap / self.initial, self.factor)
         ):
             base = min(self.cap, self.initial * self.factor**n)
