@@ -146,6 +146,13 @@ class EtcdServer:
         self.stop(sig)
         self.start()
 
+    def wipe(self) -> None:
+        """Crash etcd and start it again on an empty data directory: every key, lease
+        and revision is gone, as after a lost disk or a restore gone wrong."""
+        self.stop(signal.SIGKILL)
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+        self.start()
+
     def remove(self) -> None:
         """Stop etcd and delete its work directory."""
         self.stop()

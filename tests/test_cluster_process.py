@@ -37,9 +37,14 @@ count = int(os.environ["AIOTIMER_RESTART_COUNT"])
 node, rank, out = os.environ["TEST_NODE"], os.environ["RANK"], os.environ["TEST_OUT"]
 open(os.path.join(out, f"{node}-{rank}-{count}"), "w").close()
 hangs = node == os.environ.get("TEST_HANG_NODE") and rank == "0"
-if count == 0 or os.environ.get("TEST_HANG_ALWAYS"):
+gens = os.environ.get("TEST_HANG_GENS")  # "0,1": hang in these, each on its own go file
+if gens is None:
+    hang_now, go = count == 0 or bool(os.environ.get("TEST_HANG_ALWAYS")), "go"
+else:
+    hang_now, go = str(count) in gens.split(","), f"go-{count}"
+if hang_now:
     if hangs:
-        while not os.path.exists(os.path.join(out, "go")):
+        while not os.path.exists(os.path.join(out, go)):
             time.sleep(0.05)
         with expires(after=0.3, scope="step"):
             time.sleep(60)
@@ -151,7 +156,15 @@ class Job:
         return anyio.run(poll)
 
     def started(self) -> set[str]:
-        return {p.name for p in self.out.iterdir() if p.name != "go"}
+        return {p.name for p in self.out.iterdir() if not p.name.startswith("go")}
+
+    def wait_started(self, names: set[str], timeout: float) -> None:
+        """Wait until every worker in ``names`` has started (fails after ``timeout``)."""
+        deadline = time.monotonic() + timeout
+        while not names <= self.started():
+            assert time.monotonic() < deadline, f"never started: {names - self.started()}"
+            assert all(n.poll() is None for n in self.nodes.values()), "a node exited"
+            time.sleep(0.05)
 
     def stop_all(self) -> None:
         for child in self.nodes.values():
@@ -326,6 +339,24 @@ def test_publishers_recover_from_an_etcd_restart_without_restarting_workers(
         assert job.nodes["a"].poll() is None
         assert job.started() == {"a-0-0", "a-1-0"}
         assert "cluster store reachable again" in job.log("a")
+
+
+def test_the_next_hang_restarts_the_job_after_etcd_lost_its_data(
+    own_etcd: EtcdServer, tmp_path: Path
+) -> None:
+    with running_job(own_etcd, tmp_path) as job:
+        for node in "ab":
+            job.start(node, "--restart-scope", "job", TEST_HANG_NODE="b", TEST_HANG_GENS="0,1")
+        job.wait_status(lambda v: all(len(running_workers(v, n)) == 2 for n in "ab"), timeout=30)
+        (job.out / "go-0").touch()  # b's rank 0 hangs: the job restarts to generation 1
+        job.wait_started({f"{n}-{r}-1" for n in "ab" for r in "01"}, timeout=30)
+        own_etcd.wipe()  # etcd back on an empty data directory: no generation, no leases
+        (job.out / "go-1").touch()  # and b's rank 0 hangs again
+        for node in "ab":
+            assert job.nodes[node].wait(timeout=40) == 0, job.log(node)
+        assert job.started() == {f"{n}-{r}-{c}" for n in "ab" for r in "01" for c in "012"}
+        view = job.wait_status(lambda v: v.get("generation") is not None, timeout=10)
+        assert view["generation"]["generation"] == 2
 
 
 def test_a_late_node_starts_at_the_job_generation(job: Job) -> None:

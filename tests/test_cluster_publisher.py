@@ -19,10 +19,9 @@ from aiotimer.cluster import (
     NodeRecord,
     NodeStatus,
     WorkerRecord,
-    decode,
     read_view,
 )
-from aiotimer.cluster._record import encode, member_key, node_key
+from aiotimer.cluster._record import decode, encode, member_key, node_key
 from aiotimer.cluster._store import Entry
 from aiotimer.errors import NodeNameTakenError
 from aiotimer.events import RankStatus, WorkerReaped, WorkerState

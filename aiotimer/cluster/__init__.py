@@ -13,6 +13,9 @@ the in-memory one for tests.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TypeVar
+
+import msgspec
 
 from aiotimer.cluster._generation import GenerationRecord
 from aiotimer.cluster._job import JobRestarts
@@ -22,10 +25,10 @@ from aiotimer.cluster._record import (
     NodeRecord,
     ReapRecord,
     WorkerRecord,
-    decode,
     generation_key,
     member_key,
     node_key,
+    parse,
 )
 from aiotimer.cluster._store import Entry, Store
 from aiotimer.cluster._view import JobView, NodeRow, build_view, format_view
@@ -49,6 +52,8 @@ __all__ = [
     "format_view",
     "read_view",
 ]
+
+_R = TypeVar("_R", bound=msgspec.Struct)
 
 #: What to tell a user who asked for etcd without the client library.
 MISSING_ETCD = "aiotimer[etcd] is required for --etcd: pip install 'aiotimer[etcd]'"
@@ -74,7 +79,8 @@ def connect(endpoints: str | Sequence[str], *, timeout: float = 5.0) -> Store:
 async def read_view(store: Store, job: str, *, now: float) -> JobView:
     """Read job ``job``'s records from ``store`` and build its view at wall time ``now``.
 
-    Records that do not decode are skipped.
+    Records that are not valid (garbage, or values out of range such as a pid past
+    ``pid_t``) are skipped; :attr:`JobView.skipped` says which and why, one line each.
 
     Raises:
         StoreUnavailableError: the store cannot be reached.
@@ -84,10 +90,22 @@ async def read_view(store: Store, job: str, *, now: float) -> JobView:
     members = await store.get_prefix(member_key(job, ""))
     nodes = await store.get_prefix(node_key(job, ""))
     generation = await store.get(generation_key(job))
-    return build_view(
+    skipped: list[str] = []
+
+    def valid(kind: type[_R], entry: Entry | None) -> _R | None:
+        if entry is None:
+            return None
+        record = parse(kind, entry.value)
+        if isinstance(record, str):
+            skipped.append(f"{entry.key}: {record}")
+            return None
+        return record
+
+    view = build_view(
         job,
-        [r for e in nodes if (r := decode(NodeRecord, e.value)) is not None],
-        [m for e in members if (m := decode(MemberRecord, e.value)) is not None],
-        None if generation is None else decode(GenerationRecord, generation.value),
+        [r for e in nodes if (r := valid(NodeRecord, e)) is not None],
+        [m for e in members if (m := valid(MemberRecord, e)) is not None],
+        valid(GenerationRecord, generation),
         now,
     )
+    return msgspec.structs.replace(view, skipped=tuple(skipped))

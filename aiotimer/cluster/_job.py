@@ -7,9 +7,13 @@
   unless another node already did;
 - :meth:`JobRestarts.give_up` — this node gave up on its own (its budget, or a
   no-restart exit code): end the job on every node;
-- :meth:`JobRestarts.follow` — yields the generation record now (a late or restarted
-  node catches up) and then every new generation, surviving store outages by
-  re-reading and re-watching.
+- :meth:`JobRestarts.follow` — yields each record the node must act on (a newer
+  generation, or a give-up), surviving store outages by re-reading and re-watching, and
+  writing back what the node knows when the key was lost, rewound or overwritten with
+  garbage (see :mod:`._generation`).
+
+A value that is not a valid record is logged (one line per value) and taken as absent:
+it never stops a node.
 """
 
 from __future__ import annotations
@@ -22,10 +26,10 @@ import anyio
 import msgspec
 
 from aiotimer._edges.clock import Clock, MonotonicClock
-from aiotimer.cluster._generation import GenerationRecord, next_generation
-from aiotimer.cluster._record import decode, encode, generation_key
+from aiotimer.cluster._generation import GenerationFollower, GenerationRecord, next_generation
+from aiotimer.cluster._record import encode, generation_key, parse
 from aiotimer.cluster._store import Entry, Store
-from aiotimer.errors import ClusterError, StoreUnavailableError
+from aiotimer.errors import StoreUnavailableError
 from aiotimer.supervisor._restart import RestartPolicy
 
 __all__ = ["JobRestarts"]
@@ -64,6 +68,7 @@ class JobRestarts:
         self.policy = policy
         self._clock: Clock = clock if clock is not None else MonotonicClock()
         self._rng = rng
+        self._garbage_logged: tuple[int, bytes] | None = None
 
     @property
     def key(self) -> str:
@@ -71,8 +76,22 @@ class JobRestarts:
         return generation_key(self.job)
 
     async def current(self) -> GenerationRecord:
-        """The generation record now (``GenerationRecord()`` when none was written)."""
-        return _decode(await self.store.get(self.key))
+        """The generation record now (``GenerationRecord()`` when none was written, or
+        the key holds no valid record)."""
+        return self._read(await self.store.get(self.key)) or GenerationRecord()
+
+    def _read(self, entry: Entry | None) -> GenerationRecord | None:
+        """The record ``entry`` holds; ``None`` when absent or not a valid record (said
+        once per value, in one line)."""
+        if entry is None:
+            return None
+        record = parse(GenerationRecord, entry.value)
+        if isinstance(record, GenerationRecord):
+            return record
+        if self._garbage_logged != (entry.mod_revision, entry.value):
+            self._garbage_logged = (entry.mod_revision, entry.value)
+            logger.warning("job %s: %s holds %s; taken as absent", self.job, entry.key, record)
+        return None
 
     async def request(self, *, seen: int, rank: int | None, reason: str) -> GenerationRecord:
         """A worker failed during generation ``seen``: restart the job (or give it up).
@@ -83,7 +102,7 @@ class JobRestarts:
         while True:
             try:
                 entry = await self.store.get(self.key)
-                current = _decode(entry)
+                current = self._read(entry) or GenerationRecord()
                 new = next_generation(
                     current,
                     seen=seen,
@@ -119,7 +138,7 @@ class JobRestarts:
         while True:
             try:
                 entry = await self.store.get(self.key)
-                current = _decode(entry)
+                current = self._read(entry) or GenerationRecord()
                 if current.gave_up is not None:
                     return current
                 new = msgspec.structs.replace(
@@ -137,20 +156,31 @@ class JobRestarts:
                 )
                 await self._clock.sleep_until(self._clock.monotonic() + RETRY_INTERVAL)
 
-    async def follow(self) -> AsyncIterator[GenerationRecord]:
-        """The current record, then each record with a higher generation or a give-up.
+    async def follow(
+        self, known: GenerationRecord | None = None
+    ) -> AsyncIterator[GenerationRecord]:
+        """Each record this node must act on: a newer generation (its ``delay`` clamped
+        to the policy's back-off cap) or a give-up.
 
-        Never ends by itself; store outages are logged and the key is watched again.
+        Args:
+            known: the record the node's workers started under; ``None``: the current
+                record is yielded first (a node catching up).
+
+        Never ends by itself; store outages are logged and the key is watched again. A
+        key found lost, rewound or garbled is written back (see :mod:`._generation`).
         """
-        last: GenerationRecord | None = None
+        follower = GenerationFollower(self.policy, known)
         while True:
             try:
                 async with self.store.watch(self.key) as changes:
                     async for entry in changes:
-                        record = _decode(entry)
-                        if last is None or _newer(record, last):
-                            last = record
-                            yield record
+                        step = follower.observe(self._read(entry), now=self._clock.monotonic())
+                        if step.note is not None:
+                            logger.warning("job %s: %s", self.job, step.note)
+                        if step.write is not None:
+                            await self._write_back(entry, step.write)
+                        if step.act is not None:
+                            yield step.act
             except StoreUnavailableError as exc:
                 logger.warning(
                     "lost the watch on job %s's restart generation: %s; watching again in %gs",
@@ -161,23 +191,17 @@ class JobRestarts:
                 await self._clock.sleep_until(self._clock.monotonic() + RETRY_INTERVAL)
             await anyio.lowlevel.checkpoint()
 
+    async def _write_back(self, read: Entry | None, record: GenerationRecord) -> None:
+        """Write ``record`` if the key still holds what was ``read``. Whether it was
+        written or not, the next value comes through the watch (after an outage, the
+        value read again is judged again)."""
+        revision = 0 if read is None else read.mod_revision
+        try:
+            await self.store.put_if(self.key, encode(record), mod_revision=revision)
+        except StoreUnavailableError as exc:
+            logger.warning(
+                "job %s: cannot write generation %d back: %s", self.job, record.generation, exc
+            )
+
     def __repr__(self) -> str:
         return f"<JobRestarts {self.key} node={self.node}>"
-
-
-def _decode(entry: Entry | None) -> GenerationRecord:
-    if entry is None:
-        return GenerationRecord()
-    record = decode(GenerationRecord, entry.value)
-    if record is None:
-        raise ClusterError(
-            f"the value of {entry.key} is not a generation record: {entry.value[:80]!r}; "
-            "delete the key (etcdctl del) to restart the job's count"
-        )
-    return record
-
-
-def _newer(record: GenerationRecord, last: GenerationRecord) -> bool:
-    if record.generation != last.generation:
-        return record.generation > last.generation
-    return record.gave_up is not None and last.gave_up is None

@@ -28,6 +28,7 @@ import anyio.abc
 from aiotimer._edges.lifecycle import LifecycleState
 from aiotimer.cluster import connect
 from aiotimer.cluster._cli import MAX_RECORD_WORKERS, NodeConfig, worker_records
+from aiotimer.cluster._generation import GenerationRecord
 from aiotimer.cluster._job import JobRestarts
 from aiotimer.cluster._publisher import NodePublisher, NodeStatus
 from aiotimer.cluster._store import Store
@@ -68,12 +69,19 @@ def supervisor_status(supervisor: Supervisor, generation: int | None = None) -> 
 
 @dataclass(eq=False)
 class JobCoordinator:
-    """The :class:`~aiotimer.supervisor.RestartCoordinator` of ``--restart-scope job``."""
+    """The :class:`~aiotimer.supervisor.RestartCoordinator` of ``--restart-scope job``.
+
+    ``start`` is the generation record the node's first workers start under.
+    """
 
     job: JobRestarts
-    generation: int = 0
+    start: GenerationRecord = field(default_factory=GenerationRecord)
+    generation: int = field(init=False)
     _rank_generation: dict[int, int] = field(default_factory=dict)
     _gave_up: str | None = None
+
+    def __post_init__(self) -> None:
+        self.generation = self.start.generation
 
     async def decide(
         self, supervisor: SupervisorActions, failure: WorkerFailure, proposal: Decision
@@ -102,7 +110,7 @@ class JobCoordinator:
 
     async def follow(self, supervisor: Supervisor) -> None:
         """Restart the node's workers at each new generation; give up when the job does."""
-        async for record in self.job.follow():
+        async for record in self.job.follow(known=self.start):
             if record.gave_up is not None:
                 self._gave_up = self._gave_up or record.gave_up
                 with contextlib.suppress(ServerStateError):
@@ -232,7 +240,7 @@ async def cluster_session(
                     f"job {config.job} has given up ({current.gave_up}); start a new job id, "
                     f"or delete {job.key} to reset it"
                 )
-            coordinator = JobCoordinator(job, generation=current.generation)
+            coordinator = JobCoordinator(job, start=current)
         yield ClusterSession(store, config, coordinator)
     finally:
         await store.aclose()

@@ -9,6 +9,10 @@ Layout under ``/aiotimer/v1/<job>/``:
 - ``generation`` — the job-wide restart generation (see :mod:`._generation`).
 
 Records are JSON (msgspec), so ``etcdctl get --prefix /aiotimer/v1/`` is readable.
+Whoever can write to etcd can write anything there, so every record read back is
+validated as it is decoded (:func:`parse`): pids are ``pid_t`` values, times are epoch
+seconds a calendar can show, counts are not negative. A record that fails is skipped
+with one line saying why, never a traceback.
 :class:`PublishSchedule` decides when to write: soon after a change but at most once
 per ``min_interval``, and at least every ``heartbeat`` (which also refreshes
 ``updated_at``, so a reader can tell a live node from a stalled one).
@@ -16,7 +20,7 @@ per ``min_interval``, and at least every ``heartbeat`` (which also refreshes
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import Annotated, Final, TypeVar
 
 import msgspec
 
@@ -24,10 +28,15 @@ from aiotimer.events import RankStatus
 
 __all__ = [
     "KEY_ROOT",
+    "MAX_TIME",
+    "Count",
     "MemberRecord",
     "NodeRecord",
+    "Pid",
     "PublishSchedule",
     "ReapRecord",
+    "Seconds",
+    "Time",
     "WorkerRecord",
     "decode",
     "encode",
@@ -35,9 +44,24 @@ __all__ = [
     "job_prefix",
     "member_key",
     "node_key",
+    "parse",
 ]
 
 KEY_ROOT = "/aiotimer/v1"
+
+#: The latest epoch time a record may carry (in the year 5138: far from any real clock,
+#: well inside what ``time.localtime`` can show).
+MAX_TIME: Final[float] = 1e11
+_PID_MAX: Final[int] = 2**31 - 1
+
+#: A process id as stored: a positive ``pid_t``.
+Pid = Annotated[int, msgspec.Meta(ge=1, le=_PID_MAX)]
+#: Epoch seconds as stored.
+Time = Annotated[float, msgspec.Meta(ge=0, le=MAX_TIME)]
+#: A duration in seconds as stored (at most ~31 years).
+Seconds = Annotated[float, msgspec.Meta(ge=0, le=1e9)]
+#: A count as stored.
+Count = Annotated[int, msgspec.Meta(ge=0)]
 
 
 def job_prefix(job: str) -> str:
@@ -64,17 +88,17 @@ class WorkerRecord(msgspec.Struct, frozen=True, kw_only=True):
     """One worker the node's timer server watches: its pid, its state there (``timed``,
     ``idle``, ``reaping``) and how many live timers it has."""
 
-    pid: int
+    pid: Pid
     state: str = "unknown"
-    live_timers: int = 0
+    live_timers: Count = 0
 
 
 class ReapRecord(msgspec.Struct, frozen=True, kw_only=True):
     """A worker the node's timer server reaped: when (epoch), whom, which scopes, how."""
 
-    at: float
-    pid: int
-    rank: int | None = None
+    at: Time
+    pid: Pid
+    rank: Count | None = None
     scopes: tuple[str, ...] = ()
     signal: str = ""
 
@@ -91,19 +115,27 @@ class NodeRecord(msgspec.Struct, frozen=True, kw_only=True):
     node: str
     job: str
     host: str
-    pid: int
+    pid: Pid
     role: str = "server"
-    started_at: float
-    updated_at: float
-    heartbeat: float
-    generation: int | None = None
+    started_at: Time
+    updated_at: Time
+    heartbeat: Seconds
+    generation: Count | None = None
     ranks: tuple[RankStatus, ...] = ()
     workers: tuple[WorkerRecord, ...] = ()
-    workers_total: int = 0
-    restarts: int = 0
-    live_timers: int = 0
-    counters: dict[str, int] = msgspec.field(default_factory=dict)
+    workers_total: Count = 0
+    restarts: Count = 0
+    live_timers: Count = 0
+    counters: dict[str, Count] = msgspec.field(default_factory=dict)
     last_reaps: tuple[ReapRecord, ...] = ()
+
+    def __post_init__(self) -> None:
+        # RankStatus is the supervisor's record (no bounds of its own): checked here.
+        for r in self.ranks:
+            if r.rank < 0 or r.restarts < 0 or r.attempts < 0 or r.start_failures < 0:
+                raise ValueError(f"rank {r.rank} has a negative number")
+            if r.pid is not None and not 1 <= r.pid <= _PID_MAX:
+                raise ValueError(f"rank {r.rank} has pid {r.pid}, not a pid_t")
 
 
 class MemberRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -114,9 +146,9 @@ class MemberRecord(msgspec.Struct, frozen=True, kw_only=True):
 
     node: str
     host: str
-    pid: int
-    joined_at: float
-    left_at: float | None = None
+    pid: Pid
+    joined_at: Time
+    left_at: Time | None = None
     outcome: str | None = None
     last_reaps: tuple[ReapRecord, ...] = ()
 
@@ -129,12 +161,19 @@ def encode(record: msgspec.Struct) -> bytes:
     return msgspec.json.encode(record)
 
 
-def decode(kind: type[_R], data: bytes) -> _R | None:
-    """Decode a stored record; None when it is not a valid ``kind`` (never raises)."""
+def parse(kind: type[_R], data: bytes) -> _R | str:
+    """Decode and validate a stored record; when it is not a valid ``kind``, why not
+    (one line, with a sample of the value). Never raises."""
     try:
         return msgspec.json.decode(data, type=kind)
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        return None
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        return f"not a valid {kind.__name__} ({exc}): {data[:80]!r}"
+
+
+def decode(kind: type[_R], data: bytes) -> _R | None:
+    """Decode and validate a stored record; None when it is not a valid ``kind``."""
+    record = parse(kind, data)
+    return None if isinstance(record, str) else record
 
 
 class PublishSchedule:

@@ -54,7 +54,8 @@ class JobReap(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class JobView(msgspec.Struct, frozen=True, kw_only=True):
-    """The whole job at ``now``: nodes (by name), totals, generation and recent reaps."""
+    """The whole job at ``now``: nodes (by name), totals, generation and recent reaps;
+    ``skipped`` names the stored records that were not valid, and why."""
 
     job: str
     now: float
@@ -63,6 +64,7 @@ class JobView(msgspec.Struct, frozen=True, kw_only=True):
     totals: dict[str, int] = msgspec.field(default_factory=dict)
     worker_states: dict[str, int] = msgspec.field(default_factory=dict)
     recent_reaps: tuple[JobReap, ...] = ()
+    skipped: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, object]:
         """The ``--json`` form: ``nodes`` is a list of node records, each with ``node``;
@@ -92,6 +94,7 @@ class JobView(msgspec.Struct, frozen=True, kw_only=True):
             "recent_reaps": [
                 {"node": r.node, **msgspec.to_builtins(r.reap)} for r in self.recent_reaps
             ],
+            "skipped": list(self.skipped),
         }
 
 
@@ -235,4 +238,5 @@ def format_view(view: JobView) -> str:
             lines.append(
                 f"  {when}  node {item.node} rank {rank} pid {r.pid}  {r.signal}  scopes: {scopes}"
             )
+    lines += (f"skipped {line}" for line in view.skipped)
     return "\n".join(lines) + "\n"
