@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aiotimer.cli import build_parser
-from aiotimer.cli._serve import kill_policy_from_args
+from aiotimer.cli._args import kill_policy_from_args
 from aiotimer.reapers._kill_policy import (
     DEFAULT_SIGNALS,
     JOB_CONTROL_SIGNALS,
@@ -192,3 +192,12 @@ def test_serve_kill_policy_options() -> None:
     assert kill_policy_from_args(narrow) == KillPolicy(uids=frozenset({0, 7}))
     supervised = parse(["serve", "--fifo", "/tmp/f", "--descendants-only"])
     assert kill_policy_from_args(supervised) == KillPolicy(descendants_only=True)
+
+
+def test_run_kill_policy_options_mean_what_serves_mean_but_default_to_descendants() -> None:
+    parse = build_parser().parse_args
+    assert kill_policy_from_args(parse(["run", "--", "x"])) == KillPolicy(descendants_only=True)
+    wide = parse(["run", "--no-descendants-only", "--kill-uid", "7", "--", "x"])
+    assert kill_policy_from_args(wide) == KillPolicy(uids=frozenset({7}))
+    serve_wide = parse(["serve", "--fifo", "/tmp/f", "--no-descendants-only", "--kill-uid", "7"])
+    assert kill_policy_from_args(serve_wide) == kill_policy_from_args(wide)

@@ -1,5 +1,5 @@
 """Command-line values shared by the subcommands: argument types that reject bad values
-with a message saying what to change, and the reaping and logging options."""
+with a message saying what to change, and the reaping, kill-policy and logging options."""
 
 from __future__ import annotations
 
@@ -10,15 +10,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
+from aiotimer.reapers._kill_policy import KillPolicy
 from aiotimer.reapers._policy import Escalation, ReapPolicy
 
 __all__ = [
+    "add_kill_policy_arguments",
     "add_log_level_argument",
     "add_reap_arguments",
     "argument_error",
     "event_log_path",
     "existing_dir",
     "fifo_path",
+    "kill_policy_from_args",
     "octal_mode",
     "policy_from_args",
     "positive",
@@ -84,6 +87,45 @@ def add_reap_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGro
         help="report a worker still alive this long after its last signal (default: 5)",
     )
     return reaping
+
+
+def add_kill_policy_arguments(parser: argparse.ArgumentParser, *, descendants_only: bool) -> None:
+    """Add the kill-policy options (read by :func:`kill_policy_from_args`).
+
+    Args:
+        parser: the subcommand's parser.
+        descendants_only: the default of ``--descendants-only``: ``aiotimer run`` starts
+            every process it watches, so only its descendants may be signalled;
+            ``aiotimer serve`` watches processes it did not start.
+    """
+    policy = parser.add_argument_group(
+        "kill policy",
+        "Who may be signalled. By default: processes of the server's own uid (any uid "
+        "when it runs as root), never the server's ancestors, no SIGSTOP/SIGCONT and "
+        "other job-control signals"
+        + (", and only descendants of this process" if descendants_only else "")
+        + ". Every refusal is a signal_refused event.",
+    )
+    policy.add_argument(
+        "--kill-uid",
+        type=uid,
+        action="append",
+        metavar="UID",
+        help="signal only processes of this uid (repeat for several); replaces the default",
+    )
+    policy.add_argument(
+        "--descendants-only",
+        action=argparse.BooleanOptionalAction,
+        default=descendants_only,
+        help="signal only descendants of this process, so a line naming any other process "
+        f"is refused (default: {'on' if descendants_only else 'off'})",
+    )
+
+
+def kill_policy_from_args(args: argparse.Namespace) -> KillPolicy:
+    """The kill policy the options of :func:`add_kill_policy_arguments` ask for."""
+    uids = None if args.kill_uid is None else frozenset(args.kill_uid)
+    return KillPolicy(uids=uids, descendants_only=args.descendants_only)
 
 
 def uid(text: str) -> int:

@@ -16,9 +16,11 @@ import sys
 
 from aiotimer._edges.logs import queued_logging
 from aiotimer.cli._args import (
+    add_kill_policy_arguments,
     add_log_level_argument,
     add_reap_arguments,
     event_log_path,
+    kill_policy_from_args,
     policy_from_args,
     seconds,
     whole_number,
@@ -138,6 +140,7 @@ def configure_run(parser: argparse.ArgumentParser) -> None:
         "`aiotimer status --control PATH` shows the workers, and restarts or stops one",
     )
     add_reap_arguments(parser)
+    add_kill_policy_arguments(parser, descendants_only=True)
     add_node_arguments(parser)
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
 
@@ -172,7 +175,7 @@ async def _supervise(
         stop_timeout=args.stop_timeout,
         run_id=args.run_id or (args.job if cluster.config is not None else None),
         reap_policy=policy_from_args(args),
-        reaper=SignalReaper(dump_dir=args.dump_dir),
+        reaper=SignalReaper(dump_dir=args.dump_dir, kill_policy=kill_policy_from_args(args)),
         event_log=args.event_log,
         subreaper=True,
         coordinator=cluster.coordinator,

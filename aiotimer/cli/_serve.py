@@ -13,16 +13,17 @@ import sys
 
 from aiotimer._edges.logs import queued_logging
 from aiotimer.cli._args import (
+    add_kill_policy_arguments,
     add_log_level_argument,
     add_reap_arguments,
     argument_error,
     event_log_path,
     fifo_path,
+    kill_policy_from_args,
     octal_mode,
     policy_from_args,
     positive,
     seconds,
-    uid,
 )
 from aiotimer.cli._status import log_summary
 from aiotimer.cluster._cli import add_node_arguments, node_config, publishing, server_status
@@ -32,13 +33,12 @@ from aiotimer.core._stats_format import format_summaries
 from aiotimer.diagnostics import private_dump_dir
 from aiotimer.errors import AiotimerError
 from aiotimer.events import Event, ServerStopped, SourceFailed
-from aiotimer.reapers._kill_policy import KillPolicy
 from aiotimer.reapers._signal import SignalReaper
 from aiotimer.server._engine import MAX_TIMERS, MAX_TIMERS_PER_WORKER
 from aiotimer.server._server import TimerServer
 from aiotimer.server._thread import loop_factory
 
-__all__ = ["configure_serve", "kill_policy_from_args", "run_serve", "socket_path"]
+__all__ = ["configure_serve", "run_serve", "socket_path"]
 
 
 def configure_serve(parser: argparse.ArgumentParser) -> None:
@@ -130,31 +130,8 @@ def configure_serve(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="print per-scope duration statistics on stop (implied by --shadow)",
     )
-    policy = parser.add_argument_group(
-        "kill policy",
-        "Who may be signalled. By default: processes of the server's own uid (any uid "
-        "when it runs as root), never the server's ancestors, no SIGSTOP/SIGCONT and "
-        "other job-control signals. Every refusal is a signal_refused event.",
-    )
-    policy.add_argument(
-        "--kill-uid",
-        type=uid,
-        action="append",
-        metavar="UID",
-        help="signal only processes of this uid (repeat for several); replaces the default",
-    )
-    policy.add_argument(
-        "--descendants-only",
-        action="store_true",
-        help="signal only descendants of the server (what a supervisor wants)",
-    )
+    add_kill_policy_arguments(parser, descendants_only=False)
     add_node_arguments(parser)
-
-
-def kill_policy_from_args(args: argparse.Namespace) -> KillPolicy:
-    """The kill policy ``aiotimer serve`` options ask for."""
-    uids = None if args.kill_uid is None else frozenset(args.kill_uid)
-    return KillPolicy(uids=uids, descendants_only=args.descendants_only)
 
 
 def socket_path(args: argparse.Namespace) -> str | None:
