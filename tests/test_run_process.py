@@ -9,11 +9,13 @@ from the SIGKILL; other waits are bounded by 20 s.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
 import subprocess
 import sys
+import termios
 import time
 from pathlib import Path
 
@@ -91,3 +93,28 @@ def test_a_forged_line_naming_another_process_is_refused(worker: list[str], tmp_
         sup.wait()
         victim.kill()
         victim.wait()
+
+
+def test_sigterm_ends_run_though_nobody_reads_its_stderr(worker: list[str]) -> None:
+    r, w = os.pipe()
+    try:
+        sup = run(worker, "noisy", "--nproc", "2", "--stop-timeout", "1", stderr=w)
+        os.close(w)
+        w = -1
+        # The workers' 400 KB cannot all go into the 64 KiB pipe: it is full.
+        wait_for(lambda: _pipe_full(r), "stderr filled")
+        sup.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        assert sup.wait(timeout=BOUND) == 128 + signal.SIGTERM
+        assert time.monotonic() - signalled < 10
+    finally:
+        if w >= 0:
+            os.close(w)
+        os.close(r)
+
+
+def _pipe_full(fd: int) -> bool:
+    """More than 60,000 bytes wait in the pipe (it holds 65,536)."""
+    buf = bytearray(4)
+    fcntl.ioctl(fd, termios.FIONREAD, buf)
+    return int.from_bytes(buf, sys.byteorder) >= 60_000

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import math
 import signal
 import sys
@@ -25,6 +26,7 @@ from aiotimer.cli._args import (
     seconds,
     whole_number,
 )
+from aiotimer.cli._output import bounded
 from aiotimer.cluster._cli import add_node_arguments, node_config
 from aiotimer.cluster._node import ClusterSession, cluster_session
 from aiotimer.control import ControlPlane
@@ -43,6 +45,12 @@ __all__ = ["configure_run", "run_run"]
 
 #: Exit status when the run cannot start (the command cannot be run, no FIFO, ...).
 EXIT_CANNOT_START = 5
+#: The most the summary table may wait for stderr (a pipe nobody reads).
+SUMMARY_TIMEOUT = 1.0
+#: The most a log line may wait for stderr.
+LOG_WRITE_TIMEOUT = 0.5
+
+logger = logging.getLogger("aiotimer")
 
 
 def _window(text: str) -> float:
@@ -209,7 +217,10 @@ async def _supervise(
     finally:
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)
-    print(format_summary(supervisor.summary), end="", file=sys.stderr, flush=True)
+    out = bounded(sys.stderr, SUMMARY_TIMEOUT)
+    out.write(format_summary(supervisor.summary))
+    if getattr(out, "dropped", 0):
+        logger.warning("the summary table was cut short: stderr is not read")
     if interrupted:
         return 128 + interrupted[0]
     assert supervisor.outcome is not None
@@ -228,7 +239,8 @@ def run_run(args: argparse.Namespace) -> int:
     if args.nproc < 1:
         print("aiotimer run: --nproc must be at least 1", file=sys.stderr)
         return 2
-    with queued_logging(args.log_level, sys.stderr):
+    # A stderr nobody reads must not hold the log writer, nor logging's shutdown at exit.
+    with queued_logging(args.log_level, bounded(sys.stderr, LOG_WRITE_TIMEOUT)):
         try:
             with asyncio.Runner(loop_factory=loop_factory("auto")) as runner:
                 return runner.run(_run(args, command))
