@@ -30,6 +30,7 @@ from aiotimer import (
     RunOutcome,
     Supervisor,
 )
+from aiotimer._edges.lifecycle import LifecycleState
 from aiotimer.events import (
     Event,
     RestartScheduled,
@@ -350,3 +351,19 @@ def test_a_second_signal_kills_at_once(worker: list[str], tmp_path: Path) -> Non
     assert run.returncode == 128 + signal.SIGTERM, err
     assert stopped_in < 10  # not the 60 s of --stop-timeout
     assert leftover == 0
+
+
+@pytest.mark.asyncio
+async def test_the_runtime_directory_lives_until_aclose() -> None:
+    """A run that ends before its owner has composed a control socket in the private
+    directory (a worker that exits at once) keeps the directory until aclose()."""
+    sup = Supervisor(["true"])
+    with anyio.fail_after(30):
+        await sup.start()
+        assert await sup.wait() is RunOutcome.SUCCEEDED
+        await wait_until(lambda: sup.state is LifecycleState.STOPPED, timeout=15)
+        assert sup.fifo is not None
+        runtime = sup.fifo.parent
+        assert runtime.is_dir()
+        await sup.aclose()
+    assert not runtime.exists()

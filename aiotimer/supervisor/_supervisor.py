@@ -236,8 +236,17 @@ class Supervisor(TaskOwner):
 
     async def aclose(self) -> None:
         """Stop every worker (SIGTERM, then SIGKILL after ``stop_timeout``), then the
-        server; return when no worker process is left. Idempotent."""
+        server; return when no worker process is left, with the private runtime
+        directory removed. Idempotent."""
         await super().aclose()
+        self._remove_dir()
+
+    def _remove_dir(self) -> None:
+        # Kept until aclose(), not removed when the run ends by itself: what the owner
+        # composed over the supervisor (a control socket in it) lives until then.
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
 
     def kill(self) -> None:
         """Skip what is left of ``stop_timeout``: stopping sends SIGKILL at once, now
@@ -251,6 +260,7 @@ class Supervisor(TaskOwner):
 
     async def _main(self, ready: Callable[[], None]) -> None:
         """The supervisor's body (see :mod:`aiotimer._edges.lifecycle`)."""
+        served = False
         try:
             async with anyio.create_task_group() as outer:
                 if self._event_log_path is not None:
@@ -268,6 +278,7 @@ class Supervisor(TaskOwner):
                             assert self._fifo is not None
                             self._ranks.begin(tg, self._fifo)
                             ready()
+                            served = True
                             await self._life.wait_stop_requested()
                         finally:
                             with anyio.CancelScope(shield=True):
@@ -277,8 +288,8 @@ class Supervisor(TaskOwner):
                     if self._event_log is not None:
                         self._event_log.close()
         finally:
-            if self._dir is not None:
-                shutil.rmtree(self._dir, ignore_errors=True)
+            if not served:  # start() fails: nobody will call aclose()
+                self._remove_dir()
 
     async def _start_server(self) -> None:
         parent = self._runtime_parent or os.environ.get("XDG_RUNTIME_DIR") or None
