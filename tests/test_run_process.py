@@ -12,11 +12,13 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
 import termios
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -67,6 +69,52 @@ def wait_for(test: object, what: str, timeout: float = BOUND) -> None:
         time.sleep(0.02)
 
 
+def running(pidfds: list[int]) -> int:
+    return len(pidfds) - len(select.select(pidfds, [], [], 0)[0])
+
+
+def group_members(groups: set[int]) -> list[int]:
+    """Live processes whose process group or session is one of ``groups``."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] not in (b"Z", b"X") and {int(fields[2]), int(fields[3])} & groups:
+            found.append(int(name))
+    return found
+
+
+@pytest.fixture
+def pinned() -> Iterator[list[int]]:
+    fds: list[int] = []
+    yield fds
+    for fd in fds:
+        if running([fd]):
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+        os.close(fd)
+
+
+def tree(
+    tmp_path: Path, worker: list[str], pinned: list[int], stderr: int = subprocess.PIPE
+) -> tuple[subprocess.Popen[bytes], list[int]]:
+    """``aiotimer run --nproc 2`` in tree mode, once both workers wrote their pids: the
+    run, and the workers' pids (each worker's, then its grandchild's), all pinned."""
+    pids_file = tmp_path / "pids"
+    sup = run(worker, "tree", "--nproc", "2", stderr=stderr, env={"TEST_PIDS": str(pids_file)})
+    wait_for(
+        lambda: pids_file.exists() and len(pids_file.read_text().splitlines()) == 2,
+        "both workers started their grandchildren",
+    )
+    pids = [int(p) for p in pids_file.read_text().split()]
+    pinned.extend(os.pidfd_open(p) for p in pids)
+    return sup, pids
+
+
 def test_a_forged_line_naming_another_process_is_refused(worker: list[str], tmp_path: Path) -> None:
     victim = subprocess.Popen(["sleep", "60"])  # the test's child: no descendant of the run
     log = tmp_path / "events.jsonl"
@@ -93,6 +141,58 @@ def test_a_forged_line_naming_another_process_is_refused(worker: list[str], tmp_
         sup.wait()
         victim.kill()
         victim.wait()
+
+
+def test_sigkill_of_run_leaves_no_worker_nor_process_of_their_groups(
+    worker: list[str], tmp_path: Path, pinned: list[int]
+) -> None:
+    sup, pids = tree(tmp_path, worker, pinned)
+    workers = set(pids[0::2])
+    sup.send_signal(signal.SIGKILL)
+    killed_at = time.monotonic()
+    while running(pinned) or group_members(workers):
+        assert time.monotonic() - killed_at < 3.0, (
+            f"3 s after SIGKILL: {running(pinned)} of the workers and grandchildren run, "
+            f"group members {group_members(workers)}"
+        )
+        time.sleep(0.02)
+    _, err = sup.communicate(timeout=BOUND)
+    assert b"died without stopping its workers; stopped 2 process(es)" in err
+
+
+def test_the_next_run_stops_what_a_run_killed_with_its_guard_left(
+    worker: list[str], tmp_path: Path, pinned: list[int]
+) -> None:
+    # stderr: the grandchildren that survive hold a pipe open
+    sup, _ = tree(tmp_path, worker, pinned, stderr=subprocess.DEVNULL)
+    argv = Path(f"/proc/{sup.pid}/cmdline").read_bytes()
+    (guard,) = [
+        int(name)
+        for name in os.listdir("/proc")
+        if name.isdigit() and int(name) != sup.pid and _cmdline(name) == argv
+    ]  # a fork of the run: the same command line
+    os.kill(guard, signal.SIGKILL)
+    sup.send_signal(signal.SIGKILL)
+    sup.wait(timeout=BOUND)
+    wait_for(lambda: running(pinned[0::2]) == 0, "the workers died with their supervisor")
+    assert running(pinned[1::2]) == 2, "nobody stopped the grandchildren"
+    nxt = subprocess.run(
+        [sys.executable, "-m", "aiotimer", "run", "--", "true"],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        capture_output=True,
+        timeout=BOUND,
+        check=False,
+    )
+    assert nxt.returncode == 0, nxt.stderr
+    assert b"stopped 2 process(es) left by the run of supervisor" in nxt.stderr
+    wait_for(lambda: running(pinned) == 0, "the next run stopped the grandchildren", 5)
+
+
+def _cmdline(pid: str) -> bytes | None:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
 
 
 def test_sigterm_ends_run_though_nobody_reads_its_stderr(worker: list[str]) -> None:

@@ -39,6 +39,7 @@ from aiotimer.supervisor._restart import (
     RestartPolicy,
     RestartScope,
 )
+from aiotimer.supervisor._runfile import runs_dir, runtime_parent, start_guard
 from aiotimer.supervisor._supervisor import Supervisor, format_summary
 
 __all__ = ["configure_run", "run_run"]
@@ -186,6 +187,7 @@ async def _supervise(
         reaper=SignalReaper(dump_dir=args.dump_dir, kill_policy=kill_policy_from_args(args)),
         event_log=args.event_log,
         subreaper=True,
+        run_file=True,
         coordinator=cluster.coordinator,
         restart_count=cluster.restart_count,
         on_event=cluster.on_event,
@@ -239,8 +241,19 @@ def run_run(args: argparse.Namespace) -> int:
     if args.nproc < 1:
         print("aiotimer run: --nproc must be at least 1", file=sys.stderr)
         return 2
+    try:  # before any thread: the guard is forked
+        unguarded = start_guard(runs_dir(runtime_parent()))
+    except OSError as exc:
+        print(f"aiotimer run: error: {exc}", file=sys.stderr, flush=True)
+        return EXIT_CANNOT_START
     # A stderr nobody reads must not hold the log writer, nor logging's shutdown at exit.
     with queued_logging(args.log_level, bounded(sys.stderr, LOG_WRITE_TIMEOUT)):
+        if unguarded is not None:
+            logger.warning(
+                "no guard for this run (%s): if it is killed, the next aiotimer run stops "
+                "what its workers left",
+                unguarded,
+            )
         try:
             with asyncio.Runner(loop_factory=loop_factory("auto")) as runner:
                 return runner.run(_run(args, command))

@@ -10,6 +10,7 @@ import logging
 import os
 import socket
 import subprocess
+import sys
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +28,7 @@ from aiotimer.events import TimerExpired, WorkerReaped
 from aiotimer.reapers._signal import NoDump, Reaper
 from aiotimer.supervisor import _proctree
 from aiotimer.supervisor._exits import ExitReason, classify_exit
+from aiotimer.supervisor._runfile import RunFile
 from aiotimer.wire import ENV_FIFO, TORCH_ENV_FIFO
 
 __all__ = [
@@ -183,6 +185,8 @@ class WorkerPool:
         stop_timeout: seconds between SIGTERM and SIGKILL.
         subreaper: also stop orphans re-parented to this process (see
             :func:`~aiotimer.supervisor._proctree.become_subreaper`).
+        parent_death_signal: the signal each worker gets when this process dies
+            (``None``: none; see :func:`~aiotimer.supervisor._proctree.die_with_parent`).
     """
 
     def __init__(
@@ -192,12 +196,22 @@ class WorkerPool:
         cwd: str | os.PathLike[str] | None,
         stop_timeout: float,
         subreaper: bool,
+        parent_death_signal: int | None = None,
     ) -> None:
         self.command = command
         self.attempts: dict[int, Attempt] = {}  # rank -> running attempt
+        #: Where the running workers are recorded for the run's guard and the next run.
+        self.run_file: RunFile | None = None
         self._cwd = cwd
         self._stop_timeout = stop_timeout
         self._subreaper = subreaper
+        self._death_signal = parent_death_signal
+        if parent_death_signal is not None and not sys.executable:
+            self._death_signal = None
+            logger.warning(
+                "no Python interpreter to start the workers with a parent-death signal: "
+                "if this process is killed, they run on"
+            )
         self._pid_rank: dict[int, int] = {}  # a timer-registering pid -> its rank
         self._hurry = asyncio.Event()
 
@@ -211,12 +225,19 @@ class WorkerPool:
         Raises:
             OSError: the command could not be started.
         """
+        death = self._death_signal
+        argv = (
+            self.command
+            if death is None
+            else _proctree.with_parent_death_signal(self.command, death)
+        )
         popen = subprocess.Popen(
-            self.command, env=env, cwd=self._cwd, stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )  # fmt: skip
+            argv, env=env, cwd=self._cwd, stdin=subprocess.DEVNULL, start_new_session=True
+        )
         att = self.attempts[rank] = Attempt(rank, number, popen, pidfd(popen.pid), now)
         self._pid_rank[popen.pid] = rank
+        if self.run_file is not None:
+            self.run_file.record(a.pid for a in self.attempts.values())
         return att
 
     async def wait(
@@ -297,7 +318,8 @@ class WorkerPool:
 
     async def stop_all(self) -> None:
         """Stop every attempt and everything the workers left (orphans too, as a
-        subreaper); return once the attempts are collected."""
+        subreaper); return once the attempts are collected. The run file is removed
+        when nothing is left."""
         for att in self.attempts.values():
             att.stop_requested = True
         survivors = await _proctree.terminate(
@@ -308,6 +330,8 @@ class WorkerPool:
         with anyio.move_on_after(self._stop_timeout + 5):
             for att in list(self.attempts.values()):
                 await att.done.wait()
+        if self.run_file is not None and not survivors:
+            self.run_file.remove()
 
     def _find_all(self) -> list[int]:
         # Running workers' sessions (a leader is collected only after its session is

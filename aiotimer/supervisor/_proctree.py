@@ -22,7 +22,8 @@ import ctypes
 import logging
 import os
 import signal
-from collections.abc import Callable, Collection, Iterator
+import sys
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -32,7 +33,15 @@ from aiotimer._edges.procfs import EXITED_STATES, stat_fields
 from aiotimer.errors import ProcessGoneError, ReapError, RefusedTargetError
 from aiotimer.reapers._identity import PinnedProcess
 
-__all__ = ["ProcInfo", "become_subreaper", "reap_orphans", "scan", "terminate"]
+__all__ = [
+    "ProcInfo",
+    "become_subreaper",
+    "processes",
+    "reap_orphans",
+    "scan",
+    "terminate",
+    "with_parent_death_signal",
+]
 
 logger = logging.getLogger("aiotimer")
 
@@ -48,6 +57,46 @@ def become_subreaper() -> bool:
         return False
 
 
+#: Run by a fresh interpreter in the child, between its fork and its command's exec:
+#: ask the kernel for the parent-death signal, check the parent did not die meanwhile,
+#: undo the signals Python ignores (an ignored signal survives exec), become the command.
+_TRAMPOLINE: Final[str] = """\
+import ctypes, os, signal, sys
+parent, signum, argv = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
+if ctypes.CDLL(None, use_errno=True).prctl(1, signum, 0, 0, 0) != 0:
+    sys.stderr.write(f"aiotimer: no parent-death signal for {argv[0]!r}\\n")
+if os.getppid() != parent:
+    os.kill(os.getpid(), signum)
+for name in ("SIGPIPE", "SIGXFZ", "SIGXFSZ"):
+    if hasattr(signal, name):
+        signal.signal(getattr(signal, name), signal.SIG_DFL)
+try:
+    os.execvp(argv[0], argv)
+except OSError as exc:
+    sys.stderr.write(f"aiotimer: cannot run {argv[0]!r}: {exc.strerror}\\n")
+    os._exit(127 if isinstance(exc, FileNotFoundError) else 126)
+"""
+
+
+def with_parent_death_signal(command: Sequence[str], signum: int) -> list[str]:
+    """``command``, run so that the child gets ``signum`` when this process dies
+    (``PR_SET_PDEATHSIG``, through ``ctypes`` in the child before it execs ``command``).
+
+    The child is first a fresh interpreter (``python -I -S``, ~20 ms of CPU) that sets
+    the signal and execs ``command`` in place: same pid, environment and descriptors;
+    exit status 127 (126) when ``command`` cannot be found (run). Not a ``preexec_fn``:
+    that forks this process with its threads, and a gRPC client's (``--etcd``) at-fork
+    handlers then crash some children (SIGSEGV) and log a line per fork.
+
+    The kernel sends the signal when the *thread* that forked the child ends, so start
+    it from a thread that lives as long as this process (the loop's). The setting is
+    kept across ``exec`` (not into set-uid programs) and not passed to the command's
+    own children.
+    """
+    return [sys.executable, "-I", "-S", "-c", _TRAMPOLINE, str(os.getpid()), str(signum),
+            *command]  # fmt: skip
+
+
 @dataclass(frozen=True, slots=True)
 class ProcInfo:
     """One process as ``/proc/<pid>/stat`` shows it."""
@@ -57,6 +106,8 @@ class ProcInfo:
     ppid: int
     pgid: int
     sid: int
+    start_time: int
+    """Clock ticks since boot (``/proc/<pid>/stat`` field 22)."""
 
     @property
     def exited(self) -> bool:
@@ -64,7 +115,8 @@ class ProcInfo:
         return self.state in EXITED_STATES
 
 
-def _processes() -> Iterator[ProcInfo]:
+def processes() -> Iterator[ProcInfo]:
+    """Every process ``/proc`` shows (none without ``/proc``)."""
     try:
         names = os.listdir("/proc")
     except FileNotFoundError:
@@ -86,7 +138,12 @@ def _processes() -> Iterator[ProcInfo]:
             continue
         fields = stat_fields(data)
         yield ProcInfo(
-            int(name), fields[0].decode("ascii"), int(fields[1]), int(fields[2]), int(fields[3])
+            int(name),
+            fields[0].decode("ascii"),
+            int(fields[1]),
+            int(fields[2]),
+            int(fields[3]),
+            int(fields[19]),
         )
 
 
@@ -101,7 +158,7 @@ def scan(
     """
     me, my_sid = os.getpid(), os.getsid(0)
     found = []
-    for p in _processes():
+    for p in processes():
         if p.exited or p.pid in exclude or p.pid == me:
             continue
         if (
@@ -117,7 +174,7 @@ def reap_orphans(exclude: Collection[int]) -> None:
     """Collect exited re-parented orphans: zombie children of this process in another
     session than its own, except ``exclude`` (the workers, waited for elsewhere)."""
     me, my_sid = os.getpid(), os.getsid(0)
-    for p in _processes():
+    for p in processes():
         if p.exited and p.ppid == me and p.sid != my_sid and p.pid not in exclude:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(p.pid, os.WNOHANG)

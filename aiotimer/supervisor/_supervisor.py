@@ -18,7 +18,9 @@ Embedding, like :class:`~aiotimer.TimerServer`::
 
 or ``await sup.start()`` ... ``await sup.aclose()``. Stopping sends SIGTERM to every
 worker's process tree, SIGKILL after ``stop_timeout``, and returns only when none of
-their processes is left.
+their processes is left. A supervisor that is killed instead leaves nothing running
+either: each worker gets a parent-death signal, and with ``run_file`` its leftovers are
+recorded for the run's guard and the next run (:mod:`aiotimer.supervisor._runfile`).
 
 Lifecycle: ``created -> starting -> running -> stopping -> stopped`` (one run per
 object).
@@ -32,6 +34,7 @@ import os
 import random
 import re
 import shutil
+import signal
 import tempfile
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -70,6 +73,7 @@ from aiotimer.supervisor._records import (
     rank_status,
 )
 from aiotimer.supervisor._restart import GiveUp, Restart, RestartPlanner, RestartPolicy, WorkerState
+from aiotimer.supervisor._runfile import RunFile, runs_dir, runtime_parent, sweep
 
 __all__ = [
     "WORKER_ENV",
@@ -113,6 +117,14 @@ class Supervisor(TaskOwner):
         subreaper: make this process a child subreaper, so descendants that escape a
             worker's session are still found and stopped (process-wide: ``aiotimer run``
             turns it on; an embedding agent decides).
+        parent_death_signal: the signal every worker gets from the kernel when the
+            thread that runs the supervisor's loop ends (``None``: none). The default,
+            SIGKILL, ends even a hung worker: once its supervisor is gone nobody watches
+            it.
+        run_file: record the running workers in a run file, beside the runtime
+            directory, and first stop what the runs recorded there left behind if
+            their supervisors died without stopping their workers (see
+            :mod:`aiotimer.supervisor._runfile`; ``aiotimer run`` turns it on).
         clock: the time source (monotonic seconds).
         rng: uniform ``[0, 1)`` floats for the back-off jitter.
 
@@ -138,6 +150,8 @@ class Supervisor(TaskOwner):
         coordinator: RestartCoordinator | None = None,
         restart_count: int = 0,
         subreaper: bool = False,
+        parent_death_signal: int | None = signal.SIGKILL,
+        run_file: bool = False,
         clock: Clock | None = None,
         rng: Callable[[], float] | None = None,
     ) -> None:
@@ -168,8 +182,13 @@ class Supervisor(TaskOwner):
         self._dir: Path | None = None
         self._fifo: Path | None = None
         self._pool = WorkerPool(
-            self.command, cwd=cwd, stop_timeout=stop_timeout, subreaper=subreaper
+            self.command,
+            cwd=cwd,
+            stop_timeout=stop_timeout,
+            subreaper=subreaper,
+            parent_death_signal=parent_death_signal,
         )
+        self._run_file = run_file
         self._event_log: EventLog | None = None
         self._finished = asyncio.Event()
         self._ranks = Ranks(
@@ -292,12 +311,16 @@ class Supervisor(TaskOwner):
                 self._remove_dir()
 
     async def _start_server(self) -> None:
-        parent = self._runtime_parent or os.environ.get("XDG_RUNTIME_DIR") or None
-        if parent is not None and not os.path.isdir(parent):
-            parent = None
+        parent = runtime_parent(self._runtime_parent)
         tag = re.sub(r"[^A-Za-z0-9_.-]", "_", self.run_id)[:24]  # any run id, a safe name
         self._dir = Path(tempfile.mkdtemp(prefix=f"aiotimer-{tag}-", dir=parent))
         self._fifo = self._dir / "timer.fifo"
+        if self._run_file:
+            runs = runs_dir(parent)
+            for line in sweep(runs):
+                logger.warning("%s", line)
+            self._pool.run_file = RunFile(runs, str(self._fifo))
+            self._pool.run_file.record(())
         self._server = TimerServer(
             fifo=self._fifo,
             reaper=ObservedReaper(self._reaper, self._ranks.timer_registered),
