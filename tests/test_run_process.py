@@ -12,6 +12,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import select
 import signal
 import subprocess
@@ -157,7 +158,11 @@ def test_sigkill_of_run_leaves_no_worker_nor_process_of_their_groups(
         )
         time.sleep(0.02)
     _, err = sup.communicate(timeout=BOUND)
-    assert b"died without stopping its workers; stopped 2 process(es)" in err
+    # The grandchildren at least (no parent-death signal reaches them); a worker too if
+    # the guard looked before that worker's own parent-death signal took it.
+    stopped = re.search(rb"died without stopping its workers; stopped (\d+) process", err)
+    assert stopped is not None, err
+    assert 2 <= int(stopped[1]) <= 4
 
 
 def test_the_next_run_stops_what_a_run_killed_with_its_guard_left(
