@@ -76,7 +76,7 @@ async def test_a_restart_restores_live_workers_only(tmp_path: Path, sleeper: int
         await tg.start(journal.run, table, lambda: 0.0)
         await wait_until(lambda: path.exists() and len(_written(path)) == 2)
         tg.cancel_scope.cancel()
-    [req] = Journal(path).load(time.monotonic())
+    [req] = Journal(path).load(time.monotonic()).requests
     assert (req.pid, req.scope_id, req.signal, req.mono) == (sleeper, "s", 9, now + 30)
     assert req.start_time == read_start_time(sleeper)
 
@@ -98,15 +98,15 @@ def test_a_recycled_pid_a_past_deadline_and_foreign_files(tmp_path: Path, sleepe
     }  # fmt: skip
     path.write_text(json.dumps(body))
     now = time.monotonic()
-    [req] = Journal(path, grace=1.0).load(now)
+    [req] = Journal(path, grace=1.0).load(now).requests
     assert req.scope_id == "past due" and req.mono == now + 1.0
     path.write_text(json.dumps({**body, "boot_id": "another boot"}))
-    assert Journal(path).load(now) == []
+    assert Journal(path).load(now).requests == []
     path.write_text("not json")
-    assert Journal(path).load(now) == []
+    assert Journal(path).load(now).requests == []
     path.unlink()
     os.symlink(tmp_path / "elsewhere", path)
-    assert Journal(path).load(now) == []
+    assert Journal(path).load(now).requests == []
 
 
 @pytest.mark.asyncio
@@ -141,7 +141,7 @@ async def test_a_squatted_journal_is_never_read_written_through_or_removed(
     outside.write_bytes(b"keep")
     os.mkfifo(path)
     with anyio.fail_after(2):  # a FIFO: refused at once, never waited on
-        assert Journal(path).load(time.monotonic()) == []
+        assert Journal(path).load(time.monotonic()).requests == []
     path.unlink()
     path.symlink_to(outside)
     journal, table = Journal(path, interval=0.01), TimerTable()
@@ -157,3 +157,50 @@ async def test_a_squatted_journal_is_never_read_written_through_or_removed(
     assert "cannot remove journal" in caplog.text
     assert path.is_symlink() and outside.read_bytes() == b"keep"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["j", "outside"]
+
+
+def _entry(pid: int, scope: str, mono: float, **changes: object) -> dict[str, object]:
+    start = read_start_time(pid) if pid > 0 and "start_time" not in changes else None
+    entry = {"pid": pid, "start_time": start, "scope_id": scope, "mono": mono,
+             "expiration_time": mono + 1e9, "signal": 9}  # fmt: skip
+    return {**entry, **changes}
+
+
+def test_entries_are_checked_one_per_worker_and_counted(tmp_path: Path, sleeper: int) -> None:
+    path, now = tmp_path / "j", time.monotonic()
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    entries = [
+        _entry(sleeper, "later", now + 60),
+        _entry(sleeper, "earliest", now + 30),
+        _entry(sleeper, "", now + 10),  # invalid: an empty scope id
+        _entry(sleeper, "negative grace", now + 10, grace=-1.0),
+        _entry(sleeper, "report only", now + 10, signal=0),
+        _entry(sleeper, "release", now + 10, expiration_time=-1.0),
+        _entry(0, "pid 0", now + 10),
+        _entry(os.getpid(), "the server itself", now + 10),
+        _entry(gone.pid, "exited", now + 10, start_time=1),
+    ]
+    body = {"format": "aiotimer-journal-1", "boot_id": boot_id(), "server_pid": 1,
+            "entries": entries}  # fmt: skip
+    path.write_text(json.dumps(body))
+    found = Journal(path).load(now)
+    [req] = found.requests
+    assert (req.pid, req.scope_id) == (sleeper, "earliest")
+    assert (found.invalid, found.duplicates, found.gone, found.entries) == (6, 1, 1, 9)
+    assert found.describe_dropped() == (
+        "; left out: 6 invalid, 1 duplicate, 1 of processes gone or replaced"
+    )
+
+
+def test_keep_writes_every_workers_earliest_timer_at_once(tmp_path: Path, sleeper: int) -> None:
+    path, table = tmp_path / "j", TimerTable()
+    journal = Journal(path, max_workers=1)
+    for i in range(5):  # never told: keep() reads the table itself
+        table.acquire(Timer(sleeper, f"s{i}", 100.0 - i, 9))
+    table.acquire(Timer(sleeper, "report-only", 1.0, 0))
+    assert journal.keep(table, 1000.0) == 1
+    [entry] = _written(path)
+    assert (entry["scope_id"], entry["expiration_time"]) == ("s4", 1096.0)
+    assert journal.keep(TimerTable(), 1000.0) == 0
+    assert _written(path) == []

@@ -62,8 +62,11 @@ class ServerStarted(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ServerStopped(Event):
-    """The server stopped; ``timers`` live timers were dropped.
+    """The server stopped with ``timers`` live timers.
 
+    They were dropped, unless the server kept its ``journal`` (a planned stop while
+    timers that would signal were live): it names the earliest such timer of
+    ``journaled`` workers, which the next server on the same FIFO restores.
     ``scopes`` holds the run's duration statistics, one summary per scope site (see
     :meth:`aiotimer.server.TimerServer.scope_stats`).
     """
@@ -72,11 +75,19 @@ class ServerStopped(Event):
     timers: int
     counters: dict[str, int]
     scopes: tuple[ScopeStats, ...] = ()
+    journal: str | None = None
+    journaled: int = 0
 
     def describe(self) -> str:
         """One human-readable line."""
         sites = f", statistics of {len(self.scopes)} scope site(s)" if self.scopes else ""
-        return f"timer server stopped ({self.timers} live timers dropped{sites})"
+        if self.journal is None:
+            return f"timer server stopped ({self.timers} live timers dropped{sites})"
+        return (
+            f"timer server stopped ({self.timers} live timers; the journal {self.journal} "
+            f"keeps the earliest of {self.journaled} worker(s) for the next server on this "
+            f"FIFO{sites})"
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

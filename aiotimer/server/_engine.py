@@ -159,10 +159,11 @@ class Engine:
         passed (see :meth:`~aiotimer.server.TimerServer.flush`)."""
         self._expiry.flush()
 
-    def restore(self, requests: Sequence[Request], source: str) -> None:
-        """Apply acquires restored from the journal (see the module docs)."""
+    def restore(self, requests: Sequence[Request], source: str) -> int:
+        """Apply acquires restored from the journal (see the module docs); return how
+        many timers they set (a worker that cannot be pinned, or a cap, drops some)."""
         self.submit(Decoded(requests=list(requests)), source)
-        self._ingest.mark_restored(requests)
+        return self._ingest.mark_restored(requests)
 
     def add_drain(self, drain: Drain) -> Callable[[], None]:
         """Ask ``drain`` before every expiry (see :mod:`aiotimer.sources._base`); returns

@@ -111,11 +111,15 @@ class Ingest:
             text = rej.line.decode("ascii", "backslashreplace")
             self._emit(RequestRejected(time=wall, reason=rej.reason, line=text, source=source))
 
-    def mark_restored(self, requests: Sequence[Request]) -> None:
-        """The acquires ``requests``, applied, came from the journal (see the module docs)."""
+    def mark_restored(self, requests: Sequence[Request]) -> int:
+        """The acquires ``requests``, applied, came from the journal (see the module
+        docs); return how many of them are in the table."""
+        count = 0
         for req in requests:
             if self._table.get(req.pid, req.scope_id) is not None:
                 self._restored.setdefault(req.pid, set()).add(req.scope_id)
+                count += 1
+        return count
 
     def forget(self, pid: int) -> None:
         """Worker ``pid``'s timers are gone (reaped, or it exited): no restored ones left."""

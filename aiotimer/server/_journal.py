@@ -43,6 +43,7 @@ import logging
 import math
 import os
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
@@ -55,7 +56,7 @@ from aiotimer._edges.files import read_owned, remove_owned, write_atomic
 from aiotimer._edges.procfs import read_start_time
 from aiotimer.core._table import ReapOptions, Timer, TimerTable
 from aiotimer.errors import ProcessGoneError
-from aiotimer.wire import Request
+from aiotimer.server._restore import JournalEntry, Restored, restore_entries
 
 __all__ = [
     "JOURNAL_SUFFIX",
@@ -63,6 +64,7 @@ __all__ = [
     "RETRY_INTERVAL",
     "Journal",
     "JournalEntry",
+    "JournalKept",
     "boot_id",
     "journal_path",
 ]
@@ -107,18 +109,13 @@ def journal_path(
     return Path(journal)
 
 
-class JournalEntry(msgspec.Struct, frozen=True, kw_only=True):
-    """A worker's earliest live timer that would signal it, as journaled."""
+@dataclass(frozen=True, slots=True)
+class JournalKept:
+    """A journal a planned stop kept for the next server: its ``path`` and how many
+    ``workers`` it names."""
 
-    pid: int
-    start_time: int | None
-    scope_id: str
-    mono: float
-    expiration_time: float
-    signal: int
-    grace: float | None = None
-    group: bool = False
-    dump: bool = False
+    path: str
+    workers: int
 
 
 class _File(msgspec.Struct, frozen=True, kw_only=True):
@@ -237,41 +234,27 @@ class Journal:
 
     # -- restoring -------------------------------------------------------------------
 
-    def load(self, mono_now: float) -> list[Request]:
-        """The requests that restore the journaled timers still valid (see module docs).
+    def load(self, mono_now: float) -> Restored:
+        """The requests that restore the journaled timers still valid (see module docs):
+        each entry checked with the wire's validator, at most one per worker (its
+        earliest), and only for a process that is still the journaled one. Costs one
+        ``/proc`` read per distinct pid, whatever the file's size. Blocking: call it in a
+        worker thread.
 
         Never raises: an unreadable or malformed journal is reported and ignored.
         """
         data = self._read()
         if data is None:
-            return []
+            return Restored()
         try:
             journal = _decoder.decode(data)
         except msgspec.DecodeError as exc:
             logger.error("journal %s is malformed (%s); ignored", self.path, exc)
-            return []
+            return Restored()
         if journal.format != _FORMAT or journal.boot_id != boot_id() or boot_id() is None:
             logger.warning("journal %s is of another boot or format; ignored", self.path)
-            return []
-        restored = []
-        for entry in journal.entries:
-            if entry.pid == os.getpid() or not self._same_process(entry):
-                continue
-            mono = max(entry.mono, mono_now + self._grace)
-            restored.append(
-                Request(
-                    pid=entry.pid,
-                    scope_id=entry.scope_id,
-                    expiration_time=entry.expiration_time + (mono - entry.mono),
-                    signal=entry.signal,
-                    mono=mono,
-                    grace=entry.grace,
-                    group=entry.group,
-                    dump=entry.dump,
-                    start_time=entry.start_time,
-                )
-            )
-        return restored
+            return Restored()
+        return restore_entries(journal.entries, mono_now, self._grace)
 
     def _read(self) -> bytes | None:
         limit = 4096 + self._max_workers * _MAX_ENTRY_BYTES
@@ -282,14 +265,6 @@ class Journal:
         except OSError as exc:
             logger.error("cannot read journal %s (%s); ignored", self.path, exc)
             return None
-
-    @staticmethod
-    def _same_process(entry: JournalEntry) -> bool:
-        try:
-            now = read_start_time(entry.pid)
-        except ProcessGoneError:
-            return False
-        return now is None or now == entry.start_time
 
     # -- writing ---------------------------------------------------------------------
 
@@ -369,8 +344,26 @@ class Journal:
         # Not durable: after a reboot the journal is void anyway (its boot id differs).
         write_atomic(self.path, data, 0o600, durable=False, what=_WHAT)
 
+    def keep(self, table: TimerTable, mono_to_wall: float) -> int:
+        """Write the journal complete, now, from ``table`` (a planned stop with live
+        timers: the next server on the FIFO restores them); return how many workers it
+        names. Every worker's earliest signalling timer is looked up, however many
+        timers it holds (the run is over: no loop to keep responsive). Blocking.
+
+        Raises:
+            OSError: it cannot be written (the last periodic write is left in place).
+        """
+        self._earliest, self._recompute, self._entries = {}, set(), {}
+        for pid in list(table.workers()):
+            timer = _earliest_signalling(table.worker_timers(pid))
+            if timer is not None:
+                self._earliest[pid] = timer
+        self._update(table, mono_to_wall)
+        self._write(self._encode())
+        return len(self._entries)
+
     def remove(self) -> None:
-        """Delete the journal file (a server that stops on purpose drops its timers);
+        """Delete the journal file (a server that stops on purpose with no live timer);
         something else in its place is reported and left alone."""
         try:
             remove_owned(self.path, what=_WHAT)

@@ -9,8 +9,9 @@ journal. :meth:`Run.serve` is the server's body (the owned task of
 2. the inner task group: the engine, then in order the handoff, the statistics file,
    the journal (its timers restored first), every source, and the expiry task;
 3. ready: ``ServerStarted``; then it waits for the stop;
-4. on the way out: the journal of a server stopped on purpose is removed (its timers go
-   with it), the workers are detached, the handoff ends (other threads then read the
+4. on the way out: a server stopped on purpose writes its journal complete and keeps it
+   while timers that would signal are live (the next server on the FIFO restores them),
+   else removes it; the workers are detached, the handoff ends (other threads then read the
    still engine directly), ``ServerStopped`` is emitted, and the statistics file, event
    log and event bus are closed after it.
 """
@@ -29,6 +30,7 @@ from typing import TypeVar
 
 import anyio
 import anyio.abc
+import anyio.to_thread
 
 from aiotimer._edges.clock import Clock
 from aiotimer._edges.eventlog import EventLog
@@ -41,7 +43,7 @@ from aiotimer.reapers._signal import Reaper
 from aiotimer.server._engine import Engine, ReapRetry
 from aiotimer.server._eventbus import EventBus
 from aiotimer.server._handoff import Handoff
-from aiotimer.server._journal import Journal
+from aiotimer.server._journal import Journal, JournalKept
 from aiotimer.server._statsfile import StatsFile
 from aiotimer.sources._base import Source, serve_source
 from aiotimer.wire import Decoded
@@ -93,7 +95,7 @@ class Run:
         emit: Callable[[Event], None],
         bus: EventBus,
         event_logger: EventLogger,
-        stopped: Callable[[], Event],
+        stopped: Callable[[JournalKept | None], Event],
     ) -> None:
         self.settings = settings
         self.loop = asyncio.get_running_loop()
@@ -217,7 +219,7 @@ class Run:
             cfg.stats_file.load_into(engine.stats)
             tg.start_soon(cfg.stats_file.run, engine.stats, cfg.stats_interval)
         if self.journal is not None:
-            self._restore(self.journal, engine)
+            await self._restore(self.journal, engine)
             tg.start_soon(self.journal.run, engine.table, self._mono_to_wall)
         for source in cfg.sources:
             await tg.start(serve_source, source, engine, self._source_failed(source))
@@ -225,13 +227,14 @@ class Run:
 
     def _close(self, *, on_purpose: bool, started: bool) -> None:
         """End the run (its tasks are cancelled): see the module docs, point 4."""
-        if self.journal is not None and on_purpose:
-            self.journal.remove()  # stopped on purpose: its timers go with it
+        kept = None
+        if self.journal is not None and on_purpose and self.engine is not None:
+            kept = self._keep_journal(self.journal, self.engine)
         if self.engine is not None:
             self.engine.close()
         self.handoff.close()  # the engine is still: other threads read it directly
         if started:
-            self._emit(self._stopped())
+            self._emit(self._stopped(kept))
         self._event_logger.close()
         if self.settings.stats_file is not None and self.engine is not None:
             self.settings.stats_file.save(self.engine.stats)
@@ -239,16 +242,35 @@ class Run:
             self.event_log.close()
         self._bus.close()
 
-    def _restore(self, journal: Journal, engine: Engine) -> None:
-        restored = journal.load(self.settings.clock.monotonic())
-        if restored:
-            engine.restore(restored, JOURNAL_SOURCE)
+    async def _restore(self, journal: Journal, engine: Engine) -> None:
+        """Restore the journal's timers before any source serves (the file is read and
+        checked in a worker thread: the loop stays free, see
+        :mod:`aiotimer.server._restore`)."""
+        found = await anyio.to_thread.run_sync(journal.load, self.settings.clock.monotonic())
+        restored = engine.restore(found.requests, JOURNAL_SOURCE) if found.requests else 0
+        if found.entries:
             logger.warning(
-                "restored %d timer(s) of hung-or-silent workers from the journal %s; each "
-                "is dropped as soon as its worker sends anything",
-                len(restored),
+                "restored %d timer(s) of hung-or-silent workers from the %d entries of the "
+                "journal %s%s; each is dropped as soon as its worker sends anything",
+                restored,
+                found.entries,
                 journal.path,
+                found.describe_dropped(),
             )
+
+    def _keep_journal(self, journal: Journal, engine: Engine) -> JournalKept | None:
+        """A planned stop: with live timers that would signal, the journal is written
+        complete and kept for the next server on the FIFO (a hung worker is still reaped
+        at its deadline after a restart); with none, it is removed."""
+        try:
+            workers = journal.keep(engine.table, self._mono_to_wall())
+        except OSError as exc:
+            logger.error("cannot write the journal %s on stop: %s", journal.path, exc)
+            return None
+        if not workers:
+            journal.remove()
+            return None
+        return JournalKept(str(journal.path), workers)
 
     def _mono_to_wall(self) -> float:
         clock = self.settings.clock

@@ -120,7 +120,8 @@ class TimerServer(TaskOwner):
             ``docs/operations.md``): ``True`` beside the FIFO (``<fifo>.journal``), a
             path, or ``False``. Default: beside the FIFO when there is one and the clock
             is the default one (the journal holds ``CLOCK_MONOTONIC`` deadlines). A
-            server stopped on purpose removes its journal.
+            server stopped on purpose keeps it while timers that would signal are live
+            (a planned restart still reaps a hung worker), else removes it.
         max_timers: reject acquires of new timers past this many live timers in all.
         max_timers_per_worker: reject a worker's acquires of new timers past this many.
 
@@ -235,7 +236,9 @@ class TimerServer(TaskOwner):
             emit=self._emit,
             bus=self._bus,
             event_logger=self._event_logger,
-            stopped=lambda: _view.stopped_event(self._snapshot_now(limit=0, sites=None, live=True)),
+            stopped=lambda kept: _view.stopped_event(
+                self._snapshot_now(limit=0, sites=None, live=True), kept
+            ),
         )
         await run.serve(ready, self._life)
 

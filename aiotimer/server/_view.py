@@ -39,6 +39,7 @@ from aiotimer.reapers._steps import format_plan
 if TYPE_CHECKING:
     from aiotimer._edges.clock import Clock
     from aiotimer.server._engine import Engine
+    from aiotimer.server._journal import JournalKept
 
 __all__ = [
     "DEFAULT_LIMIT",
@@ -295,13 +296,16 @@ def server_state(snap: ServerSnapshot) -> ServerState:
     )
 
 
-def stopped_event(snap: ServerSnapshot) -> ServerStopped:
-    """The ``ServerStopped`` event of the run ``snap`` (taken as it ends) shows."""
+def stopped_event(snap: ServerSnapshot, kept: JournalKept | None = None) -> ServerStopped:
+    """The ``ServerStopped`` event of the run ``snap`` (taken as it ends) shows, and the
+    journal it ``kept`` for the next server, if any."""
     return ServerStopped(
         time=snap.time,
         timers=snap.timers_total,
         counters=dataclasses.asdict(snap.counters),
         scopes=snap.scopes,
+        journal=None if kept is None else kept.path,
+        journaled=0 if kept is None else kept.workers,
     )
 
 
