@@ -48,6 +48,7 @@ from aiotimer.reapers import NoDump
 from aiotimer.reapers._policy import Escalation, ReapPolicy
 from aiotimer.server import LifecycleState, ReapRetry, TimerServer, TimerServerThread
 from aiotimer.server._engine import EXPIRE_BUDGET
+from aiotimer.server._ingest import REPORTED_REJECTIONS
 from aiotimer.sources import RequestSink
 from aiotimer.sources._base import draining
 from aiotimer.testing import FakeClock, MemorySource, RecordingReaper, settle
@@ -581,6 +582,19 @@ async def test_bad_lines_are_rejected_one_by_one_and_valid_ones_apply() -> None:
         assert "pid" in rejected[1].reason
         assert sorted(t.pid for t in r.server.get_state().timers) == [P1, P2, P3]
         assert r.server.get_state().counters.rejected == 2
+
+
+@pytest.mark.asyncio
+async def test_a_read_of_garbage_reports_a_bounded_number_of_rejections() -> None:
+    async with rig() as r:
+        r.source.push_bytes(b"".join(b"junk %d\n" % i for i in range(1000)))
+        rejected = r.of(RequestRejected)
+        assert len(rejected) == REPORTED_REJECTIONS + 1
+        assert [e.line for e in rejected[:2]] == ["junk 0", "junk 1"]
+        summary = rejected[-1]
+        assert summary.reason.startswith(f"{1000 - REPORTED_REJECTIONS:,} more bad line(s)")
+        assert summary.line == f"junk {REPORTED_REJECTIONS}"
+        assert r.server.get_state().counters.rejected == 1000
 
 
 @pytest.mark.asyncio

@@ -17,6 +17,7 @@ import anyio
 import pytest
 
 from aiotimer.errors import SourceError
+from aiotimer.sources._budget import LINES_PER_STEP
 from aiotimer.sources.fifo import MAX_READS_PER_WAKE, PIPE_SIZE, FifoSource
 from aiotimer.testing import RecordingSink, running_source, wait_until
 from aiotimer.wire import MARKER_SUFFIX
@@ -396,3 +397,16 @@ async def test_the_read_loop_waits_on_the_loop_directly_and_is_cancelled_cleanly
     assert [r.scope_id for r in sink.requests] == [f"s{i}" for i in range(5)]
     assert waited_on_fifo == []
     await anyio.sleep(0.01)  # a reader left registered on a closed fd would fail the loop
+
+
+@pytest.mark.asyncio
+async def test_a_read_of_short_garbage_lines_is_decoded_a_step_at_a_time(
+    fifo_path: pathlib.Path,
+) -> None:
+    sink = RecordingSink()
+    async with running_source(FifoSource(fifo_path), sink):
+        with writer(fifo_path) as fd:
+            os.write(fd, b"x\n" * 16384)  # one 32 KiB read: 16,384 bad lines
+            await wait_until(lambda: len(sink.rejections) == 16384)
+    sizes = [len(batch.rejections) for batch, _ in sink.batches]
+    assert max(sizes) <= 2 * LINES_PER_STEP and len(sizes) >= 8

@@ -28,6 +28,7 @@ from aiotimer.events import (
     WorkerReaped,
 )
 from aiotimer.server import TimerServer
+from aiotimer.sources._budget import LINES_PER_STEP
 from aiotimer.sources.socket import SocketSource, _Connection, peer_credentials
 from aiotimer.testing import RecordingSink, running_source, settle, wait_until
 from aiotimer.wire import MARKER_SUFFIX, Request, encode
@@ -70,6 +71,19 @@ async def test_accepts_its_own_pid_stamped_with_its_start_time(sock_path: pathli
     assert [r.scope_id for r in sink.requests] == ["a", "b"]
     assert {r.start_time for r in sink.requests} == {read_start_time(os.getpid())}
     assert sink.rejections == []
+
+
+async def test_a_message_of_short_garbage_lines_is_decoded_a_step_at_a_time(
+    sock_path: pathlib.Path,
+) -> None:
+    sink = RecordingSink()
+    async with running_source(SocketSource(sock_path), sink):
+        with connect(sock_path) as conn:
+            conn.sendall(b"x\n" * 8192 + line(os.getpid(), "after"))  # one message
+            await wait_until(lambda: len(sink.requests) == 1)
+    sizes = [len(batch.rejections) for batch, _ in sink.batches]
+    assert sum(sizes) == 8192 and max(sizes) <= 2 * LINES_PER_STEP
+    assert [r.scope_id for r in sink.requests] == ["after"]
 
 
 async def test_a_client_cannot_name_another_pid(sock_path: pathlib.Path) -> None:

@@ -3,8 +3,9 @@
 How this works
 --------------
 :meth:`Ingest.apply` takes a batch (a source's read, or what a drain returned before an
-expiry) and applies its requests in order, then reports each rejection
-(:class:`~aiotimer.events.RequestRejected`). A request:
+expiry) and applies its requests in order, then counts its rejections and reports the
+first :data:`REPORTED_REJECTIONS` one by one (:class:`~aiotimer.events.RequestRejected`),
+the rest in one event, so a read of garbage costs a bounded number of events. A request:
 
 * *release*: the timer leaves the table; its duration (release time - acquire time)
   is recorded for its scope's site (:mod:`aiotimer.core._stats`). Releasing an unknown
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Sequence
+from typing import Final
 
 from aiotimer._edges.clock import Clock
 from aiotimer.core._fold import fold
@@ -51,14 +53,16 @@ from aiotimer.events import (
 )
 from aiotimer.reapers._watch import Watchlist
 from aiotimer.server._journal import Journal
-from aiotimer.wire import Decoded, Request
+from aiotimer.wire import Decoded, Rejection, Request
 
-__all__ = ["MAX_TIMERS", "MAX_TIMERS_PER_WORKER", "Ingest"]
+__all__ = ["MAX_TIMERS", "MAX_TIMERS_PER_WORKER", "REPORTED_REJECTIONS", "Ingest"]
 
 #: Default cap on live timers in all; acquires past it are rejected.
 MAX_TIMERS = 1_000_000
 #: Default cap on one worker's live timers; its acquires past it are rejected.
 MAX_TIMERS_PER_WORKER = 100_000
+#: Rejections of one batch reported one by one; the rest in one event (all counted).
+REPORTED_REJECTIONS: Final = 64
 
 
 class Ingest:
@@ -106,10 +110,25 @@ class Ingest:
         else:
             for req in requests:
                 self._apply(req, source, mono, wall)
-        for rej in batch.rejections:
-            self._counts.rejected += 1
+        if batch.rejections:
+            self._reject(batch.rejections, source, wall)
+
+    def _reject(self, rejections: Sequence[Rejection], source: str, wall: float) -> None:
+        """Count every rejection; report the first :data:`REPORTED_REJECTIONS` of the
+        batch one by one and the rest in one event (the work per read stays bounded)."""
+        self._counts.rejected += len(rejections)
+        for rej in rejections[:REPORTED_REJECTIONS]:
             text = rej.line.decode("ascii", "backslashreplace")
             self._emit(RequestRejected(time=wall, reason=rej.reason, line=text, source=source))
+        more = len(rejections) - REPORTED_REJECTIONS
+        if more > 0:
+            sample = rejections[REPORTED_REJECTIONS]
+            reason = (
+                f"{more:,} more bad line(s) in the same read, counted but not reported one "
+                f"by one; the first: {sample.reason}"
+            )
+            text = sample.line.decode("ascii", "backslashreplace")
+            self._emit(RequestRejected(time=wall, reason=reason, line=text, source=source))
 
     def mark_restored(self, requests: Sequence[Request]) -> int:
         """The acquires ``requests``, applied, came from the journal (see the module

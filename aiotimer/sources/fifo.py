@@ -11,7 +11,10 @@ How it works:
   Each wake-up (the loop's ``add_reader``) reads chunks until the pipe is empty or
   ``MAX_READS_PER_WAKE`` chunks were read, feeds each to a
   :class:`~aiotimer.wire.LineDecoder` and hands its batch to the sink, then lets
-  the loop run other work: a flood costs other work at most one chunk's decoding.
+  the loop run other work: a flood costs other work at most one chunk's decoding. A
+  chunk is ``chunk_size`` bytes and at most ``LINES_PER_STEP`` lines
+  (:mod:`aiotimer.sources._budget`; the rest of a read waits in the backlog), so
+  two-byte garbage lines cost a step what valid lines do.
   The loop is asyncio's (or uvloop), used directly, with the pipe registered once per
   run: a wake-up through it costs a fraction of one through ``anyio.wait_readable`` in
   a cancel scope, which shows when a server that keeps up reads a few lines per
@@ -44,6 +47,7 @@ import anyio
 import anyio.abc
 
 from aiotimer.sources._base import RequestSink, draining
+from aiotimer.sources._budget import lines_end
 from aiotimer.sources._fifo_path import PIPE_SIZE, FifoPath, OpenFifo, grow_pipe
 from aiotimer.sources._pipepeek import open_peek, read_exactly
 from aiotimer.wire import MAX_LINE_BYTES, Decoded, LineDecoder
@@ -294,9 +298,13 @@ class _Reader:
         return self._decoder.feed(chunk)
 
     def _take(self, size: int) -> bytes:
-        """Up to ``size`` bytes from the front of the backlog."""
+        """Up to ``size`` bytes from the front of the backlog, and no more than one
+        step's lines (:func:`~aiotimer.sources._budget.lines_end`)."""
         pos = self._pos
         chunk = self._backlog[pos : pos + size]
+        end = lines_end(chunk)
+        if end < len(chunk):
+            chunk = chunk[:end]
         self._pos = pos + len(chunk)
         if self._pos == len(self._backlog):
             self._backlog, self._pos = b"", 0
@@ -350,6 +358,10 @@ class _Reader:
                         chunk = read(fd, chunk_size)
                     except BlockingIOError:
                         break
+                    end = lines_end(chunk)
+                    if end < len(chunk):  # garbage: the rest waits for the next step
+                        self._backlog, self._pos = chunk, end
+                        chunk = chunk[:end]
                 if self._feed(chunk):
                     # One chunk at a time: the sink handles the deadlines that fell
                     # meanwhile, and the loop runs other work, before the next chunk.

@@ -50,11 +50,13 @@ from typing import Final
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 import msgspec
 
 from aiotimer._edges.procfs import read_start_time
 from aiotimer.errors import ProcessGoneError, SourceError
 from aiotimer.sources._base import RequestSink, draining
+from aiotimer.sources._budget import lines_end
 from aiotimer.wire import (
     MAX_LINE_BYTES,
     Decoded,
@@ -291,7 +293,10 @@ class SocketSource:
             connection = _Connection(conn, peer, self._name, self._max_line)
             with draining(sink, connection):
                 while not connection.ended:
-                    await anyio.wait_readable(conn)
+                    if connection.held:  # the rest of a message of garbage
+                        await anyio.lowlevel.checkpoint()
+                    else:
+                        await anyio.wait_readable(conn)
                     batch = connection.step()
                     if batch is not None and (batch.requests or batch.rejections):
                         sink.submit(batch, self._name)
@@ -306,7 +311,7 @@ class _Connection:
     (the others are rejected), so only an expiry of the peer's own timers needs it
     drained."""
 
-    __slots__ = ("_conn", "_decoder", "_peer", "ended", "name")
+    __slots__ = ("_conn", "_decoder", "_peer", "ended", "held", "name")
 
     def __init__(self, conn: socket.socket, peer: Peer, name: str, max_line: int) -> None:
         self._conn = conn
@@ -314,22 +319,31 @@ class _Connection:
         self.name = name
         self._decoder = LineDecoder(max_line)
         self.ended = False
+        #: What a message held past one step's lines, decoded by the next steps.
+        self.held = b""
 
     def look(self, pids: AbstractSet[int] | None) -> bool:
         """``True`` when the peer is one of ``pids`` (what it sent may concern it)."""
         return not self.ended and (pids is None or self._peer.pid in pids)
 
     def step(self) -> Decoded | None:
-        """Read one message: what it held, bound to the peer (at end of stream: the
-        partial line held, rejected); ``None`` when nothing is queued or it has ended."""
+        """Decode the next message (or the rest of one: at most one step's lines, see
+        :mod:`aiotimer.sources._budget`): what it held, bound to the peer (at end of
+        stream: the partial line held, rejected); ``None`` when nothing is queued or it
+        has ended."""
         if self.ended:
             return None
-        try:
-            chunk = self._conn.recv(_CHUNK)
-        except BlockingIOError:
-            return None
-        except OSError:
-            chunk = b""  # ECONNRESET: the peer is gone, as at end of stream
+        chunk, self.held = self.held, b""
+        if not chunk:
+            try:
+                chunk = self._conn.recv(_CHUNK)
+            except BlockingIOError:
+                return None
+            except OSError:
+                chunk = b""  # ECONNRESET: the peer is gone, as at end of stream
+        end = lines_end(chunk)
+        if end < len(chunk):
+            chunk, self.held = chunk[:end], chunk[end:]
         batch = self._decoder.feed(chunk) if chunk else self._decoder.flush()
         self.ended = not chunk
         if batch.requests or batch.rejections:
