@@ -15,6 +15,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -27,8 +28,10 @@ import pytest
 from _pids import fake_pid
 
 import aiotimer
+import aiotimer.control.metrics as control_metrics
 import aiotimer.control.server as control_server
 from aiotimer._edges.lifecycle import LifecycleState
+from aiotimer._edges.limits import DescriptorReserve
 from aiotimer.control import ControlClient, ControlPlane, Route
 from aiotimer.control._http import HttpRequest, HttpResponse
 from aiotimer.errors import ControlError
@@ -260,7 +263,7 @@ def _get(r: Rig, kind: str, target: str) -> bytes:
 
 @pytest.mark.asyncio
 @pytest.mark.parametrize("kind", ["unix", "tcp"])
-async def test_connections_over_the_cap_are_closed_at_once(
+async def test_at_the_cap_a_new_connection_replaces_the_longest_waiting(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, kind: str
 ) -> None:
     plane = {"max_connections": 2, "request_timeout": 60.0}
@@ -273,22 +276,71 @@ async def test_connections_over_the_cap_are_closed_at_once(
                 if kind == "unix"
                 else f"metrics port 127.0.0.1:{r.plane.metrics_port}"
             )
-            held = [await _connect(r, kind) for _ in range(2)]
+            oldest = await _connect(r, kind)
             await settle()
-            over = [await _connect(r, kind) for _ in range(3)]
-            for stream in over:  # idle for 60 s would be allowed: only the cap closes them
-                assert await _closed_by_peer(stream, 5.0)
-            for stream in held:
-                assert not await _closed_by_peer(stream, 0.05)
+            younger = await _connect(r, kind)
+            await settle()
+            # Idle for 60 s would be allowed: only the cap closes them, oldest first.
+            assert await call(lambda: _serves(r, kind))
+            assert await _closed_by_peer(oldest, 5.0)
+            assert not await _closed_by_peer(younger, 0.05)
+            youngest = await _connect(r, kind)
+            await settle()
+            assert await call(lambda: _serves(r, kind))
+            assert await _closed_by_peer(younger, 5.0)
+            assert not await _closed_by_peer(youngest, 0.05)
             await r.still_reaps()
-            assert not await call(lambda: _serves(r, kind))  # still at the cap
-            for stream in (*held, *over):
+            for stream in (oldest, younger, youngest):
                 await stream.aclose()
-            with anyio.fail_after(10):  # the cap frees as they go
-                while not await call(lambda: _serves(r, kind)):
-                    await anyio.sleep(0.01)
-    logged, accounted = _tally(caplog, f"{name}: 2 connections are open", "refused connection")
-    assert accounted == 4 and logged < 4  # 3 over the cap, 1 GET at the cap
+    logged, accounted = _tally(caplog, f"{name}: 2 connections are open", "replaced connection")
+    assert accounted == 2 and logged == 1
+
+
+@pytest.mark.asyncio
+async def test_at_the_cap_with_every_connection_busy_a_new_one_is_closed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    release, holding = anyio.Event(), []
+
+    async def hold(request: HttpRequest) -> HttpResponse:
+        holding.append(1)
+        await release.wait()
+        return HttpResponse(200, b"held")
+
+    path = sock_path(tmp_path)
+    client = ControlClient(path, timeout=10)
+    async with rig(path, max_connections=2, routes=[Route("GET", "/hold", hold)]) as r:
+        async with anyio.create_task_group() as tg:
+            for _ in range(2):
+                tg.start_soon(call, lambda: client.get("/hold"))
+            try:
+                await wait_until(lambda: len(holding) == 2)
+                with pytest.raises(ControlError, match="closed the connection"):
+                    await call(client.state)  # closed at once: both are busy answering
+                await r.still_reaps()
+            finally:
+                release.set()
+        assert (await call(client.state)).server.state == "running"
+    assert any("are open and busy" in rec.getMessage() for rec in caplog.records)
+
+
+@pytest.mark.asyncio
+async def test_a_connection_that_would_eat_the_descriptor_reserve_is_closed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = sock_path(tmp_path)
+    client = ControlClient(path, timeout=10)
+    async with rig(path, fd_reserve=32) as r:
+        monkeypatch.setattr(DescriptorReserve, "leaves_room", lambda self, fd: False)
+        with pytest.raises(ControlError, match="short of file descriptors"):
+            await call(client.state)
+        await r.still_reaps()
+        monkeypatch.undo()
+        assert (await call(client.state)).server.state == "running"
+    assert any(
+        "fewer than 32 file descriptors are free, kept for pinning workers" in rec.getMessage()
+        for rec in caplog.records
+    )
 
 
 def _serves(r: Rig, kind: str) -> bool:
@@ -356,3 +408,73 @@ async def test_a_crashed_plane_is_logged_and_the_server_reaps_on(
         assert not path.exists() and r.plane.path is None
         await r.still_reaps()
     assert any(rec.getMessage() == "the control plane crashed" for rec in caplog.records)
+
+
+# -- what a peer sends and how long a client waits ------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_a_head_over_the_limit_is_refused_even_when_it_comes_in_one_read(
+    tmp_path: Path,
+) -> None:
+    path = sock_path(tmp_path)
+    async with rig(path):
+        head = b"GET /metrics HTTP/1.1\r\nHost: x\r\n" + b"X-Pad: %s\r\n" % (b"a" * 30_000)
+        stream = await anyio.connect_unix(path)
+        async with stream:
+            await stream.send(head + b"\r\n")  # one write: h11 alone would parse it whole
+            answer = b""
+            with anyio.fail_after(5):
+                while b"\r\n\r\n" not in answer:
+                    answer += await stream.receive()
+        assert answer.startswith(b"HTTP/1.1 431 ")
+
+
+def test_a_client_gives_up_on_a_server_that_never_answers_within_its_timeout(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "silent.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as silent:
+        silent.bind(os.fspath(path))
+        silent.listen(1)
+        client = ControlClient(path, timeout=0.5)
+        start = time.monotonic()
+        with pytest.raises(ControlError, match=r"no answer .* within 0.5 s"):
+            client.state()
+        assert time.monotonic() - start < 5.0
+
+
+@pytest.mark.asyncio
+async def test_pipelined_scrapes_are_one_rendering_a_second_and_one_request_a_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    renders: list[int] = []
+    real = control_metrics.render
+
+    def counted(sample: Any) -> bytes:
+        renders.append(1)
+        return real(sample)
+
+    monkeypatch.setattr(control_metrics, "render", counted)
+    steps = 0
+
+    async def count_steps() -> None:
+        nonlocal steps
+        while True:
+            await anyio.lowlevel.checkpoint()
+            steps += 1
+
+    path = sock_path(tmp_path)
+    async with rig(path), anyio.create_task_group() as tg:
+        tg.start_soon(count_steps)
+        stream = await anyio.connect_unix(path)
+        async with stream:
+            await stream.send(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n" * 100)
+            before, answers, data = steps, 0, b""
+            with anyio.fail_after(10):
+                while answers < 100:
+                    data += await stream.receive()
+                    answers = data.count(b"HTTP/1.1 200 ")
+        assert len(renders) == 1  # within a second: the same rendering
+        assert steps - before >= 100  # the loop ran other tasks between the requests
+        tg.cancel_scope.cancel()

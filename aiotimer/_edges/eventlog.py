@@ -11,9 +11,9 @@ a device or another user's file in its place is refused at start, never written 
 waited on.
 
 Bounded noise, unbounded audit: events that outsiders can cause at any rate
-(:data:`NOISE`: rejected input, unknown workers, per-request events) take at most
-``max_queued`` places in the queue, and rejected input and unknown workers at most
-``max_noise_rate`` per second; past that they are dropped and counted
+(:data:`NOISE`: rejected input, unknown workers, refused control connections,
+per-request events) take at most ``max_queued`` places in the queue, and all but the
+per-request events at most ``max_noise_rate`` per second; past that they are dropped and counted
 (:attr:`EventLog.dropped`), and each second that dropped some is followed by an
 :class:`~aiotimer.events.EventsLost` record saying how many. Every other event
 (expiries, reaps, failed reaps, stops) is an audit record and is always queued,
@@ -50,6 +50,7 @@ import msgspec
 from aiotimer._edges.files import open_owned_append
 from aiotimer.errors import EventLogError, UnsafePathError
 from aiotimer.events import (
+    ControlRefused,
     Event,
     EventsLost,
     RequestRejected,
@@ -68,11 +69,12 @@ _encode = msgspec.json.Encoder().encode
 NOISE: Final[tuple[type[Event], ...]] = (
     RequestRejected,
     WorkerUnknown,
+    ControlRefused,
     TimerAcquired,
     TimerReleased,
 )
 #: Noise whose rate is bounded too (a flood of garbage must not keep the log busy).
-_FLOOD: Final[tuple[type[Event], ...]] = (RequestRejected, WorkerUnknown)
+_FLOOD: Final[tuple[type[Event], ...]] = (RequestRejected, WorkerUnknown, ControlRefused)
 #: The most events encoded and written in one go (bounds the loop's work per slice).
 MAX_BATCH: Final[int] = 512
 _NEWLINE: Final[int] = ord("\n")
@@ -87,8 +89,8 @@ class EventLog:
         path: the file (opened for appending, created with mode 0644 minus umask); it
             must be a regular file of this user if it exists.
         max_queued: the most noise events (see :data:`NOISE`) waiting to be written.
-        max_noise_rate: the most rejected-input and unknown-worker events logged per
-            second.
+        max_noise_rate: the most rejected-input, unknown-worker and refused-connection
+            events logged per second.
         retry_interval: seconds between attempts to write after a write error.
     """
 
@@ -149,7 +151,7 @@ class EventLog:
     def _report_drops(self) -> None:
         if self._dropped_in_second:
             reason = (
-                f"dropped: more noise (rejected input, unknown workers) than "
+                f"dropped: more noise (rejected input, unknown workers, refused connections) than "
                 f"{self._max_rate}/s or {self._max_noise} queued"
             )
             self._queue.append(

@@ -4,7 +4,8 @@ Two parts:
 
 * :class:`EventLogger` sends the server's events to the ``aiotimer`` logger, each at
   its :attr:`~aiotimer.events.Event.level`, except *noise*: events outsiders can cause
-  at any rate (rejected input, requests naming unknown workers). Of those, the first of
+  at any rate (rejected input, requests naming unknown workers, connections to the
+  control socket refused to another user). Of those, the first of
   each kind per :data:`NOISE_INTERVAL` is logged; the others are counted and summed up in
   one line per interval, with a sample (:class:`NoiseLimiter`, a pure core). A flood of
   garbage therefore costs one log line per kind per interval, not one per line.
@@ -28,7 +29,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import IO, Final
 
-from aiotimer.events import Event, RequestRejected, WorkerUnknown
+from aiotimer.events import ControlRefused, Event, RequestRejected, WorkerUnknown
 
 __all__ = [
     "NOISE_INTERVAL",
@@ -43,7 +44,7 @@ logger = logging.getLogger("aiotimer")
 #: Seconds over which noise of one kind is summed up in one log line.
 NOISE_INTERVAL: Final[float] = 5.0
 #: The event classes whose log lines are rate-limited.
-_NOISE: Final[tuple[type[Event], ...]] = (RequestRejected, WorkerUnknown)
+_NOISE: Final[tuple[type[Event], ...]] = (RequestRejected, WorkerUnknown, ControlRefused)
 #: The most records waiting for a slow stream before new ones are dropped.
 MAX_QUEUED_RECORDS: Final[int] = 10_000
 

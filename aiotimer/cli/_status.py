@@ -3,7 +3,9 @@
 
 Exit status, as ``systemctl status`` and the LSB define them: 0 the server runs and
 answered; 3 nothing serves there (no FIFO or socket, or a stale one); 4 a usage error;
-1 anything else (the server runs without a control socket, or answered with an error).
+1 anything else (the server runs without a control socket, answered with an error, gave
+no whole answer within ``--timeout``, or closed the connection at once). ``--timeout``
+bounds the whole exchange, so a busy or stalled server never hangs it.
 """
 
 from __future__ import annotations
@@ -55,7 +57,10 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help=f"list at most this many workers and timers (default {DEFAULT_LIMIT})",
     )
     parser.add_argument(
-        "--timeout", type=float, default=5.0, help="seconds to wait for the server (default 5)"
+        "--timeout",
+        type=float,
+        default=5.0,
+        help="seconds the whole exchange with the server may take (default 5)",
     )
 
     def usage_error(message: str) -> NoReturn:

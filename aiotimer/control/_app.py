@@ -3,7 +3,10 @@
 ``GET /v1/state[?limit=N]``, ``GET /v1/events[?since=N&limit=N]``, ``GET /metrics``,
 ``POST /v1/workers/<pid>/dump[?timeout=S]`` and ``GET /`` (the list of endpoints). Every
 handler runs in the server's loop and does bounded work: the reads go through the
-server's bounded :meth:`~aiotimer.server.TimerServer.snapshot`, nothing else.
+server's bounded :meth:`~aiotimer.server.TimerServer.snapshot`, nothing else, and
+``/metrics`` is rendered at most once a second
+(:class:`~aiotimer.control.metrics.RenderedMetrics`), so a churn of scrapes cannot take
+the loop from expiry.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Final, TypeVar
 
 from aiotimer.control._http import HttpRequest, HttpResponse, error_response, json_response
-from aiotimer.control.metrics import CONTENT_TYPE, render, sample_of
+from aiotimer.control.metrics import CONTENT_TYPE, RenderedMetrics, sample_of
 from aiotimer.control.server import Route
 from aiotimer.control.snapshot import DEFAULT_LIMIT, MAX_LIMIT, event_page, status_snapshot
 from aiotimer.errors import ControlError
@@ -51,9 +54,10 @@ def server_routes(server: TimerServer, *, control: str | None = None) -> list[Ro
         limit = int_param(request.query, "limit", 1000, 0, MAX_LIMIT)
         return json_response(event_page(server.recent_events(since=since, limit=limit)))
 
+    rendered = RenderedMetrics(lambda: sample_of(server.snapshot(0, sites=0, by_state=True)))
+
     async def metrics(request: HttpRequest) -> HttpResponse:
-        sample = sample_of(server.snapshot(0, sites=0, by_state=True))
-        return HttpResponse(200, render(lambda: sample), CONTENT_TYPE)
+        return HttpResponse(200, rendered.body(), CONTENT_TYPE)
 
     async def dump(request: HttpRequest, pid: str) -> HttpResponse:
         timeout = _float(request.query, "timeout", 2.0, 0.0, MAX_DUMP_TIMEOUT)

@@ -12,16 +12,18 @@ import struct
 import urllib.parse
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 import h11
 import msgspec
 
 __all__ = [
     "MAX_BODY",
     "MAX_HEADERS",
+    "Activity",
     "HttpRequest",
     "HttpResponse",
     "PeerCredentials",
@@ -90,17 +92,47 @@ def peer_credentials(sock: socket.socket) -> PeerCredentials:
 Handler = Callable[[HttpRequest], Awaitable[HttpResponse]]
 
 
+class Activity(Protocol):
+    """Told when a connection waits for a request and when it works on one (the
+    listener's :class:`~aiotimer.control._listen.Slot`)."""
+
+    def waiting(self) -> None:
+        """The connection waits for (the rest of) a request."""
+
+    def working(self) -> None:
+        """The connection has a whole request and works on it."""
+
+
+class _Quiet:
+    def waiting(self) -> None:
+        pass
+
+    def working(self) -> None:
+        pass
+
+
 async def serve_connection(
-    stream: anyio.abc.ByteStream, handle: Handler, *, request_timeout: float
+    stream: anyio.abc.ByteStream,
+    handle: Handler,
+    *,
+    request_timeout: float,
+    activity: Activity | None = None,
 ) -> None:
     """Answer requests on ``stream`` until the peer closes it, keep-alive permitting.
 
     A peer that takes more than ``request_timeout`` seconds to send a request (or its
-    body), or to take its answer, is disconnected; a malformed or oversized request gets
-    a 4xx and the connection is closed.
+    body), or to take its answer, is disconnected; a malformed or oversized request (a
+    head over :data:`MAX_HEADERS` bytes, even when it came in one read) gets a 4xx and
+    the connection is closed. ``activity`` is told when the connection waits for a
+    request and when it works on one.
     """
     conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEADERS)
+    activity = activity if activity is not None else _Quiet()
     while True:
+        # One request per loop step: a peer's pipelined requests wait their turn behind
+        # expiry and other connections instead of taking the loop for all of them.
+        await anyio.lowlevel.checkpoint()
+        activity.waiting()
         try:
             with anyio.fail_after(request_timeout):
                 request = await _read_request(conn, stream)
@@ -112,6 +144,7 @@ async def serve_connection(
             return
         if request is None:
             return
+        activity.working()
         response = await handle(request)
         with anyio.move_on_after(request_timeout) as sending:
             await _send(conn, stream, response, close=False)
@@ -133,6 +166,9 @@ async def _read_request(conn: h11.Connection, stream: anyio.abc.ByteStream) -> H
     """The next whole request, or ``None`` when the peer closed the connection."""
     head: h11.Request | None = None
     body = bytearray()
+    # Bytes of this request's head h11 has been given so far: h11 bounds a head only
+    # while it is incomplete, so one that arrives whole in one read is measured here.
+    fed = len(conn.trailing_data[0])
     while True:
         try:
             event = conn.next_event()
@@ -144,9 +180,12 @@ async def _read_request(conn: h11.Connection, stream: anyio.abc.ByteStream) -> H
             except (anyio.EndOfStream, anyio.BrokenResourceError):
                 data = b""
             conn.receive_data(data)
+            fed += len(data)
             if not data and conn.their_state is h11.IDLE:
                 return None
         elif isinstance(event, h11.Request):
+            if fed - len(conn.trailing_data[0]) > MAX_HEADERS:
+                raise _BadRequestError(431, f"request head over {MAX_HEADERS} bytes")
             head = event
         elif isinstance(event, h11.Data):
             body += event.data

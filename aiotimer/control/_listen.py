@@ -3,9 +3,15 @@
 :func:`serve_listener` accepts connections and runs each in a task of its own task
 group, by these rules:
 
-* at most ``max_connections`` connections at once; a connection over the cap is closed
-  as soon as it is accepted (an outsider holding connections open costs the listener
-  that many descriptors, never more);
+* at most ``max_connections`` connections at once. At the cap, a new connection takes
+  the place of the one that has waited longest for a request (a peer that sends slowly,
+  or holds an idle connection, cannot lock out one that asks and goes); when every
+  connection is busy answering, the new one is closed as soon as it is accepted. Either
+  way an outsider holding connections open costs the listener that many descriptors,
+  never more;
+* descriptors are kept for the server: with a ``reserve``, a connection that leaves
+  fewer than that many descriptors free is closed as soon as it is accepted (the server
+  needs one per worker it pins; see :class:`~aiotimer._edges.limits.DescriptorReserve`);
 * ``accept()`` failing (``EMFILE``/``ENFILE``: out of descriptors; ``ENOBUFS``,
   ``ENOMEM``, ``ECONNABORTED``, ``EPROTO``, ...) is logged and survived: the loop waits
   :data:`ACCEPT_BACKOFF` seconds, doubling up to :data:`MAX_ACCEPT_BACKOFF` while it keeps
@@ -14,9 +20,10 @@ group, by these rules:
   :data:`~aiotimer._edges.logs.NOISE_INTERVAL`, then one line with the count;
 * a connection whose handler raises is logged and closed; the listener goes on.
 
-It returns when the listener is closed, and is cancelled like any task. Idle
-connections are the handler's business (:func:`~aiotimer.control._http.serve_connection`
-closes a connection that sends no complete request within its timeout).
+It returns when the listener is closed, and is cancelled like any task. The handler
+tells its :class:`Slot` when it waits for a request and when it works on one
+(:func:`~aiotimer.control._http.serve_connection` does, and closes a connection that
+sends no complete request within its timeout).
 """
 
 from __future__ import annotations
@@ -31,9 +38,10 @@ from typing import Final
 import anyio
 import anyio.abc
 
+from aiotimer._edges.limits import DescriptorReserve
 from aiotimer._edges.logs import NoiseLimiter
 
-__all__ = ["ACCEPT_BACKOFF", "MAX_ACCEPT_BACKOFF", "serve_listener"]
+__all__ = ["ACCEPT_BACKOFF", "MAX_ACCEPT_BACKOFF", "Slot", "serve_listener"]
 
 logger = logging.getLogger("aiotimer.control")
 
@@ -42,7 +50,27 @@ ACCEPT_BACKOFF: Final[float] = 0.01
 #: The longest wait between failing ``accept()`` calls.
 MAX_ACCEPT_BACKOFF: Final[float] = 0.5
 
-Handler = Callable[[anyio.abc.SocketStream], Awaitable[None]]
+
+class Slot:
+    """One served connection's place under the cap: since when it has waited for a
+    request (``None`` while it works on one), and the scope that ends it."""
+
+    __slots__ = ("scope", "waiting_since")
+
+    def __init__(self) -> None:
+        self.scope = anyio.CancelScope()
+        self.waiting_since: float | None = time.monotonic()
+
+    def waiting(self) -> None:
+        """The connection waits for (the rest of) a request: it may be closed for a new one."""
+        self.waiting_since = time.monotonic()
+
+    def working(self) -> None:
+        """The connection has a whole request and works on it."""
+        self.waiting_since = None
+
+
+Handler = Callable[[anyio.abc.SocketStream, Slot], Awaitable[None]]
 
 
 class _Noise:
@@ -72,29 +100,40 @@ def _describe(exc: BaseException) -> str:
     return repr(exc)
 
 
+def _longest_waiting(slots: set[Slot]) -> Slot | None:
+    waiting = [s for s in slots if s.waiting_since is not None]
+    return min(waiting, key=lambda s: s.waiting_since or 0.0) if waiting else None
+
+
 async def serve_listener(
     listener: anyio.abc.SocketListener,
     handle: Handler,
     *,
     name: str,
     max_connections: int,
+    reserve: DescriptorReserve | None = None,
 ) -> None:
-    """Accept connections on ``listener`` and ``await handle(stream)`` for each, until
-    the listener is closed (see the module docs). ``name`` says which listener in log
-    lines. The streams are closed after ``handle`` returns."""
+    """Accept connections on ``listener`` and ``await handle(stream, slot)`` for each,
+    until the listener is closed (see the module docs). ``name`` says which listener in
+    log lines. The streams are closed after ``handle`` returns."""
     noise = _Noise(name)
-    active = 0
+    slots: set[Slot] = set()
     backoff = ACCEPT_BACKOFF
 
-    async def run(stream: anyio.abc.SocketStream) -> None:
-        nonlocal active
+    async def run(stream: anyio.abc.SocketStream, slot: Slot) -> None:
         try:
-            async with stream:
-                await handle(stream)
+            with slot.scope:
+                async with stream:
+                    await handle(stream, slot)
         except Exception:
             logger.exception("%s: a connection failed; closed", name)
         finally:
-            active -= 1
+            slots.discard(slot)
+
+    async def refuse(stream: anyio.abc.SocketStream, kind: str, line: str) -> None:
+        noise.warn(kind, line)
+        with contextlib.suppress(OSError, anyio.BrokenResourceError):
+            await stream.aclose()
 
     try:
         async with anyio.create_task_group() as tg:
@@ -112,18 +151,39 @@ async def serve_listener(
                     backoff = min(2 * backoff, MAX_ACCEPT_BACKOFF)
                     continue
                 backoff = ACCEPT_BACKOFF
-                if active >= max_connections:
-                    noise.warn(
-                        "refused connection",
-                        f"{max_connections} connections are open, the most served at "
-                        "once; closed a new one",
+                if reserve is not None and not reserve.leaves_room(_fileno(stream)):
+                    await refuse(
+                        stream,
+                        "descriptor reserve",
+                        f"fewer than {reserve.count} file descriptors are free, kept for "
+                        "pinning workers; closed a new connection",
                     )
-                    with contextlib.suppress(OSError, anyio.BrokenResourceError):
-                        await stream.aclose()
                     continue
+                if len(slots) >= max_connections:
+                    oldest = _longest_waiting(slots)
+                    if oldest is None:
+                        await refuse(
+                            stream,
+                            "refused connection",
+                            f"{max_connections} connections are open and busy, the most "
+                            "served at once; closed a new one",
+                        )
+                        continue
+                    noise.warn(
+                        "replaced connection",
+                        f"{max_connections} connections are open, the most served at "
+                        "once; closed the one that had waited longest for a request",
+                    )
+                    slots.discard(oldest)
+                    oldest.scope.cancel()
                 noise.flush()
-                active += 1
-                tg.start_soon(run, stream)
+                slot = Slot()
+                slots.add(slot)
+                tg.start_soon(run, stream, slot)
             tg.cancel_scope.cancel()
     finally:
         noise.flush(everything=True)
+
+
+def _fileno(stream: anyio.abc.SocketStream) -> int:
+    return stream.extra(anyio.abc.SocketAttribute.raw_socket).fileno()

@@ -9,7 +9,8 @@ public view (:meth:`~aiotimer.server.TimerServer.snapshot`, ``recent_events``,
 It is its own failure domain: its listeners run in a task it owns (the lifecycle of
 :mod:`aiotimer._edges.lifecycle`), never in the server's task group. Whatever happens to
 it (a flood of connections, ``accept()`` out of descriptors, a handler raising, a crash)
-is logged and stays there: the server keeps reaping. The rules each listener serves by
+is logged and stays there: the server keeps reaping. Its listeners leave the server a
+reserve of file descriptors for pinning workers. The rules each listener serves by
 are in :mod:`aiotimer.control._listen` and :mod:`aiotimer.control.server`.
 """
 
@@ -24,6 +25,7 @@ from pathlib import Path
 import anyio
 
 from aiotimer._edges.lifecycle import LifecycleState, OwnedTask, TaskOwner
+from aiotimer._edges.limits import DescriptorReserve
 from aiotimer.control._app import server_routes
 from aiotimer.control._http import PeerCredentials
 from aiotimer.control._paths import default_control_path, fits_socket
@@ -75,10 +77,15 @@ class ControlPlane(TaskOwner):
             (``0``: any free port, see :attr:`metrics_port`), for scrapers that cannot
             read a Unix socket (no peer check there: metrics only).
         routes: further routes, matched before the built-in ones.
-        max_connections: connections each listener serves at once; more are closed at
-            once.
+        max_connections: connections each listener serves at once; at the cap a new
+            one takes the place of the one that has waited longest for a request, or
+            is closed when all are busy.
         request_timeout: seconds a connection may take to send each request (or to take
             its answer) before it is closed.
+        fd_reserve: file descriptors kept free for the server (it needs one per worker
+            it pins): a connection that leaves fewer is closed at once. Default
+            :data:`~aiotimer._edges.limits.DEFAULT_FD_RESERVE` (64), or a quarter of
+            the soft ``RLIMIT_NOFILE`` when that is less, read at :meth:`start`.
 
     Raises (from :meth:`start`):
         ControlError: the socket's path is taken by a live server or by something else,
@@ -96,9 +103,12 @@ class ControlPlane(TaskOwner):
         routes: Sequence[Route] = (),
         max_connections: int = MAX_CONNECTIONS,
         request_timeout: float = REQUEST_TIMEOUT,
+        fd_reserve: int | None = None,
     ) -> None:
         if max_connections < 1 or not request_timeout > 0:
             raise ValueError("max_connections must be >= 1 and request_timeout > 0 seconds")
+        if fd_reserve is not None and fd_reserve < 0:
+            raise ValueError(f"fd_reserve must be >= 0, got {fd_reserve}")
         if metrics_port is not None and not 0 <= metrics_port <= 65535:
             raise ValueError(f"metrics_port must be 0..65535, got {metrics_port}")
         self._target = target
@@ -107,6 +117,7 @@ class ControlPlane(TaskOwner):
         self._routes = tuple(routes)
         self._max_connections = max_connections
         self._request_timeout = request_timeout
+        self._fd_reserve = fd_reserve
         self._life = OwnedTask("control plane")
         self._path: Path | None = None
         self._port: int | None = None
@@ -185,6 +196,13 @@ class ControlPlane(TaskOwner):
         def refused(peer: PeerCredentials) -> None:
             server.emit(ControlRefused(time=time.time(), pid=peer.pid, uid=peer.uid))
 
+        # Read now: the server raised the soft limit when it started.
+        reserve = (
+            DescriptorReserve.for_limit()
+            if self._fd_reserve is None
+            else DescriptorReserve(self._fd_reserve)
+        )
+
         async with anyio.create_task_group() as tg:
             if path is not None:
                 unix = ControlServer(
@@ -193,6 +211,7 @@ class ControlPlane(TaskOwner):
                     on_refused=refused,
                     max_connections=self._max_connections,
                     request_timeout=self._request_timeout,
+                    reserve=reserve,
                 )
                 await tg.start(unix.serve)
             if self._port_arg is not None:
@@ -203,6 +222,7 @@ class ControlPlane(TaskOwner):
                     self._port_arg,
                     self._max_connections,
                     self._request_timeout,
+                    reserve,
                 )
             self._path = path
             _advertise(server, control)
@@ -226,6 +246,7 @@ async def _serve_metrics(
     port: int,
     max_connections: int,
     request_timeout: float,
+    reserve: DescriptorReserve,
     *,
     task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -234,6 +255,7 @@ async def _serve_metrics(
         port,
         max_connections=max_connections,
         request_timeout=request_timeout,
+        reserve=reserve,
         task_status=task_status,
     )
 

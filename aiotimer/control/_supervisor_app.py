@@ -20,7 +20,7 @@ import msgspec
 
 from aiotimer.control._app import ENDPOINTS, int_param
 from aiotimer.control._http import HttpRequest, HttpResponse, error_response, json_response
-from aiotimer.control.metrics import CONTENT_TYPE, render, sample_of
+from aiotimer.control.metrics import CONTENT_TYPE, MetricsSample, RenderedMetrics, sample_of
 from aiotimer.control.server import Route
 from aiotimer.control.snapshot import (
     DEFAULT_LIMIT,
@@ -99,17 +99,22 @@ def supervisor_routes(sup: Supervisor, *, control: str | None = None) -> list[Ro
         snap = server.snapshot(max(limit, len(st.workers) + 1), sites=limit)
         return json_response(supervised(status_snapshot(snap, control=control), st))
 
-    async def metrics(request: HttpRequest) -> HttpResponse:
+    def sample() -> MetricsSample:
         server = sup.server
-        if server is None:
-            return error_response(503, "the supervisor's timer server is not running")
+        assert server is not None, "checked by the handler"
         workers = sup.get_state(server=False).workers
-        sample = dataclasses.replace(
+        return dataclasses.replace(
             sample_of(server.snapshot(0, sites=0, by_state=True)),
             workers=collections.Counter(w.state.value for w in workers),
             restarts=sum(w.restarts for w in workers),
         )
-        return HttpResponse(200, render(lambda: sample), CONTENT_TYPE)
+
+    rendered = RenderedMetrics(sample)
+
+    async def metrics(request: HttpRequest) -> HttpResponse:
+        if sup.server is None:
+            return error_response(503, "the supervisor's timer server is not running")
+        return HttpResponse(200, rendered.body(), CONTENT_TYPE)
 
     async def restart(request: HttpRequest, rank: str) -> HttpResponse:
         return await act(int(rank), "restart")

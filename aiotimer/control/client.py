@@ -11,6 +11,7 @@ import errno
 import json
 import os
 import socket
+import time
 import urllib.parse
 from pathlib import Path
 from typing import TypeVar
@@ -26,6 +27,18 @@ __all__ = ["ControlClient", "control_path_for_fifo"]
 
 _T = TypeVar("_T")
 _MAX_RESPONSE = 64 * 1024 * 1024
+
+
+def _until(sock: socket.socket, deadline: float) -> None:
+    """Let the next operation on ``sock`` wait only until ``deadline`` (monotonic).
+
+    Raises:
+        TimeoutError: the deadline has passed.
+    """
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("timed out")
+    sock.settimeout(left)
 
 
 def control_path_for_fifo(fifo: str | os.PathLike[str]) -> Path:
@@ -58,12 +71,14 @@ def control_path_for_fifo(fifo: str | os.PathLike[str]) -> Path:
 
 
 class ControlClient:
-    """Talks to the control socket at ``path``; each call waits at most ``timeout`` s.
+    """Talks to the control socket at ``path``; each call (connecting, sending and the
+    whole answer) takes at most ``timeout`` seconds.
 
     Raises (from every request method):
         ServerUnavailableError: nothing serves the socket (missing, or stale).
-        ControlError: the server answered with an error (its message is included), or
-            the connection broke mid-answer.
+        ControlError: the server answered with an error (its message is included), gave
+            no whole answer within ``timeout``, or closed the connection (at its
+            connection cap with every connection busy, or short of descriptors).
     """
 
     def __init__(self, path: str | os.PathLike[str], *, timeout: float = 5.0) -> None:
@@ -117,8 +132,11 @@ class ControlClient:
         return self.request("GET", path, query)
 
     def request(self, method: str, path: str, query: dict[str, str] | None = None) -> bytes:
-        """Send one request; the body of a 2xx answer (else :class:`ControlError`)."""
+        """Send one request; the body of a 2xx answer (else :class:`ControlError`). The
+        whole exchange (connecting, sending, the answer) takes at most ``timeout``
+        seconds."""
         target = path + ("?" + urllib.parse.urlencode(query) if query else "")
+        deadline = time.monotonic() + self.timeout
         with self._connect() as sock:
             conn = h11.Connection(h11.CLIENT)
             request = h11.Request(
@@ -126,8 +144,13 @@ class ControlClient:
                 target=target,
                 headers=[("Host", "localhost"), ("Connection", "close"), ("Content-Length", "0")],
             )
-            sock.sendall((conn.send(request) or b"") + (conn.send(h11.EndOfMessage()) or b""))
-            status, body = self._receive(conn, sock)
+            data = (conn.send(request) or b"") + (conn.send(h11.EndOfMessage()) or b"")
+            try:
+                _until(sock, deadline)
+                sock.sendall(data)
+            except OSError as exc:  # closed at once (busy, or its descriptors kept), slow
+                raise ControlError(f"{method} {path}: {self._broke(exc)}") from exc
+            status, body = self._receive(conn, sock, deadline)
         if not 200 <= status < 300:
             try:
                 message = json.loads(body).get("error", "")
@@ -135,6 +158,18 @@ class ControlClient:
                 message = body[:200].decode("utf-8", "replace")
             raise ControlError(f"{method} {path} failed with HTTP {status}: {message}")
         return body
+
+    def _broke(self, exc: OSError) -> str:
+        if isinstance(exc, TimeoutError):
+            return (
+                f"no answer from the control socket {str(self.path)!r} within "
+                f"{self.timeout:g} s (the server is busy or stalled); try again or raise "
+                "the timeout"
+            )
+        return (
+            f"the control socket {str(self.path)!r} closed the connection ({exc}); the "
+            "server may be at its connection cap or short of file descriptors: try again"
+        )
 
     def _connect(self) -> socket.socket:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -152,13 +187,16 @@ class ControlClient:
             raise ControlError(f"cannot connect to {str(self.path)!r}: {exc}") from exc
         return sock
 
-    def _receive(self, conn: h11.Connection, sock: socket.socket) -> tuple[int, bytes]:
+    def _receive(
+        self, conn: h11.Connection, sock: socket.socket, deadline: float
+    ) -> tuple[int, bytes]:
         status = 0
         body = bytearray()
         try:
             while True:
                 event = conn.next_event()
                 if event is h11.NEED_DATA:
+                    _until(sock, deadline)
                     conn.receive_data(sock.recv(65536))
                 elif isinstance(event, h11.Response):
                     status = event.status_code
@@ -168,8 +206,16 @@ class ControlClient:
                         raise ControlError("the control server's answer is too large")
                 elif isinstance(event, h11.EndOfMessage | h11.ConnectionClosed):
                     break
-        except (OSError, h11.RemoteProtocolError) as exc:
+        except OSError as exc:
+            raise ControlError(
+                f"the control server's answer broke off: {self._broke(exc)}"
+            ) from exc
+        except h11.RemoteProtocolError as exc:
             raise ControlError(f"the control server's answer broke off: {exc}") from exc
+        if status == 0:
+            raise ControlError(
+                f"the control server's answer broke off: {self._broke(ConnectionResetError())}"
+            )
         return status, bytes(body)
 
     @staticmethod

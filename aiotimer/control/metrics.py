@@ -4,7 +4,7 @@
 asks for a :class:`MetricsSample` (:func:`sample_of` a server's
 :class:`~aiotimer.server.ServerSnapshot`, taken in its loop) and turns it into metric
 families. :func:`render` produces the text exposition format for ``GET /metrics``
-on the control socket.
+on the control socket, at most once a second (:class:`RenderedMetrics`).
 
 Metrics: ``aiotimer_live_timers``, ``aiotimer_workers{state}``,
 ``aiotimer_requests_total``, ``aiotimer_rejected_total``, ``aiotimer_expired_total``,
@@ -20,6 +20,8 @@ that arrived already past its deadline.
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
@@ -36,10 +38,21 @@ from aiotimer.control.snapshot import counters_by_name
 from aiotimer.core._latency import LatencyHistogram
 from aiotimer.server._view import ServerSnapshot
 
-__all__ = ["CONTENT_TYPE", "MetricsSample", "ServerCollector", "render", "sample_of"]
+__all__ = [
+    "CONTENT_TYPE",
+    "MAX_AGE",
+    "MetricsSample",
+    "RenderedMetrics",
+    "ServerCollector",
+    "render",
+    "sample_of",
+]
 
 #: The content type of the Prometheus text format served by :func:`render`.
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+#: Seconds a rendering is served again before a fresh one is made (see
+#: :class:`RenderedMetrics`).
+MAX_AGE = 1.0
 
 # counter name -> (ServerCounters field, help)
 _COUNTERS: dict[str, tuple[str, str]] = {
@@ -131,3 +144,26 @@ def render(sample: Callable[[], MetricsSample]) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ServerCollector(sample))
     return generate_latest(registry)
+
+
+class RenderedMetrics:
+    """``GET /metrics``'s body, rendered at most once per ``max_age`` seconds.
+
+    A rendering costs the loop about a millisecond; scrapers ask every 15 s or so, so a
+    churn of requests is answered from the last one instead of taking the loop from
+    expiry. ``sample`` is called only when a fresh rendering is due.
+    """
+
+    def __init__(self, sample: Callable[[], MetricsSample], max_age: float = MAX_AGE) -> None:
+        self._sample = sample
+        self._max_age = max_age
+        self._at = -math.inf
+        self._body = b""
+
+    def body(self) -> bytes:
+        """The exposition, at most ``max_age`` seconds old."""
+        now = time.monotonic()
+        if now - self._at >= self._max_age:
+            sample = self._sample()
+            self._body, self._at = render(lambda: sample), now
+        return self._body

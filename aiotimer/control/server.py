@@ -12,10 +12,11 @@ request never stalls expiry. Routes are data: a list of :class:`Route` (method, 
 pattern, handler), so a layer on top (a supervisor) adds its own. A handler that raises
 gets its request a ``500`` and a log line, nothing more.
 
-Both listeners serve under a cap (``max_connections`` at once, a connection over it
-closed at once), close a connection that sends no complete request within
-``request_timeout`` seconds, and survive ``accept()`` failing (see
-:mod:`aiotimer.control._listen`). :class:`~aiotimer.control.ControlPlane` runs them.
+Both listeners serve under a cap (``max_connections`` at once: a new connection takes
+the place of the one that has waited longest for a request, or is closed when all are
+busy), keep a reserve of descriptors for the server, close a connection that sends no
+complete request within ``request_timeout`` seconds, and survive ``accept()`` failing
+(see :mod:`aiotimer.control._listen`). :class:`~aiotimer.control.ControlPlane` runs them.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import anyio.abc
 from anyio import create_tcp_listener, create_unix_listener
 
 from aiotimer._edges.files import make_private_dir
+from aiotimer._edges.limits import DescriptorReserve
 from aiotimer.control._http import (
     HttpRequest,
     HttpResponse,
@@ -46,7 +48,7 @@ from aiotimer.control._http import (
     peer_credentials,
     serve_connection,
 )
-from aiotimer.control._listen import serve_listener
+from aiotimer.control._listen import Slot, serve_listener
 from aiotimer.control._paths import MAX_SOCKET_PATH, fits_socket
 from aiotimer.errors import ControlError, UnsafePathError
 
@@ -86,8 +88,10 @@ class ControlServer:
             write to.
         routes: what it answers; anything else gets ``404`` (or ``405``).
         on_refused: called with the credentials of each refused peer (another user).
-        max_connections: connections served at once; more are closed at once.
+        max_connections: connections served at once (see
+            :mod:`aiotimer.control._listen` for who makes room for whom).
         request_timeout: seconds a peer has to send each request.
+        reserve: descriptors a connection must leave free, else it is closed at once.
 
     Raises (from :meth:`serve`):
         ControlError: the path is too long for a Unix socket, its directory is not
@@ -103,6 +107,7 @@ class ControlServer:
         on_refused: Callable[[PeerCredentials], None] | None = None,
         max_connections: int = MAX_CONNECTIONS,
         request_timeout: float = REQUEST_TIMEOUT,
+        reserve: DescriptorReserve | None = None,
     ) -> None:
         self.path = Path(path)
         self._router = _Router(routes)
@@ -110,6 +115,7 @@ class ControlServer:
         self._uid = os.getuid()
         self._max_connections = max_connections
         self._request_timeout = request_timeout
+        self._reserve = reserve
 
     async def serve(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -127,6 +133,7 @@ class ControlServer:
                     self._connection,
                     name=f"control socket {self.path}",
                     max_connections=self._max_connections,
+                    reserve=self._reserve,
                 )
         finally:
             with contextlib.suppress(OSError):
@@ -137,7 +144,7 @@ class ControlServer:
                 with contextlib.suppress(OSError):  # not empty: someone else's files
                     self.path.parent.rmdir()
 
-    async def _connection(self, stream: anyio.abc.SocketStream) -> None:
+    async def _connection(self, stream: anyio.abc.SocketStream, slot: Slot) -> None:
         peer = peer_credentials(stream.extra(anyio.abc.SocketAttribute.raw_socket))
         allowed = peer.uid in (self._uid, 0)
         if not allowed and self._on_refused is not None:
@@ -148,7 +155,7 @@ class ControlServer:
                 return error_response(403, f"uid {peer.uid} may not use this control socket")
             return await self._router.dispatch(request)
 
-        await serve_connection(stream, handle, request_timeout=self._request_timeout)
+        await serve_connection(stream, handle, request_timeout=self._request_timeout, activity=slot)
 
 
 class _Router:
@@ -188,6 +195,7 @@ async def serve_tcp(
     host: str = "127.0.0.1",
     max_connections: int = MAX_CONNECTIONS,
     request_timeout: float = REQUEST_TIMEOUT,
+    reserve: DescriptorReserve | None = None,
     task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``routes`` over TCP on ``host:port`` until cancelled, for scrapers that
@@ -204,8 +212,10 @@ async def serve_tcp(
     except OSError as exc:
         raise ControlError(f"cannot serve metrics on {host}:{port}: {exc}") from exc
 
-    async def connection(stream: anyio.abc.SocketStream) -> None:
-        await serve_connection(stream, router.dispatch, request_timeout=request_timeout)
+    async def connection(stream: anyio.abc.SocketStream, slot: Slot) -> None:
+        await serve_connection(
+            stream, router.dispatch, request_timeout=request_timeout, activity=slot
+        )
 
     async with multi, anyio.create_task_group() as tg:
         bound = multi.listeners[0].extra(anyio.abc.SocketAttribute.local_port)
@@ -218,6 +228,7 @@ async def serve_tcp(
                     connection,
                     name=f"metrics port {host}:{bound}",
                     max_connections=max_connections,
+                    reserve=reserve,
                 )
             )
         task_status.started(bound)
