@@ -46,6 +46,7 @@ SAMPLES: list[ev.Event] = [
     ev.WorkerExited(time=1.0, pid=1, cleared=("a",), reason="exited"),
     ev.WorkerUnknown(time=1.0, pid=1, scope_id="a", source="fifo:/x"),
     ev.RequestRejected(time=1.0, reason="malformed JSON", line="garbage", source="fifo:/x"),
+    ev.TimerEvicted(time=1.0, pid=1, scope_id="a", holds=900, for_pid=2, max_timers=1000),
     ev.EventsLost(time=1.0, count=3, error="No space left on device (ENOSPC)"),
     ev.WorkerStarted(time=1.0, rank=1, pid=7, attempt=2, restarts=1),
     ev.WorkerRunning(time=1.0, rank=1, pid=7, evidence="sent a timer request"),

@@ -177,7 +177,9 @@ PUBLIC_ALL: dict[str, set[str]] = {
     "aiotimer.control.client": {"ControlClient", "control_path_for_fifo"},
     "aiotimer.control.metrics": {
         "CONTENT_TYPE",
+        "MAX_AGE",
         "MetricsSample",
+        "RenderedMetrics",
         "ServerCollector",
         "render",
         "sample_of",
@@ -276,6 +278,7 @@ PUBLIC_ALL: dict[str, set[str]] = {
         "SupervisorGaveUp",
         "SupervisorStopped",
         "TimerAcquired",
+        "TimerEvicted",
         "TimerExpired",
         "TimerReleased",
         "WorkerEnded",

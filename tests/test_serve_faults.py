@@ -210,6 +210,47 @@ def test_ten_writers_flooding_garbage_never_delay_a_reap_nor_lose_a_kill_record(
     assert p99 < 0.05, f"reap latency p99 {p99:.3f} s; the worst: {late[-5:]}"
 
 
+@pytest.mark.process
+@pytest.mark.timeout(60)
+def test_one_writer_at_the_timer_cap_never_starves_other_workers(tmp_path: Path) -> None:
+    """One writer fills the table (``--max-timers 2000``, all for one pid) and keeps
+    sending new timers; five workers hung meanwhile still get their timers (each takes
+    the place of one of the leaker's) and are reaped within 100 ms of their deadline."""
+    fifo, log, stderr = tmp_path / "t.fifo", tmp_path / "events.jsonl", tmp_path / "stderr"
+    cap = ("--max-timers", "2000", "--max-timers-per-worker", "2000")
+    with (
+        stderr.open("wb") as err,
+        serving(fifo, "--event-log", str(log), *cap, stderr=err) as server,
+        Sentinel() as leaker,
+    ):
+        body = line(leaker.pid, "leak", 300.0)
+        leak = [body.replace(b'"leak"', b'"leak-%d"' % i) for i in range(3000)]
+        send(fifo, b"".join(leak[:2000]))  # the table is full
+        sentinels = [Sentinel() for _ in range(5)]
+        try:
+            for sentinel in sentinels:
+                sentinel.arm(fifo, after=0.5)
+            send(fifo, b"".join(leak[2000:]))  # the leaker goes on, refused
+            for sentinel in sentinels:
+                sentinel.wait_dead()
+        finally:
+            for sentinel in sentinels:
+                sentinel.close()
+        assert leaker.proc.poll() is None, "the leaker's timers are not due"
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(BOUND) == 0
+    records = events(log)
+    assert max(s.reap_latency(records) for s in sentinels) < 0.1
+    evicted = [r for r in records if r["event"] == "timer_evicted"]
+    assert {(r["pid"], r["for_pid"]) for r in evicted} == {(leaker.pid, s.pid) for s in sentinels}
+    said = stderr.read_text()  # evictions and refusals: one line, then a count, per worker
+    assert f"timer 'leak-0' of worker {leaker.pid} dropped: the server holds its max" in said
+    assert f"4 more timer_evicted (worker {leaker.pid}) event(s)" in said
+    assert f"999 more request_rejected (worker {leaker.pid}) event(s)" in said
+    stopped = [r for r in records if r["event"] == "server_stopped"][-1]["counters"]
+    assert (stopped["evicted"], stopped["cap_rejected"]) == (5, 1000)
+
+
 def test_a_source_failing_while_serving_ends_serve_with_exit_1(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

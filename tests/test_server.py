@@ -37,6 +37,7 @@ from aiotimer.events import (
     SourceFailed,
     StacksDumped,
     TimerAcquired,
+    TimerEvicted,
     TimerExpired,
     TimerReleased,
     WorkerExited,
@@ -995,14 +996,22 @@ async def test_timer_caps_reject_new_timers_clearly_but_let_existing_ones_move()
         await settle()
         [per_worker] = r.of(RequestRejected)
         assert f"worker {P1} holds 2 timers (max_timers_per_worker=2)" in per_worker.reason
-        assert per_worker.line == f"acquire 'c' of pid {P1}"
+        assert per_worker.line == f"acquire 'c' of pid {P1}" and per_worker.pid == P1
         r.acquire(P1, "a", at=20.0)  # an existing key may still move
         r.acquire(P2, "x", at=10.0)
-        r.acquire(P3, "y", at=10.0)  # the fourth timer in all
+        r.acquire(P3, "y", at=10.0)  # the fourth timer in all: P1, holding most, makes room
         await settle()
-        assert "the server holds 3 timers (max_timers=3)" in r.of(RequestRejected)[-1].reason
+        [evicted] = r.of(TimerEvicted)
+        assert (evicted.pid, evicted.holds, evicted.for_pid) == (P1, 2, P3)
+        r.acquire(P2, "z", at=10.0)  # everyone holds one now: nobody makes room
+        await settle()
+        refused = r.of(RequestRejected)[-1]
+        assert "the server holds 3 timers (max_timers=3)" in refused.reason
+        assert refused.pid == P2
         state = r.server.get_state()
-        assert len(state.timers) == 3 and state.counters.rejected == 2
+        assert sorted(t.pid for t in state.timers) == sorted([P1, P2, P3])
+        assert (state.counters.rejected, state.counters.cap_rejected) == (2, 2)
+        assert state.counters.evicted == 1
 
 
 @pytest.mark.asyncio

@@ -11,11 +11,12 @@ a device or another user's file in its place is refused at start, never written 
 waited on.
 
 Bounded noise, unbounded audit: events that outsiders can cause at any rate
-(:data:`NOISE`: rejected input, unknown workers, refused control connections,
-per-request events) take at most ``max_queued`` places in the queue, and all but the
-per-request events at most ``max_noise_rate`` per second; past that they are dropped and counted
-(:attr:`EventLog.dropped`), and each second that dropped some is followed by an
-:class:`~aiotimer.events.EventsLost` record saying how many. Every other event
+(:data:`NOISE`: rejected input, unknown workers, refused control connections, timers
+evicted from a full table, per-request events) take at most ``max_queued`` places in
+the queue, and all but the per-request events at most ``max_noise_rate`` per second;
+past that they are dropped and counted (:attr:`EventLog.dropped`), and each second
+that dropped some is followed by an :class:`~aiotimer.events.EventsLost` record saying
+how many. Every other event
 (expiries, reaps, failed reaps, stops) is an audit record and is always queued,
 whatever the noise.
 
@@ -55,6 +56,7 @@ from aiotimer.events import (
     EventsLost,
     RequestRejected,
     TimerAcquired,
+    TimerEvicted,
     TimerReleased,
     WorkerUnknown,
 )
@@ -70,11 +72,17 @@ NOISE: Final[tuple[type[Event], ...]] = (
     RequestRejected,
     WorkerUnknown,
     ControlRefused,
+    TimerEvicted,
     TimerAcquired,
     TimerReleased,
 )
 #: Noise whose rate is bounded too (a flood of garbage must not keep the log busy).
-_FLOOD: Final[tuple[type[Event], ...]] = (RequestRejected, WorkerUnknown, ControlRefused)
+_FLOOD: Final[tuple[type[Event], ...]] = (
+    RequestRejected,
+    WorkerUnknown,
+    ControlRefused,
+    TimerEvicted,
+)
 #: The most events encoded and written in one go (bounds the loop's work per slice).
 MAX_BATCH: Final[int] = 512
 _NEWLINE: Final[int] = ord("\n")
@@ -89,8 +97,8 @@ class EventLog:
         path: the file (opened for appending, created with mode 0644 minus umask); it
             must be a regular file of this user if it exists.
         max_queued: the most noise events (see :data:`NOISE`) waiting to be written.
-        max_noise_rate: the most rejected-input, unknown-worker and refused-connection
-            events logged per second.
+        max_noise_rate: the most rejected-input, unknown-worker, refused-connection and
+            evicted-timer events logged per second.
         retry_interval: seconds between attempts to write after a write error.
     """
 
@@ -151,7 +159,8 @@ class EventLog:
     def _report_drops(self) -> None:
         if self._dropped_in_second:
             reason = (
-                f"dropped: more noise (rejected input, unknown workers, refused connections) than "
+                f"dropped: more noise (rejected input, unknown workers, refused connections, "
+                f"evicted timers) than "
                 f"{self._max_rate}/s or {self._max_noise} queued"
             )
             self._queue.append(

@@ -5,9 +5,11 @@ Two parts:
 * :class:`EventLogger` sends the server's events to the ``aiotimer`` logger, each at
   its :attr:`~aiotimer.events.Event.level`, except *noise*: events outsiders can cause
   at any rate (rejected input, requests naming unknown workers, connections to the
-  control socket refused to another user). Of those, the first of
-  each kind per :data:`NOISE_INTERVAL` is logged; the others are counted and summed up in
-  one line per interval, with a sample (:class:`NoiseLimiter`, a pure core). A flood of
+  control socket refused to another user, timers evicted from a full table). Of those,
+  the first of each kind per :data:`NOISE_INTERVAL` is logged; the others are counted
+  and summed up in one line per interval, with a sample (:class:`NoiseLimiter`, a pure
+  core). A cap's refusals and evictions are kinds per worker: the first refusal of
+  every worker is logged, whatever another worker floods. A flood of
   garbage therefore costs one log line per kind per interval, not one per line.
 * :func:`queued_logging` installs a handler that only puts records on a bounded queue; a
   thread writes them to the real stream. A stream nobody drains (a full stderr pipe)
@@ -29,7 +31,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import IO, Final
 
-from aiotimer.events import ControlRefused, Event, RequestRejected, WorkerUnknown
+from aiotimer.events import ControlRefused, Event, RequestRejected, TimerEvicted, WorkerUnknown
 
 __all__ = [
     "NOISE_INTERVAL",
@@ -44,7 +46,12 @@ logger = logging.getLogger("aiotimer")
 #: Seconds over which noise of one kind is summed up in one log line.
 NOISE_INTERVAL: Final[float] = 5.0
 #: The event classes whose log lines are rate-limited.
-_NOISE: Final[tuple[type[Event], ...]] = (RequestRejected, WorkerUnknown, ControlRefused)
+_NOISE: Final[tuple[type[Event], ...]] = (
+    RequestRejected,
+    WorkerUnknown,
+    ControlRefused,
+    TimerEvicted,
+)
 #: The most records waiting for a slow stream before new ones are dropped.
 MAX_QUEUED_RECORDS: Final[int] = 10_000
 
@@ -140,7 +147,7 @@ class EventLogger:
         if not logger.isEnabledFor(event.level):
             return
         if isinstance(event, _NOISE):
-            log, ended = self._limiter.offer(event.kind, time.monotonic(), event.describe)
+            log, ended = self._limiter.offer(_noise_kind(event), time.monotonic(), event.describe)
             if ended is not None:
                 _log_summary(ended)
             if not log:
@@ -174,6 +181,13 @@ class EventLogger:
             self._timer.cancel()
             self._timer = None
         self.flush(everything=True)
+
+
+def _noise_kind(event: Event) -> str:
+    """What ``event`` is rate-limited as: its kind, and for a cap's refusal or eviction
+    the worker too, so that one worker's flood of them never hides another's."""
+    pid = event.pid if isinstance(event, RequestRejected | TimerEvicted) else None
+    return event.kind if pid is None else f"{event.kind} (worker {pid})"
 
 
 def _log_summary(summary: NoiseSummary) -> None:

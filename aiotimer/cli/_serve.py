@@ -72,7 +72,8 @@ def configure_serve(parser: argparse.ArgumentParser) -> None:
         type=positive,
         default=MAX_TIMERS,
         metavar="N",
-        help=f"reject new timers past N live timers in all (default: {MAX_TIMERS:,})",
+        help=f"at most N live timers in all (default: {MAX_TIMERS:,}); when full, a new "
+        "timer takes the place of one of the largest holder's",
     )
     parser.add_argument(
         "--max-timers-per-worker",

@@ -10,7 +10,8 @@ Metrics: ``aiotimer_live_timers``, ``aiotimer_workers{state}``,
 ``aiotimer_requests_total``, ``aiotimer_rejected_total``, ``aiotimer_expired_total``,
 ``aiotimer_reaps_total``, ``aiotimer_reap_failures_total``,
 ``aiotimer_workers_exited_total``, ``aiotimer_restarts_total``,
-``aiotimer_events_dropped_total``, ``aiotimer_events_undelivered_total``, and the
+``aiotimer_events_dropped_total``, ``aiotimer_events_undelivered_total``,
+``aiotimer_cap_rejections_total``, ``aiotimer_timers_evicted_total``, and the
 histograms
 ``aiotimer_reap_latency_seconds`` (deadline -> first signal of a reap) and
 ``aiotimer_loop_lag_seconds`` (how late expiries were handled because the event loop
@@ -63,6 +64,11 @@ _COUNTERS: dict[str, tuple[str, str]] = {
     "aiotimer_reap_failures": ("reap_failed", "Failed signal attempts."),
     "aiotimer_workers_exited": ("workers_exited", "Workers seen exiting."),
     "aiotimer_events_dropped": ("events_dropped", "Events the event log had no room for."),
+    "aiotimer_cap_rejections": ("cap_rejected", "Acquires refused by a timer cap."),
+    "aiotimer_timers_evicted": (
+        "evicted",
+        "Timers of the largest holder dropped to make room in a full table.",
+    ),
 }
 
 

@@ -60,6 +60,7 @@ from aiotimer.events._supervisor import (
 from aiotimer.events._timers import (
     RequestRejected,
     TimerAcquired,
+    TimerEvicted,
     TimerExpired,
     TimerReleased,
     WorkerExited,
@@ -88,6 +89,7 @@ __all__ = [
     "SupervisorGaveUp",
     "SupervisorStopped",
     "TimerAcquired",
+    "TimerEvicted",
     "TimerExpired",
     "TimerReleased",
     "WorkerEnded",

@@ -29,9 +29,11 @@ class ServerCounters:
 
     ``requests`` counts valid requests received; ``acquired``/``released`` the timers set
     and released in time; ``expired`` the deadlines passed; ``reaped`` the signals
-    delivered; ``reap_failed`` the failed signal attempts; ``rejected`` the bad inputs;
-    ``workers_exited`` the workers seen exiting; ``wakeups`` the times the expiry task
-    woke up; ``events_dropped`` the events the event log had no room for.
+    delivered; ``reap_failed`` the failed signal attempts; ``rejected`` the bad inputs
+    (and acquires refused by a cap, also counted in ``cap_rejected``); ``evicted`` the
+    timers dropped to make room in a full table; ``workers_exited`` the workers seen
+    exiting; ``wakeups`` the times the expiry task woke up; ``events_dropped`` the
+    events the event log had no room for.
     """
 
     requests: int = 0
@@ -44,6 +46,8 @@ class ServerCounters:
     workers_exited: int = 0
     wakeups: int = 0
     events_dropped: int = 0
+    cap_rejected: int = 0
+    evicted: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

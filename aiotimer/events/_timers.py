@@ -12,6 +12,7 @@ from aiotimer.events._base import Event, scope_list, signal_name
 __all__ = [
     "RequestRejected",
     "TimerAcquired",
+    "TimerEvicted",
     "TimerExpired",
     "TimerReleased",
     "WorkerExited",
@@ -126,14 +127,40 @@ class WorkerUnknown(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RequestRejected(Event):
-    """One bad input line or object; ``line`` is a (truncated) copy of it."""
+    """One bad input line or object; ``line`` is a (truncated) copy of it. ``pid`` is
+    the worker a valid request named when a cap refused it (else ``None``)."""
 
     kind: ClassVar[str] = "request_rejected"
     level: ClassVar[int] = logging.WARNING
     reason: str
     line: str
     source: str
+    pid: int | None = None
 
     def describe(self) -> str:
         """One human-readable line."""
         return f"rejected input from {self.source}: {self.reason}: {self.line!r}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TimerEvicted(Event):
+    """The server held its maximum of ``max_timers`` timers: timer ``scope_id`` of worker
+    ``pid``, which held the most (``holds``, this one included), was dropped to make
+    room for a new timer of worker ``for_pid``. It will not be reaped for that block."""
+
+    kind: ClassVar[str] = "timer_evicted"
+    level: ClassVar[int] = logging.WARNING
+    pid: int
+    scope_id: str
+    holds: int
+    for_pid: int
+    max_timers: int
+
+    def describe(self) -> str:
+        """One human-readable line."""
+        return (
+            f"timer {self.scope_id!r} of worker {self.pid} dropped: the server holds its "
+            f"maximum of {self.max_timers:,} timers and worker {self.pid} holds the most "
+            f"({self.holds:,}); a new timer of worker {self.for_pid} took its place. "
+            f"Worker {self.pid} leaks timers, or raise the cap"
+        )

@@ -15,10 +15,12 @@ the rest in one event, so a read of garbage costs a bounded number of events. A 
 * *acquire*: the first timer of a pid starts watching the worker
   (:meth:`~aiotimer.reapers._watch.Watchlist.attach`); a worker the reaper cannot attach
   is reported (:class:`~aiotimer.events.WorkerUnknown`) and its request dropped. The
-  server's own process is never watched: its timers only report their expiry. Caps: an
-  acquire of a new key is rejected (a counted
-  :class:`~aiotimer.events.RequestRejected`) when the table holds ``max_timers`` timers,
-  or its worker ``max_timers_per_worker``.
+  server's own process is never watched: its timers only report their expiry. Caps
+  (:mod:`aiotimer.server._quota`): an acquire of a new key is rejected (a counted
+  :class:`~aiotimer.events.RequestRejected` naming the worker) when its worker holds
+  ``max_timers_per_worker``; when the table holds ``max_timers``, a timer of the worker
+  that holds the most makes room (:class:`~aiotimer.events.TimerEvicted`), unless the
+  acquiring worker is among those that hold the most (then it is rejected).
 
 A batch of several requests is folded first (:mod:`aiotimer.core._fold`): a block whose
 acquire and release are both in it never reaches the table; it is counted and its
@@ -48,11 +50,13 @@ from aiotimer.events import (
     RequestRejected,
     ServerCounters,
     TimerAcquired,
+    TimerEvicted,
     TimerReleased,
     WorkerUnknown,
 )
 from aiotimer.reapers._watch import Watchlist
 from aiotimer.server._journal import Journal
+from aiotimer.server._quota import Quota
 from aiotimer.wire import Decoded, Rejection, Request
 
 __all__ = ["MAX_TIMERS", "MAX_TIMERS_PER_WORKER", "REPORTED_REJECTIONS", "Ingest"]
@@ -95,6 +99,7 @@ class Ingest:
         self._request_events = request_events
         self._max_timers = max_timers
         self._max_per_worker = max_timers_per_worker
+        self._quota = Quota(table, max_timers, max_timers_per_worker)
         self._own_pid = os.getpid()
         self._restored: dict[int, set[str]] = {}  # journal timers, until the worker speaks
 
@@ -207,8 +212,12 @@ class Ingest:
         if (
             len(table) >= self._max_timers or table.worker_size(pid) >= self._max_per_worker
         ) and table.get(pid, req.scope_id) is None:
-            self._reject_over_cap(req, source, wall)
-            return
+            admission = self._quota.admit(pid)
+            if admission.refused is not None:
+                self._reject_over_cap(req, admission.refused, source, wall)
+                return
+            if admission.evict is not None:
+                self._evict(*admission.evict, for_pid=pid, wall=wall)
         deadline = req.deadline(mono, wall)
         options = None
         if req.grace is not None or req.group or req.dump:
@@ -246,22 +255,32 @@ class Ingest:
             if acquired_at is not None:  # the late end of an expired, unreaped block
                 self._stats.record(req.scope_id, max(0.0, mono - acquired_at))
 
-    def _reject_over_cap(self, req: Request, source: str, wall: float) -> None:
-        table = self._table
-        if len(table) >= self._max_timers:
-            reason = (
-                f"timer cap reached: the server holds {len(table):,} timers "
-                f"(max_timers={self._max_timers:,}); release timers or raise the cap"
-            )
-        else:
-            reason = (
-                f"timer cap reached: worker {req.pid} holds {table.worker_size(req.pid):,} "
-                f"timers (max_timers_per_worker={self._max_per_worker:,}); it leaks timers, "
-                "or raise the cap"
-            )
+    def _reject_over_cap(self, req: Request, reason: str, source: str, wall: float) -> None:
         self._counts.rejected += 1
+        self._counts.cap_rejected += 1
         line = f"acquire {req.scope_id!r} of pid {req.pid}"[:200]
-        self._emit(RequestRejected(time=wall, reason=reason, line=line, source=source))
+        self._emit(RequestRejected(time=wall, reason=reason, line=line, source=source, pid=req.pid))
+
+    def _evict(self, pid: int, scope_id: str, *, for_pid: int, wall: float) -> None:
+        """Drop timer ``(pid, scope_id)`` to make room for a new one of ``for_pid``."""
+        holds = self._table.worker_size(pid)
+        self._table.release(pid, scope_id)
+        if self._journal is not None:
+            self._journal.released(pid, scope_id)
+        restored = self._restored.get(pid)
+        if restored is not None:
+            restored.discard(scope_id)
+        self._counts.evicted += 1
+        self._emit(
+            TimerEvicted(
+                time=wall,
+                pid=pid,
+                scope_id=scope_id,
+                holds=holds,
+                for_pid=for_pid,
+                max_timers=self._max_timers,
+            )
+        )
 
     def _drop_restored(self, pid: int) -> None:
         """Worker ``pid`` spoke: drop the timers the journal restored for it."""

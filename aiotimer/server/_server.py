@@ -122,7 +122,9 @@ class TimerServer(TaskOwner):
             is the default one (the journal holds ``CLOCK_MONOTONIC`` deadlines). A
             server stopped on purpose keeps it while timers that would signal are live
             (a planned restart still reaps a hung worker), else removes it.
-        max_timers: reject acquires of new timers past this many live timers in all.
+        max_timers: the most live timers in all; when full, a new timer takes the place
+            of the oldest timer of the worker that holds the most, or is rejected if its
+            own worker is among those (see ``docs/operations.md``).
         max_timers_per_worker: reject a worker's acquires of new timers past this many.
 
     Reads: :meth:`snapshot` (one bounded, consistent view, from any thread), and what
