@@ -649,9 +649,9 @@ def test_releases_skip_the_marker_check(
     reads: list[str] = []
     real_read_marker = _fifo_link.read_live_marker
 
-    def counting(path: str) -> object:
+    def counting(path: str, *, owner: int | None = None) -> object:
         reads.append(path)
-        return real_read_marker(path)
+        return real_read_marker(path, owner=owner)
 
     monkeypatch.setattr(_fifo_peer, "read_live_marker", counting)  # on opening
     monkeypatch.setattr(_fifo_link, "read_live_marker", counting)  # on rechecking

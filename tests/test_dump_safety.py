@@ -128,3 +128,40 @@ def test_a_worker_thread_reading_never_blocks_a_planted_fifo_open(tmp_path: Path
     t.start()
     assert done.wait(2), "hook_info blocked on a FIFO"
     assert time.monotonic() - started < 2
+
+
+@pytest.mark.process
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give the directory away")
+def test_a_squatted_default_dump_dir_never_stops_serve_dump(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another user made ``aiotimer-dumps-<uid>`` first: ``serve --dump`` says in one
+    line what it does instead, serves, and reaps (the hooks cannot write there)."""
+    temp = tmp_path / "tmp"
+    temp.mkdir(mode=0o1777)
+    squatted = temp / f"aiotimer-dumps-{os.geteuid()}"
+    squatted.mkdir(mode=0o777)
+    os.chown(squatted, 65534, 65534)
+    monkeypatch.setenv("TMPDIR", str(temp))  # the server's default dump dir is in it
+    monkeypatch.delenv("AIOTIMER_DUMP_DIR", raising=False)
+    fifo, log, stderr = tmp_path / "t.fifo", tmp_path / "events.jsonl", tmp_path / "stderr"
+    options = ("--dump", "--dump-timeout", "0.5", "--event-log", str(log))
+    with (
+        stderr.open("wb") as err,
+        serving(fifo, *options, stderr=err) as server,
+        Sentinel() as hung,
+    ):
+        hung.arm(fifo, after=0.3)
+        hung.wait_dead()
+        assert hung.proc.wait(BOUND) == -signal.SIGKILL
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(BOUND) == 0
+    warning = stderr.read_text().splitlines()[0]
+    assert warning.startswith(
+        f"aiotimer serve: warning: --dump: refusing the dump directory {squatted}: it "
+        "belongs to uid 65534"
+    )
+    assert "Set AIOTIMER_DUMP_DIR (or --dump-dir) to a private directory" in warning
+    assert list(squatted.iterdir()) == []
+    assert hung.reap_latency(events(log)) < 0.5 + 0.5

@@ -18,6 +18,7 @@ from aiotimer._edges.marker import (
     MARKER_MODE,
     Marker,
     marker_path,
+    publish_marker,
     read_live_marker,
     read_marker,
     remove_marker,
@@ -162,3 +163,49 @@ def test_publishing_never_writes_through_or_replaces_a_planted_file(
         write_marker(fifo, Marker(server=AIOTIMER, pid=os.getpid()))
     assert outside.read_bytes() == b"keep" and Path(marker_path(fifo)).is_symlink()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["outside", Path(marker_path(fifo)).name]
+
+
+def test_a_squatted_path_is_taken_back_by_a_rename_never_written_through(
+    fifo: Path, tmp_path: Path
+) -> None:
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"keep")
+    Path(marker_path(fifo)).symlink_to(outside)
+    assert publish_marker(fifo, Marker(server=AIOTIMER, pid=os.getpid())) is None
+    found = read_marker(fifo)
+    assert found is not None and found.marker.pid == os.getpid()
+    assert not Path(marker_path(fifo)).is_symlink() and outside.read_bytes() == b"keep"
+
+
+def test_a_path_that_cannot_be_taken_back_is_said_in_one_line(
+    fifo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    Path(marker_path(fifo)).symlink_to("/nowhere")
+    monkeypatch.setattr(os, "replace", _refused)
+    why = publish_marker(fifo, Marker(server=AIOTIMER, pid=os.getpid()))
+    assert why is not None and "\n" not in why
+    assert why.startswith(f"refusing the marker {marker_path(fifo)}: it is a symbolic link")
+    assert "replacing it failed too (Operation not permitted): serving without a marker" in why
+    assert Path(marker_path(fifo)).is_symlink()
+    assert [p.name for p in fifo.parent.iterdir()] == [Path(marker_path(fifo)).name]
+
+
+def _refused(src: object, dst: object) -> None:
+    raise PermissionError(1, "Operation not permitted")
+
+
+def test_a_directory_in_the_way_is_never_replaced(fifo: Path) -> None:
+    Path(marker_path(fifo)).mkdir()
+    why = publish_marker(fifo, Marker(server=AIOTIMER, pid=os.getpid()))
+    assert why is not None and "it is a directory" in why
+    assert Path(marker_path(fifo)).is_dir()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give the marker away")
+def test_a_marker_of_another_owner_than_the_fifos_is_not_trusted(fifo: Path) -> None:
+    write_marker(fifo, Marker(server=AIOTIMER, pid=os.getpid(), socket="/tmp/planted.sock"))
+    os.chown(marker_path(fifo), 65534, 65534)
+    found = read_marker(fifo)
+    assert found is not None and found.uid == 65534
+    assert read_marker(fifo, owner=0) is None and read_live_marker(fifo, owner=0) is None
+    assert read_marker(fifo, owner=65534) == found

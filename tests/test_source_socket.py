@@ -17,7 +17,7 @@ import anyio
 import pytest
 
 from aiotimer._edges.procfs import read_start_time
-from aiotimer.cli import build_parser
+from aiotimer.cli import build_parser, main
 from aiotimer.cli._serve import socket_path
 from aiotimer.errors import SourceError
 from aiotimer.events import (
@@ -258,6 +258,28 @@ async def test_serve_socket_option(tmp_path: pathlib.Path) -> None:
     assert socket_path(parse(["serve", "--fifo", fifo, "--socket"])) == fifo + ".sock"
     other = os.fspath(tmp_path / "other.sock")
     assert socket_path(parse(["serve", "--fifo", fifo, "--socket", other])) == other
+
+
+async def test_the_socket_opens_to_others_without_opening_the_fifo(
+    tmp_path: pathlib.Path,
+) -> None:
+    fifo, sock = tmp_path / "t.fifo", tmp_path / "t.sock"
+    async with TimerServer(fifo=fifo, socket=sock, socket_mode=0o666, journal=False):
+        assert stat.S_IMODE(os.lstat(fifo).st_mode) == 0o600
+        assert stat.S_IMODE(os.lstat(sock).st_mode) == 0o666
+    args = build_parser().parse_args(
+        ["serve", "--fifo", os.fspath(fifo), "--socket", "--socket-mode", "0666"]
+    )
+    assert (args.mode, args.socket_mode) == (0o600, 0o666)
+
+
+async def test_a_socket_mode_without_a_socket_is_a_usage_error(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["serve", "--fifo", os.fspath(tmp_path / "t.fifo"), "--socket-mode", "0666"]) == 2
+    assert capsys.readouterr().err == (
+        "aiotimer serve: error: --socket-mode needs --socket (see aiotimer serve --help)\n"
+    )
 
 
 # -- aiotimer's client prefers the socket --------------------------------------------------

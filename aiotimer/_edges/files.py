@@ -236,7 +236,13 @@ def create_exclusive(path: StrPath, mode: int = 0o600, *, what: str = "file") ->
 
 
 def write_atomic(
-    path: StrPath, data: bytes, mode: int = 0o600, *, durable: bool = True, what: str = "file"
+    path: StrPath,
+    data: bytes,
+    mode: int = 0o600,
+    *,
+    durable: bool = True,
+    what: str = "file",
+    replace: bool = False,
 ) -> None:
     """Replace ``path`` with ``data`` atomically, the file's mode exactly ``mode``.
 
@@ -252,14 +258,23 @@ def write_atomic(
             meaningless after a reboot (a journal tied to the boot id, a marker naming a
             pid).
         what: what the file is for, in the message.
+        replace: rename over whatever is at ``path`` but a directory (a symlink,
+            another user's file, a FIFO): for a path only this file may hold, so that a
+            squatter cannot keep it. The rename replaces the directory entry; what it
+            named is never opened, followed or written (the kernel still refuses
+            another user's file in a sticky directory, unless root).
 
     Raises:
         UnsafePathError: something other than a regular file of this user is at
-            ``path`` (it is left in place).
+            ``path`` (it is left in place), or a directory with ``replace``.
         OSError: it cannot be written (the temporary file is removed).
     """
     with contextlib.suppress(FileNotFoundError):
-        _check_owned_file(what, path, os.lstat(path), any_owner=False)
+        st = os.lstat(path)
+        if not replace:
+            _check_owned_file(what, path, st, any_owner=False)
+        elif stat.S_ISDIR(st.st_mode):
+            raise _refuse(what, path, "it is a directory")
     tmp = f"{os.fspath(path)}.{secrets.token_hex(8)}.tmp"
     fd = os.open(tmp, _CREATE_NEW, 0o600)
     try:

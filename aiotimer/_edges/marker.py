@@ -14,7 +14,16 @@ missing, unreadable or malformed marker, or one naming another kind of server, r
 no marker at all (the client then talks to the FIFO the way torch's server needs). A
 reader may be another user than the server, so it accepts a marker of any owner, but
 only a regular file (never a symlink, a FIFO or a device, which could block it) of at
-most :data:`_MAX_MARKER_BYTES`.
+most :data:`_MAX_MARKER_BYTES`, and only one of the FIFO's own owner when it says whose
+FIFO it reads (``owner``): the server that made the FIFO wrote the marker, so one of
+another user was planted (it could name a socket the planter listens on).
+
+A server that cannot publish (the marker's path is squatted: another user's file, a
+symlink) replaces what is there by a rename, which never opens or follows it; where
+even that is refused (another user's file in a sticky directory), it serves without a
+marker (:func:`publish_marker` says so in one line): clients then take it for torch's
+server, which is slower but safe, and ignore the squatter's file, whose owner is not
+the FIFO's.
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ from typing import Final
 import msgspec
 
 from aiotimer._edges.files import read_shared, remove_owned, write_atomic
+from aiotimer.errors import UnsafePathError
 from aiotimer.wire._request import MARKER_SUFFIX, PROTOCOL_VERSION
 
 __all__ = [
@@ -35,6 +45,7 @@ __all__ = [
     "Marker",
     "MarkerFile",
     "marker_path",
+    "publish_marker",
     "read_live_marker",
     "read_marker",
     "remove_marker",
@@ -91,6 +102,8 @@ class MarkerFile:
     marker: Marker
     inode: int
     mtime_ns: int
+    #: The uid that owns the marker file.
+    uid: int = -1
 
 
 _decoder: Final = msgspec.json.Decoder(Marker)
@@ -101,24 +114,29 @@ def marker_path(fifo_path: str | os.PathLike[str]) -> str:
     return os.fspath(fifo_path) + MARKER_SUFFIX
 
 
-def read_marker(fifo_path: str | os.PathLike[str]) -> MarkerFile | None:
-    """The marker beside ``fifo_path``, or ``None`` if there is no readable aiotimer one."""
+def read_marker(
+    fifo_path: str | os.PathLike[str], *, owner: int | None = None
+) -> MarkerFile | None:
+    """The marker beside ``fifo_path``, or ``None`` if there is no readable aiotimer one
+    (or, with ``owner``, the FIFO's owner, none of that uid: see the module docs)."""
     try:
         data, st = read_shared(marker_path(fifo_path), _MAX_MARKER_BYTES, what="marker")
         marker = _decoder.decode(data)
     except (OSError, msgspec.DecodeError):
         return None
-    if marker.server != AIOTIMER:
+    if marker.server != AIOTIMER or (owner is not None and st.st_uid != owner):
         return None
     if marker.pid is not None and marker.pid <= 0:
         marker = msgspec.structs.replace(marker, pid=None)
-    return MarkerFile(marker, st.st_ino, st.st_mtime_ns)
+    return MarkerFile(marker, st.st_ino, st.st_mtime_ns, st.st_uid)
 
 
-def read_live_marker(fifo_path: str | os.PathLike[str]) -> MarkerFile | None:
+def read_live_marker(
+    fifo_path: str | os.PathLike[str], *, owner: int | None = None
+) -> MarkerFile | None:
     """Like :func:`read_marker`, but ``None`` also when the named server has died
     (a stale marker left behind by a server that was killed)."""
-    found = read_marker(fifo_path)
+    found = read_marker(fifo_path, owner=owner)
     if found is None:
         return None
     pid = found.marker.pid
@@ -152,6 +170,44 @@ def write_marker(
     write_atomic(
         marker_path(fifo_path), msgspec.json.encode(body), MARKER_MODE, durable=False, what="marker"
     )
+
+
+def publish_marker(
+    fifo_path: str | os.PathLike[str],
+    marker: Marker,
+    extra: Mapping[str, object] | None = None,
+) -> str | None:
+    """:func:`write_marker`, and when the path is squatted (a symlink, another user's
+    file), replace the squatter by a rename (never opened, never followed). Never
+    raises: returns ``None`` once published, else why not, in one line (the caller
+    serves on without a marker; see the module docs).
+    """
+    try:
+        write_marker(fifo_path, marker, extra)
+    except UnsafePathError as exc:
+        squatted = exc
+    except OSError as exc:
+        return f"cannot publish the marker {marker_path(fifo_path)}: {exc}"
+    else:
+        return None
+    body: dict[str, object] = dict(extra or {})
+    body.update((k, v) for k, v in msgspec.to_builtins(marker).items() if v is not None)
+    try:
+        write_atomic(
+            marker_path(fifo_path),
+            msgspec.json.encode(body),
+            MARKER_MODE,
+            durable=False,
+            what="marker",
+            replace=True,
+        )
+    except OSError as exc:
+        return (
+            f"{squatted}; replacing it failed too ({exc.strerror or exc}): serving without "
+            "a marker, so clients take this server for torch's (one open per request, no "
+            "socket or control socket found through the FIFO)"
+        )
+    return None
 
 
 def remove_marker(fifo_path: str | os.PathLike[str], pid: int | None = None) -> None:

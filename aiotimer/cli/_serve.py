@@ -8,6 +8,7 @@ import argparse
 import asyncio
 import functools
 import gc
+import os
 import signal
 import sys
 
@@ -33,10 +34,12 @@ from aiotimer.core._stats_format import format_summaries
 from aiotimer.diagnostics import private_dump_dir
 from aiotimer.errors import AiotimerError
 from aiotimer.events import Event, ServerStopped, SourceFailed
+from aiotimer.reapers._dumps import py_spy_executable
 from aiotimer.reapers._signal import SignalReaper
 from aiotimer.server._engine import MAX_TIMERS, MAX_TIMERS_PER_WORKER
 from aiotimer.server._server import TimerServer
 from aiotimer.server._thread import loop_factory
+from aiotimer.wire._dumpfile import ENV_DUMP_DIR
 
 __all__ = ["configure_serve", "run_serve", "socket_path"]
 
@@ -49,6 +52,14 @@ def configure_serve(parser: argparse.ArgumentParser) -> None:
         default="0600",
         type=octal_mode,
         help="permission bits of the FIFO, in octal (default: 0600)",
+    )
+    parser.add_argument(
+        "--socket-mode",
+        type=octal_mode,
+        metavar="MODE",
+        help="permission bits of the --socket, in octal (default: --mode's). The socket "
+        "names each client, so opening it to others (0666) lets them register only "
+        "themselves; the FIFO, where a line may name any pid, can stay 0600",
     )
     parser.add_argument(
         "--socket",
@@ -167,6 +178,7 @@ async def _serve(args: argparse.Namespace) -> str | None:
         fifo=args.fifo,
         fifo_mode=args.mode,
         socket=socket_path(args),
+        socket_mode=args.socket_mode,
         event_log=args.event_log,
         policy=policy_from_args(args),
         reaper=SignalReaper(dump_dir=args.dump_dir, kill_policy=kill_policy_from_args(args)),
@@ -217,6 +229,12 @@ def run_serve(args: argparse.Namespace) -> int:
     Logging goes through a bounded queue to stderr, so a stderr nobody reads never
     blocks the server.
     """
+    if args.socket_mode is not None and args.socket is None:
+        print(
+            "aiotimer serve: error: --socket-mode needs --socket (see aiotimer serve --help)",
+            file=sys.stderr,
+        )
+        return 2
     try:
         factory = loop_factory(args.loop)
     except ImportError as exc:
@@ -225,7 +243,9 @@ def run_serve(args: argparse.Namespace) -> int:
         try:  # the workers' dump files go in a private directory, made now if missing
             private_dump_dir(args.dump_dir)
         except OSError as exc:
-            return _fail(f"--dump: {exc}")
+            if args.dump_dir is not None or os.environ.get(ENV_DUMP_DIR):
+                return _fail(f"--dump: {exc}")  # a directory the operator chose
+            print(f"aiotimer serve: warning: {_no_default_dump_dir(exc)}", file=sys.stderr)
     with queued_logging(args.log_level, sys.stderr):
         try:
             with asyncio.Runner(loop_factory=factory) as runner:
@@ -233,6 +253,20 @@ def run_serve(args: argparse.Namespace) -> int:
         except (AiotimerError, OSError) as exc:
             failure = str(exc)
     return 0 if failure is None else _fail(failure)
+
+
+def _no_default_dump_dir(exc: OSError) -> str:
+    """Why ``--dump`` goes on without the default dump directory (another user's, say:
+    the workers' hooks cannot write there and the server reads nothing from it), and
+    what dumps it still takes, in one line."""
+    if py_spy_executable() is not None:
+        then = "stack dumps come from py-spy (installed) instead of the workers' hooks"
+    else:
+        then = "no stack dumps: the workers' hooks cannot use it and py-spy is not installed"
+    return (
+        f"--dump: {exc}; {then}. Set {ENV_DUMP_DIR} (or --dump-dir) to a private directory "
+        "for the server and its workers"
+    )
 
 
 def _fail(message: str) -> int:

@@ -96,7 +96,8 @@ class FifoLink:
         if now <= self.recheck_at:
             return
         self.recheck_at = now + recheck_every
-        server = read_live_marker(self._path)
+        owner = None if self._server is None else self._server.uid  # the FIFO's, checked
+        server = read_live_marker(self._path, owner=owner)
         if server == self._server:
             return
         if server is None:  # the aiotimer server left; whoever reads now, be torch-safe

@@ -3,7 +3,8 @@ be sent. :class:`~aiotimer.client.FifoClient` decides how to talk from this.
 
 * **Which kind.** The marker beside the FIFO (:mod:`aiotimer._edges.marker`) names a live
   aiotimer server that reads this very FIFO: such a server gets one persistent
-  descriptor and aiotimer's extension keys. Without a marker the reader is taken for
+  descriptor and aiotimer's extension keys. A marker whose owner is not the FIFO's is
+  not trusted (it reads as none). Without a marker the reader is taken for
   torch's ``FileTimerServer``: open, write, close per request, with torch's exact bytes
   (:func:`torch_request`; torch's server stops reaping while a writer keeps the pipe
   open).
@@ -63,7 +64,9 @@ def open_server(path: str) -> tuple[int, MarkerFile | None]:
                 f"{path!r} is not a FIFO; point the client at the path the timer "
                 "server was started with (aiotimer serve --fifo PATH)"
             )
-        server = read_live_marker(path)
+        # Only a marker of the FIFO's owner speaks for it: the server that made the
+        # FIFO wrote it; another user's was planted (it could name the planter's socket).
+        server = read_live_marker(path, owner=st.st_uid)
         if server is not None and not server.marker.reads(st):
             raise ServerUnavailableError(
                 f"{path!r} is not the FIFO the timer server (pid "

@@ -261,9 +261,7 @@ async def _serve_metrics(
 
 
 def _advertise(server: TimerServer, control: str | None) -> None:
-    """Name (``None``: stop naming) the control socket in the server's FIFO marker; a
-    marker that cannot be written is logged: the plane serves on regardless."""
-    try:
-        server.advertise(control=control)
-    except OSError as exc:
-        logger.error("cannot name the control socket in the FIFO's marker: %s", exc)
+    """Name (``None``: stop naming) the control socket in the server's FIFO marker (a
+    marker that cannot be written is logged by the server: the plane serves on
+    regardless)."""
+    server.advertise(control=control)

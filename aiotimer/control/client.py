@@ -46,14 +46,25 @@ def control_path_for_fifo(fifo: str | os.PathLike[str]) -> Path:
 
     Raises:
         ServerUnavailableError: no live aiotimer server serves ``fifo`` (no FIFO, no
-            marker, or the marker's server is gone).
+            marker, the marker's server is gone, or the marker is not the FIFO
+            owner's: planted, not trusted).
         ControlError: the server runs without a control socket.
     """
+    try:
+        owner: int | None = os.stat(fifo).st_uid
+    except OSError:
+        owner = None
     found = read_marker(fifo)
-    if found is None:
-        what = "no FIFO" if not os.path.exists(fifo) else "no aiotimer marker beside it"
+    if found is None or owner is None:
+        what = "no FIFO" if owner is None else "no aiotimer marker beside it"
         raise ServerUnavailableError(
             f"no aiotimer server serves {os.fspath(fifo)!r} ({what}); is it running?"
+        )
+    if found.uid != owner:
+        raise ServerUnavailableError(
+            f"the marker beside {os.fspath(fifo)!r} belongs to uid {found.uid}, not to the "
+            f"FIFO's owner (uid {owner}): someone else planted it; not trusted. Name the "
+            "control socket with --control, and remove the marker"
         )
     marker = found.marker
     if read_live_marker(fifo) is None:

@@ -102,11 +102,14 @@ class TimerServer(TaskOwner):
             The duration statistics are then also saved every ``stats_interval`` seconds
             to ``<event_log>.stats.json`` and merged back on the next start, so a crash
             does not lose them.
-        fifo_mode: the FIFO's permission bits (the socket's too).
+        fifo_mode: the FIFO's permission bits (the socket's too, unless ``socket_mode``).
         socket: also serve the same lines on a Unix socket at this path
             (:class:`~aiotimer.sources.SocketSource`), where the kernel names each
             client, so a client can only register itself; the FIFO's marker names it
             and clients that know it prefer it.
+        socket_mode: the socket's permission bits (default ``fifo_mode``). Opening the
+            socket to other users (``0o666``) lets their workers register themselves
+            only; keep the FIFO, where a line may name any pid, closed (``0o600``).
         request_events: also emit an event per acquire and release (off: they are hot).
         reap_retry: how failed signals are retried.
         self_kill_after_reap: torch compatibility only: after a successful reap, send the
@@ -158,6 +161,7 @@ class TimerServer(TaskOwner):
         journal: bool | str | os.PathLike[str] | None = None,
         max_timers: int = MAX_TIMERS,
         max_timers_per_worker: int = MAX_TIMERS_PER_WORKER,
+        socket_mode: int | None = None,
     ) -> None:
         if max_timers < 1 or max_timers_per_worker < 1:
             raise ValueError("max_timers and max_timers_per_worker must be at least 1")
@@ -165,7 +169,7 @@ class TimerServer(TaskOwner):
         self._fifo_path = None if fifo is None else Path(fifo)
         self._fifo_source: FifoSource | None = None
         if socket is not None:
-            own.append(SocketSource(socket, mode=fifo_mode))
+            own.append(SocketSource(socket, mode=fifo_mode if socket_mode is None else socket_mode))
         if fifo is not None:
             if (warning := fifo_mode_warning(fifo_mode)) is not None:
                 logger.warning("%s: %s", fifo, warning)
@@ -263,8 +267,8 @@ class TimerServer(TaskOwner):
         Args:
             keys: marker keys and their values; ``None`` withdraws a key.
 
-        Raises:
-            OSError: the marker could not be written (the server serves on).
+        A marker that cannot be written (its path squatted) is logged, and the server
+        serves on without it (see ``docs/operations.md``).
         """
         if self._fifo_source is not None:
             self._fifo_source.advertise(keys)

@@ -13,7 +13,10 @@ How it works:
   reader never sees end-of-file when clients come and go (no spinning).
 * **The marker.** Once clients can send, ``path + MARKER_SUFFIX`` is written atomically
   (JSON naming the server and the FIFO's inode), so clients know they may keep a
-  descriptor open, and refuse the path if it names another file.
+  descriptor open, and refuse the path if it names another file. A squatted marker path
+  (another user's file, a symlink) is replaced by a rename, or, where that is refused
+  too, the server serves without a marker (one error line); it never stops serving for
+  it.
 * **Watching the path** (:class:`~aiotimer.sources._pathwatch.PathWatch`: inotify, no
   polling). A FIFO removed from under the server is made anew and published (the old
   one is still read, for clients holding it open); a path replaced by anything else (a
@@ -41,9 +44,9 @@ from aiotimer._edges.marker import (
     AIOTIMER,
     Marker,
     marker_path,
+    publish_marker,
     read_marker,
     remove_marker,
-    write_marker,
 )
 from aiotimer._version import __version__
 from aiotimer.errors import SourceError
@@ -202,6 +205,7 @@ class FifoPath:
         self._marker = marker
         self._fifos: list[OpenFifo] = []
         self._published = False
+        self._unpublished: str | None = None  # why the marker could not be published
 
     def open(self) -> OpenFifo:
         """Claim the path, make and open the FIFO, publish the marker.
@@ -238,10 +242,11 @@ class FifoPath:
                     reported = None
                     found = read_marker(self._path)
                     if found is None or found.marker.pid != os.getpid():
-                        logger.warning(
-                            "the marker of %s was removed or replaced; publishing it again",
-                            self._path,
-                        )
+                        if self._unpublished is None:
+                            logger.warning(
+                                "the marker of %s was removed or replaced; publishing it again",
+                                self._path,
+                            )
                         self._publish(current)
                     continue
                 if st is not None:
@@ -275,6 +280,8 @@ class FifoPath:
         try:
             if self._published:
                 remove_marker(self._path)
+        except OSError as exc:  # a squatter's file in its place: left there
+            logger.error("cannot remove the marker of %s: %s", self._path, exc)
         finally:
             for fifo in self._fifos:
                 fifo.close()
@@ -286,10 +293,18 @@ class FifoPath:
             self._publish(self._fifos[-1])
 
     def _publish(self, fifo: OpenFifo) -> None:
+        """Publish the marker of ``fifo``; a failure is logged (once per cause) and the
+        server serves on without it (see :func:`~aiotimer._edges.marker.publish_marker`)."""
         assert fifo.inode is not None
         dev, ino = fifo.inode
         marker = Marker(
             server=AIOTIMER, pid=os.getpid(), version=__version__, fifo_dev=dev, fifo_ino=ino
         )
-        write_marker(self._path, marker, self._marker)
-        self._published = True
+        why = publish_marker(self._path, marker, self._marker)
+        if why is None:
+            self._published = True
+            if self._unpublished is not None:
+                logger.warning("the marker of %s is published again", self._path)
+        elif why != self._unpublished:
+            logger.error("%s", why)
+        self._unpublished = why
