@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from aiotimer._edges.logs import EventLogger, NoiseLimiter, queued_logging
-from aiotimer.events import RequestRejected, WorkerReaped
+from aiotimer.events import ControlRefused, RequestRejected, WorkerReaped
 
 
 @given(st.lists(st.tuples(st.sampled_from("ab"), st.floats(0, 100)), max_size=200))
@@ -59,6 +59,30 @@ def test_a_flood_of_rejections_costs_two_log_lines(caplog: pytest.LogCaptureFixt
     assert len(messages) == 3, messages
     assert "'x0'" in messages[0] and "SIGKILL" in messages[1]
     assert "9,999 more request_rejected" in messages[2] and "'x1'" in messages[2]
+
+
+def test_a_cap_refusal_of_another_worker_is_logged_whatever_one_worker_floods(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    events = EventLogger(interval=60.0)
+
+    def refused(pid: int, n: int) -> RequestRejected:
+        line = f"acquire 's{n}' of pid {pid}"
+        return RequestRejected(time=1.0, reason="cap", line=line, source="fifo:/x", pid=pid)
+
+    with caplog.at_level(logging.INFO, logger="aiotimer"):
+        for i in range(1000):
+            events.log(refused(4242, i))
+            events.log(_rejected(i))  # garbage, meanwhile
+            events.log(ControlRefused(time=1.0, pid=99, uid=65534))
+        events.log(refused(5151, 0))  # another worker: its first refusal is logged
+        events.close()
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("of pid 5151" in m for m in messages) == 1
+    assert sum("uid 65534" in m for m in messages) == 2  # the first, then the summary
+    assert any("999 more request_rejected (worker 4242)" in m for m in messages)
+    assert any("999 more control_refused event(s)" in m for m in messages)
+    assert len(messages) == 7, messages  # 4 first lines, 3 summaries
 
 
 #: Seconds the unread flood may take before the logger is deemed blocked.
