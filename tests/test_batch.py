@@ -312,4 +312,4 @@ def test_near_a_cap_a_batch_is_applied_one_by_one(caps: tuple[int, int]) -> None
     assert folded == _engine_state(prior, [], batch, caps, one_by_one=True)
     during, _, kinds = folded
     assert [t[1] for t in during[0]] == ["a.py:1#1"]
-    assert ("RequestRejected", None, None) in kinds
+    assert ("RequestRejected", P100, None) in kinds  # a cap names the worker

@@ -94,8 +94,9 @@ def test_a_full_disk_under_the_event_log_never_stops_reaping(
 ) -> None:
     fifo, log, stderr = tmp_path / "t.fifo", tiny_tmpfs / "events.jsonl", tmp_path / "stderr"
     with stderr.open("wb") as err, serving(fifo, "--event-log", str(log), stderr=err) as server:
-        # ~80 bytes of log per rejected line: 2,000 of them overflow 64 KiB.
-        send(fifo, b"".join(b"junk %d\n" % i for i in range(2_000)))
+        # ~300 bytes of log per rejection event, 64 events per 32 KiB read (the rest of a
+        # read is one more): 400 KiB of 200-byte lines overflow 64 KiB.
+        send(fifo, b"".join(b"junk %04d %s\n" % (i, b"x" * 190) for i in range(2_000)))
         deadline = time.monotonic() + BOUND
         while b"write failed" not in stderr.read_bytes():
             assert time.monotonic() < deadline, "the full disk was never reported"
@@ -157,7 +158,7 @@ def test_ten_writers_flooding_garbage_never_delay_a_reap_nor_lose_a_kill_record(
     tmp_path: Path,
 ) -> None:
     """A 4 s flood from 10 writers (the pipe stays full throughout; longer floods only
-    repeat the same steady state), 100 sentinels due during it from its first 0.5 s:
+    repeat the same steady state), 100 sentinels due during it from its first second:
     every kill is logged, and the reap latency's p99 (nearest rank: the 99th of 100) is
     under 50 ms. Two-byte garbage lines cost the server most per byte sent; it decodes
     at most 1,024 lines a step, so even the first steps of the flood are short.
@@ -165,7 +166,7 @@ def test_ten_writers_flooding_garbage_never_delay_a_reap_nor_lose_a_kill_record(
     The sentinels' timers are sent before the flood begins: a line sent during it waits
     behind up to 1 MiB of garbage in the pipe (a FIFO keeps its order), and its reap
     would then time that wait (the server's ingest), not the reap."""
-    fifo, log, flood_seconds, lead = tmp_path / "t.fifo", tmp_path / "events.jsonl", 4.0, 0.5
+    fifo, log, flood_seconds, lead = tmp_path / "t.fifo", tmp_path / "events.jsonl", 4.0, 1.0
     with serving(fifo, "--event-log", str(log)) as server:
         sentinels = [Sentinel() for _ in range(100)]
         flooders: list[subprocess.Popen[bytes]] = []

@@ -16,6 +16,7 @@ import json
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,24 @@ while True:
     with expires(after=5.0, scope="step"):
         time.sleep(0.02)
 """
+
+
+def wait_for_workers(fifo: Path, pids: set[int]) -> None:
+    deadline = time.monotonic() + BOUND
+    while True:
+        status = subprocess.run(
+            [sys.executable, "-m", "aiotimer", "status", "--fifo", str(fifo), "--json"],
+            env=env(),
+            capture_output=True,
+            timeout=BOUND,
+            check=False,
+        )
+        if status.returncode == 0:
+            workers = {w["pid"] for w in json.loads(status.stdout)["workers"]}
+            if pids <= workers:
+                return
+        assert time.monotonic() < deadline, f"workers {pids} never all registered"
+        time.sleep(0.05)
 
 
 def test_sigterm_keeps_the_journal_and_the_next_server_reaps_the_hung_worker(
@@ -53,7 +72,9 @@ def test_sigterm_keeps_the_journal_and_the_next_server_reaps_the_hung_worker(
                 ]
                 for worker in healthy:
                     assert worker.stdout is not None and worker.stdout.readline() == b"ready\n"
-                hung.arm(fifo, after=3.0)  # it never sends anything again
+                hung.arm(fifo, after=5.0)  # it never sends anything again
+                pids = {hung.pid, *(w.pid for w in healthy)}
+                wait_for_workers(fifo, pids)  # SIGTERM once the server holds all three
                 first.send_signal(signal.SIGTERM)
                 _, stderr = first.communicate(timeout=BOUND)
                 assert first.returncode == 0
