@@ -107,9 +107,8 @@ class TimerServer(TaskOwner):
             (:class:`~aiotimer.sources.SocketSource`), where the kernel names each
             client, so a client can only register itself; the FIFO's marker names it
             and clients that know it prefer it.
-        socket_mode: the socket's permission bits (default ``fifo_mode``). Opening the
-            socket to other users (``0o666``) lets their workers register themselves
-            only; keep the FIFO, where a line may name any pid, closed (``0o600``).
+        socket_mode: the socket's bits (default ``fifo_mode``): ``0o666`` lets other
+            users' workers register only themselves, the FIFO (any pid) kept ``0o600``.
         request_events: also emit an event per acquire and release (off: they are hot).
         reap_retry: how failed signals are retried.
         self_kill_after_reap: torch compatibility only: after a successful reap, send the
@@ -125,9 +124,8 @@ class TimerServer(TaskOwner):
             is the default one (the journal holds ``CLOCK_MONOTONIC`` deadlines). A
             server stopped on purpose keeps it while timers that would signal are live
             (a planned restart still reaps a hung worker), else removes it.
-        max_timers: the most live timers in all; when full, a new timer takes the place
-            of the oldest timer of the worker that holds the most, or is rejected if its
-            own worker is among those (see ``docs/operations.md``).
+        max_timers: the most live timers in all; when full, a new timer evicts the oldest
+            of the largest holder's, or is rejected if its own worker is one.
         max_timers_per_worker: reject a worker's acquires of new timers past this many.
 
     Reads: :meth:`snapshot` (one bounded, consistent view, from any thread), and what
