@@ -42,9 +42,12 @@ if gens is None:
     hang_now, go = count == 0 or bool(os.environ.get("TEST_HANG_ALWAYS")), "go"
 else:
     hang_now, go = str(count) in gens.split(","), f"go-{count}"
+peers = int(os.environ.get("TEST_HANG_PEERS", "0"))  # wait until this many ranks started
 if hang_now:
     if hangs:
-        while not os.path.exists(os.path.join(out, go)):
+        while not os.path.exists(os.path.join(out, go)) or peers > sum(
+            n.endswith(f"-{count}") and not n.startswith("go") for n in os.listdir(out)
+        ):
             time.sleep(0.05)
         with expires(after=0.3, scope="step"):
             time.sleep(60)
@@ -235,7 +238,7 @@ def test_the_restart_budget_is_job_wide(job: Job) -> None:
     for node in ("a", "b"):
         job.start(
             node, "--restart-scope", "job", "--max-restarts", "1",
-            TEST_HANG_NODE="b", TEST_HANG_ALWAYS="1",
+            TEST_HANG_NODE="b", TEST_HANG_ALWAYS="1", TEST_HANG_PEERS="4",
         )  # fmt: skip
     job.wait_status(lambda v: all(len(running_workers(v, n)) == 2 for n in "ab"), timeout=30)
     (job.out / "go").touch()
