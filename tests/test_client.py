@@ -522,16 +522,20 @@ class _CountingFifoClient(FifoClient):
         self.slow: list[Request] = []
         self.fast: list[str] = []
 
-    def send_nowait(
+    def send_nowait(  # noqa: PLR0917
         self,
         scope_id: str,
         expiration_time: float,
         signal: int | None = None,
         mono: float | None = None,
         dump: bool = False,
+        kill_after: float = 0.0,
+        cancelled: bool = False,
     ) -> bool:
         self.fast.append(scope_id)
-        return super().send_nowait(scope_id, expiration_time, signal, mono, dump)
+        return super().send_nowait(
+            scope_id, expiration_time, signal, mono, dump, kill_after, cancelled
+        )
 
     def send(self, request: Request) -> None:
         self.slow.append(request)

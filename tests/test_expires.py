@@ -502,17 +502,19 @@ class NowaitClient(RecordingClient):
     def __init__(self, *, accept: bool) -> None:
         super().__init__()
         self.accept = accept
-        self.nowait: list[tuple[str, float, int | None, float | None, bool]] = []
+        self.nowait: list[tuple[str, float, int | None, float | None, bool, float, bool]] = []
 
-    def send_nowait(
+    def send_nowait(  # noqa: PLR0917
         self,
         scope_id: str,
         expiration_time: float,
-        signal: int | None,
-        mono: float | None,
-        dump: bool,
+        signal: int | None = None,
+        mono: float | None = None,
+        dump: bool = False,
+        kill_after: float = 0.0,
+        cancelled: bool = False,
     ) -> bool:
-        self.nowait.append((scope_id, expiration_time, signal, mono, dump))
+        self.nowait.append((scope_id, expiration_time, signal, mono, dump, kill_after, cancelled))
         return self.accept
 
 
@@ -528,16 +530,19 @@ async def test_blocks_try_the_clients_fast_path_with_the_requests_fields(accept:
     async with expires(5, scope="async", client=client, signal=15, kill_after=2) as ablock:
         pass
     assert block.deadline is not None and ablock.deadline is not None
-    (s, s_exp, s_sig, s_mono, _), s_release, (a, a_exp, a_sig, a_mono, _), a_release = client.nowait
-    assert (s, s_sig, s_mono) == ("sync", None, block.deadline)
-    assert (a, a_sig, a_mono) == ("async", 15, ablock.deadline + 2)  # the server's tier
-    assert s_release == ("sync", -1, 0, None, False) and a_release == ("async", -1, 0, None, False)
+    sync, s_release, asyn, a_release = client.nowait
+    (s, s_exp, s_sig, s_mono, _, s_tier, _), (a, a_exp, a_sig, a_mono, _, a_tier, _) = sync, asyn
+    assert (s, s_sig, s_mono, s_tier) == ("sync", None, block.deadline, 0.0)
+    # The server's tier, and the block's own deadline kill_after before it.
+    assert (a, a_sig, a_mono, a_tier) == ("async", 15, ablock.deadline + 2, 2)
+    assert s_release == ("sync", -1, 0, None, False, 0.0, False)
+    assert a_release == ("async", -1, 0, None, False, 0.0, False)
     assert wall + 5 <= s_exp < time.time() + 5 and wall + 7 <= a_exp < time.time() + 7
     pid = os.getpid()
     expected = [
         Request(pid, "sync", s_exp, 9, None, s_mono),
         Request(pid, "sync", -1, 0),
-        Request(pid, "async", a_exp, 15, None, a_mono),
+        Request(pid, "async", a_exp, 15, None, a_mono, kill_after=2),
         Request(pid, "async", -1, 0),
     ]
     assert client.requests == ([] if accept else expected)
@@ -545,14 +550,7 @@ async def test_blocks_try_the_clients_fast_path_with_the_requests_fields(accept:
 
 def test_a_fast_path_that_raises_on_acquire_fails_the_block_and_skips_the_body() -> None:
     class Broken(NowaitClient):
-        def send_nowait(
-            self,
-            scope_id: str,
-            expiration_time: float,
-            signal: int | None,
-            mono: float | None,
-            dump: bool,
-        ) -> bool:
+        def send_nowait(self, *fields: object) -> bool:
             raise ServerUnavailableError("gone")
 
     block = expires(5, scope="s", client=Broken(accept=True))

@@ -134,6 +134,27 @@ def test_encodes_extension_keys_after_torch_keys() -> None:
     ]
 
 
+def test_the_two_tier_keys_follow_the_others_and_lines_without_them_still_decode() -> None:
+    """An async block's acquire says when its own deadline is (``kill_after`` before
+    the reap); the release of a block cancelled there says so. Both decode; lines
+    without them (torch's) decode as before, with the defaults."""
+    acquire = Request(5, "s@Task-1", 100.5, 9, mono=3.25, dump=True, kill_after=5.0)
+    release = Request(5, "s@Task-1", -1, 0, cancelled=True)
+    assert encode(acquire).endswith(b'"mono": 3.25, "dump": true, "kill_after": 5.0}\n')
+    assert encode(release) == (
+        b'{"version": 1, "pid": 5, "scope_id": "s@Task-1", "expiration_time": -1, '
+        b'"signal": 0, "cancelled": true}\n'
+    )
+    got = LineDecoder().feed(encode(acquire) + encode(release) + VALID + b"\n").requests
+    assert got[:2] == [as_decoded(acquire), as_decoded(release)]
+    assert (got[2].kill_after, got[2].cancelled) == (None, False)
+    assert validate(msgspec.structs.replace(acquire, kill_after=-1.0)) == (
+        "kill_after must be >= 0, got -1.0"
+    )
+    bad = encode(acquire).replace(b"5.0}", b"-5.0}")
+    assert "kill_after" in LineDecoder().feed(bad).rejections[0].reason
+
+
 def test_encode_escapes_like_json_dumps() -> None:
     scope = 'naïve "quoted" \\ back\tslash ☃ 🐍 \x00'
     line = encode(Request(9, scope, 1.5, 9))
@@ -175,6 +196,8 @@ def test_torch_server_parses_our_lines(tmp_path: Path) -> None:
     ours = [
         Request(10, "plain", 1763712000.5, 9),
         Request(11, 'q"uote ☃', 1763712001.0, 15, mono=42.0, grace=1.5, group=True, dump=True),
+        Request(12, "async@Task-1", 1763712002.0, 9, mono=43.0, kill_after=5.0),
+        Request(12, "async@Task-1", -1, 0, cancelled=True),
         Request(10, "plain", -1, 0),
     ]
     text = b"".join(encode(r) for r in ours).decode("ascii")
@@ -466,6 +489,8 @@ requests = st.builds(
     group=st.booleans(),
     dump=st.booleans(),
     start_time=st.none() | st.integers(0, MAX_START_TIME),
+    kill_after=st.none() | st.floats(0, 1e6),
+    cancelled=st.booleans(),
 )
 valid_lines = requests.map(line_of)
 
@@ -766,7 +791,7 @@ def test_round_trip(req: Request) -> None:
     assert line.count(b"\n") == 1
     assert LineDecoder().feed(line) == Decoded([as_decoded(req)], [])
     if not (req.mono is not None or req.grace is not None or req.group or req.dump) and (
-        req.start_time is None
+        req.start_time is None and req.kill_after is None and not req.cancelled
     ):
         exp = -1 if req.is_release else req.expiration_time
         torch_dict = {
@@ -805,9 +830,17 @@ def reference_block(
     *,
     start_time: int | None = None,
     dump: bool = False,
+    kill_after: float | None = None,
 ) -> tuple[bytes, bytes]:
     acquire = Request(
-        pid, scope_id, expiration_time, signal, mono=mono, start_time=start_time, dump=dump
+        pid,
+        scope_id,
+        expiration_time,
+        signal,
+        mono=mono,
+        start_time=start_time,
+        dump=dump,
+        kill_after=kill_after,
     )
     return encode(acquire), encode(Request(pid, scope_id, -1, 0))
 
@@ -821,6 +854,7 @@ def reference_block(
     mono=block_numbers,
     start_time=st.none() | st.integers(0, MAX_START_TIME),
     dump=st.booleans(),
+    kill_after=st.none() | st.floats(0, 1e6) | st.integers(0, 100),
 )
 def test_block_encoder_is_byte_identical_to_encode(
     *,
@@ -831,11 +865,19 @@ def test_block_encoder_is_byte_identical_to_encode(
     mono: float,
     start_time: int | None,
     dump: bool,
+    kill_after: float | None,
 ) -> None:
-    encode_block = block_encoder(pid, signal, start_time, dump=dump)
+    encode_block = block_encoder(pid, signal, start_time, dump=dump, kill_after=kill_after)
     try:
         expected = reference_block(
-            pid, scope_id, expiration_time, signal, mono, start_time=start_time, dump=dump
+            pid,
+            scope_id,
+            expiration_time,
+            signal,
+            mono,
+            start_time=start_time,
+            dump=dump,
+            kill_after=kill_after,
         )
     except ValueError as exc:  # non-finite numbers: the same refusal
         with pytest.raises(type(exc)):

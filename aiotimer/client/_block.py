@@ -208,28 +208,47 @@ class Expires:
         expiration_time = wall + (reap_at - mono)
         try:
             if nowait is not None and nowait(
-                self.scope, expiration_time, self._signal, reap_at, dump
+                self.scope, expiration_time, self._signal, reap_at, dump, kill_after
             ):
                 return None
         except BaseException:
             self._state = _EXITED
             raise
-        return self._acquire_request(expiration_time, reap_at, dump)
+        return self._acquire_request(expiration_time, reap_at, dump, kill_after)
 
-    def _acquire_request(self, expiration_time: float, reap_at: float, dump: bool) -> Request:
+    def _acquire_request(
+        self, expiration_time: float, reap_at: float, dump: bool, kill_after: float
+    ) -> Request:
         """The acquire of this block as a :class:`Request`, for ``send()``."""
         signal = self._signal
         if signal is None:
             signal = self._sender().signal
         # Positional: pid, scope_id, expiration_time (epoch), signal, version, mono,
-        # grace, group, dump.
+        # grace, group, dump, start_time, kill_after (two tiers: the server is told when
+        # the block's own deadline is, so it can show both).
         return Request(
-            current_pid(), self.scope, expiration_time, signal, None, reap_at, None, False, dump
+            current_pid(),
+            self.scope,
+            expiration_time,
+            signal,
+            None,
+            reap_at,
+            None,
+            False,
+            dump,
+            None,
+            kill_after or None,
         )
 
-    def _release(self) -> Request | None:
-        """Send the release at once if the client can, else return it."""
+    def _release(self, cancelled: bool = False) -> Request | None:
+        """Send the release at once if the client can, else return it. ``cancelled``:
+        the block's task was cancelled at its deadline (the release says so, so the
+        server can report the first tier)."""
         nowait = self._nowait
+        if cancelled:
+            if nowait is not None and nowait(self.scope, -1, 0, None, False, 0.0, True):
+                return None
+            return Request(current_pid(), self.scope, -1, 0, cancelled=True)
         if nowait is not None and nowait(self.scope, -1, 0, None, False):
             return None
         return Request(current_pid(), self.scope, -1, 0)
@@ -313,7 +332,7 @@ class Expires:
             self._timeout = None
             timeout.stop()  # the release below may wait: the deadline must not cut it
         try:
-            request = self._release()
+            request = self._release(state is _EXPIRING)
             if request is not None:
                 await self._sender().send_async(request)
         except Exception as release_exc:
@@ -356,8 +375,10 @@ class Expires:
         expiration_time = _wall() + (reap_at - _monotonic())
         dump = kill_after > 0 and _asks_for_dump()
         nowait = self._nowait
-        if nowait is None or not nowait(self.scope, expiration_time, self._signal, reap_at, dump):
-            self._sender().send(self._acquire_request(expiration_time, reap_at, dump))
+        if nowait is None or not nowait(
+            self.scope, expiration_time, self._signal, reap_at, dump, kill_after
+        ):
+            self._sender().send(self._acquire_request(expiration_time, reap_at, dump, kill_after))
         self.deadline = deadline
         if timeout is not None:
             self._timeout = timeout.moved(deadline)

@@ -62,6 +62,8 @@ __all__ = ["FifoClient"]
 
 #: How many times in a row a broken pipe (server gone) triggers an immediate reopen.
 _MAX_REOPENS: Final[int] = 3
+#: The most block encoders a client keeps beside its two defaults (see _encoder).
+_MAX_ENCODERS: Final[int] = 64
 _monotonic: Final = time.monotonic
 _live_fifo_clients: weakref.WeakSet[FifoClient] = weakref.WeakSet()
 
@@ -150,6 +152,8 @@ class FifoClient:
         self._encode_dump_block: BlockEncoder = block_encoder(
             self._pid, self._signal, self._start_time, dump=True
         )
+        # The other blocks' encoders, by (signal, dump, kill_after): a few per process.
+        self._encoders: dict[tuple[int | None, bool, float], BlockEncoder] = {}
         # Live blocks: scope -> (acquire line, release line). The acquire lines are
         # replayed after a restart; the release line is ready for the block's exit.
         self._open_scopes: dict[str, tuple[bytes, bytes]] = {}
@@ -190,13 +194,15 @@ class FifoClient:
         if not self._send_request_nowait(request):
             await drive_async(self._sending(request), shield=request.is_release)
 
-    def send_nowait(
+    def send_nowait(  # noqa: PLR0917 (positional: the hot path)
         self,
         scope_id: str,
         expiration_time: float,
         signal: int | None = None,
         mono: float | None = None,
         dump: bool = False,
+        kill_after: float = 0.0,
+        cancelled: bool = False,
     ) -> bool:
         """This process's request for ``scope_id`` (see :class:`~aiotimer.TimerClient`),
         with one ``os.write`` if nothing needs a wait: the persistent descriptor is open,
@@ -205,19 +211,25 @@ class FifoClient:
         :meth:`send_async` will.
 
         A delivered acquire's block is remembered for replay, with both its lines
-        encoded at once (the release line is ready for the block's end); a release
+        encoded at once (the release line is ready for the block's end; a block
+        ``cancelled`` at its deadline ends with a release line that says so); a release
         forgets its block whether or not it is delivered.
         """
         link = self._link
         if expiration_time < 0:  # a release: it forgets its block
             tracked = self._open_scopes.pop(scope_id, None)
-            line = encode(Request(self._pid, scope_id, -1, 0)) if tracked is None else tracked[1]
+            if tracked is None or cancelled:
+                line = encode(Request(self._pid, scope_id, -1, 0, cancelled=cancelled))
+            else:
+                line = tracked[1]
             lines = None
         else:
             if mono is None or _monotonic() > link.recheck_at:
                 return False
             encode_block = (
-                self._encode_block if signal is None and not dump else self._encoder(signal, dump)
+                self._encode_block
+                if signal is None and not dump and not kill_after
+                else self._encoder(signal, dump, kill_after)
             )
             lines = encode_block(scope_id, expiration_time, mono)
             line = lines[0]
@@ -263,18 +275,38 @@ class FifoClient:
             return (
                 request.signal == 0
                 and not request.dump
-                and self.send_nowait(request.scope_id, -1, 0, None, False)
+                and self.send_nowait(request.scope_id, -1, 0, None, False, 0.0, request.cancelled)
             )
         return self.send_nowait(
-            request.scope_id, request.expiration_time, request.signal, request.mono, request.dump
+            request.scope_id,
+            request.expiration_time,
+            request.signal,
+            request.mono,
+            request.dump,
+            request.kill_after or 0.0,
         )
 
-    def _encoder(self, signal: int | None, dump: bool) -> BlockEncoder:
+    def _encoder(self, signal: int | None, dump: bool, kill_after: float = 0.0) -> BlockEncoder:
         """The block encoder of this process's blocks reaped with ``signal`` (``None``:
-        the client's), asking for a stack dump first if ``dump``."""
-        if signal is None or signal == self._signal:
+        the client's), asking for a stack dump first if ``dump``, with a first tier
+        ``kill_after`` seconds before the reap if ``kill_after > 0``."""
+        if signal == self._signal:
+            signal = None
+        if signal is None and not kill_after:
             return self._encode_dump_block if dump else self._encode_block
-        return block_encoder(self._pid, signal, self._start_time, dump=dump)
+        key = (signal, dump, kill_after)
+        encoder = self._encoders.get(key)
+        if encoder is None:
+            if len(self._encoders) >= _MAX_ENCODERS:
+                self._encoders.clear()
+            encoder = self._encoders[key] = block_encoder(
+                self._pid,
+                self._signal if signal is None else signal,
+                self._start_time,
+                dump=dump,
+                kill_after=kill_after or None,
+            )
+        return encoder
 
     def _block_lines(self, request: Request) -> tuple[bytes, bytes]:
         """The acquire line of ``request`` and the release line of its block."""
@@ -285,7 +317,7 @@ class FifoClient:
             and request.grace is None
             and not request.group
         ):
-            encoder = self._encoder(request.signal, request.dump)
+            encoder = self._encoder(request.signal, request.dump, request.kill_after or 0.0)
             return encoder(request.scope_id, request.expiration_time, mono)
         if request.pid == self._pid and request.start_time is None:  # as the fast path does
             request = msgspec.structs.replace(request, start_time=self._start_time)
@@ -386,6 +418,7 @@ class FifoClient:
         self._encode_dump_block = block_encoder(
             self._pid, self._signal, self._start_time, dump=True
         )
+        self._encoders.clear()
         self._open_scopes.clear()  # the parent's blocks are not the child's
         self._link.reset_in_child()
 

@@ -13,7 +13,7 @@ import logging
 import select
 import signal as _signal
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Final, Protocol, runtime_checkable
 
@@ -52,9 +52,23 @@ RETRY_FIRST: Final[float] = 0.001
 RETRY_MAX: Final[float] = 0.05
 
 
-#: ``send_nowait(scope_id, expiration_time, signal, mono, dump) -> bool``: a
-#: transport's optional fast path (see :class:`TimerClient`).
-SendNowait = Callable[[str, float, int | None, float | None, bool], bool]
+class SendNowait(Protocol):
+    """``send_nowait(scope_id, expiration_time, signal, mono, dump[, kill_after[,
+    cancelled]]) -> bool``: a transport's optional fast path (see :class:`TimerClient`)."""
+
+    def __call__(  # noqa: PLR0917 (positional: the hot path)
+        self,
+        scope_id: str,
+        expiration_time: float,
+        signal: int | None = None,
+        mono: float | None = None,
+        dump: bool = False,
+        kill_after: float = 0.0,
+        cancelled: bool = False,
+        /,
+    ) -> bool:
+        """Deliver at once, or return ``False`` having delivered nothing."""
+        ...
 
 
 @runtime_checkable
@@ -77,12 +91,14 @@ class TimerClient(Protocol):
       can tell the server is still there (it still raises, so the caller can log it).
 
     The fast path (optional): a transport that can often deliver without waiting may also
-    define ``send_nowait(scope_id, expiration_time, signal=None, mono=None, dump=False)
-    -> bool`` (:data:`SendNowait`): deliver this process's request for ``scope_id`` at
-    once, given by its fields rather than as a :class:`~aiotimer.wire.Request` (a
-    release: ``expiration_time < 0``, the other fields ignored; an acquire: ``signal``
-    ``None`` for the client's own, ``mono`` the deadline on ``time.monotonic()``,
-    ``dump`` asks for a stack dump before the reap), and
+    define ``send_nowait(scope_id, expiration_time, signal=None, mono=None, dump=False,
+    kill_after=0.0, cancelled=False) -> bool`` (:data:`SendNowait`): deliver this
+    process's request for ``scope_id`` at once, given by its fields rather than as a
+    :class:`~aiotimer.wire.Request` (a release: ``expiration_time < 0``, ``cancelled``
+    when the block's task was cancelled at its deadline, the other fields ignored; an
+    acquire: ``signal`` ``None`` for the client's own, ``mono`` the deadline on
+    ``time.monotonic()``, ``dump`` asks for a stack dump before the reap, ``kill_after``
+    > 0 says the block's own deadline is that much earlier, its second tier), and
     return ``True``; or return ``False`` when delivering would need a wait (nothing is
     delivered then; the caller builds the request and falls back to ``send`` or
     ``send_async``). It must never block, nor raise for a condition ``send`` would wait

@@ -49,6 +49,10 @@ def encode(req: Request) -> bytes:
         text += ', "group": true'
     if req.dump:
         text += ', "dump": true'
+    if req.kill_after is not None:
+        text += f', "kill_after": {_number(float(req.kill_after), "kill_after")}'
+    if req.cancelled:
+        text += ', "cancelled": true'
     data = (text + "}\n").encode("ascii")
     if len(data) > PIPE_BUF:
         raise RequestTooLargeError(
@@ -63,7 +67,8 @@ def encode(req: Request) -> bytes:
 # A block's two lines share everything up to the expiration time:
 #
 #   {"version": 1, "pid": P, "scope_id": S, "expiration_time": E, "signal": N, "mono": M,
-#    "start_time": T}    (the last key only when the encoder was given a start time)
+#    "start_time": T, "dump": true, "kill_after": K}   (each of the last three only when
+#    the encoder was given it: they are the same for every block it encodes)
 #   {"version": 1, "pid": P, "scope_id": S, "expiration_time": -1, "signal": 0}
 #
 # block_encoder(P, N) encodes the parts that depend on P and N once; its encode_block()
@@ -85,21 +90,30 @@ _join: Final = b"".join
 
 
 def block_encoder(
-    pid: int, signal: int, start_time: int | None = None, *, dump: bool = False
+    pid: int,
+    signal: int,
+    start_time: int | None = None,
+    *,
+    dump: bool = False,
+    kill_after: float | None = None,
 ) -> BlockEncoder:
     """The hot-path encoder of the timed blocks of process ``pid`` reaped with ``signal``.
 
     The returned ``encode_block(scope_id, expiration_time, mono)`` gives the acquire and
     the release line of one block, newlines included: byte for byte
     ``encode(Request(pid, scope_id, expiration_time, signal, mono=mono,
-    start_time=start_time, dump=dump))`` and ``encode(Request(pid, scope_id, -1, 0))``,
-    about four times faster (see the comment above). It raises what :func:`encode`
-    raises.
+    start_time=start_time, dump=dump, kill_after=kill_after))`` and
+    ``encode(Request(pid, scope_id, -1, 0))``, about four times faster (see the comment
+    above). It raises what :func:`encode` raises.
     """
     head = f'{{"version": {PROTOCOL_VERSION}, "pid": {int(pid)}, "scope_id": '.encode()
     signal_part = f', "signal": {int(signal)}, "mono": '.encode()
     started = "" if start_time is None else f', "start_time": {int(start_time)}'
-    tail = (started + (', "dump": true' if dump else "") + "}\n").encode()
+    if dump:
+        started += ', "dump": true'
+    if kill_after is not None:
+        started += f', "kill_after": {_number(float(kill_after), "kill_after")}'
+    tail = (started + "}\n").encode()
 
     def encode_block(scope_id: str, expiration_time: float, mono: float) -> tuple[bytes, bytes]:
         if 1e-4 <= expiration_time < 1e16 and 1e-4 <= mono < 1e16:  # literals: the hot path
@@ -118,7 +132,14 @@ def block_encoder(
             if len(acquire) <= PIPE_BUF:
                 return acquire, _join((head, scope, b', "expiration_time": -1, "signal": 0}\n'))
         acquire_request = Request(
-            pid, scope_id, expiration_time, signal, mono=mono, start_time=start_time, dump=dump
+            pid,
+            scope_id,
+            expiration_time,
+            signal,
+            mono=mono,
+            start_time=start_time,
+            dump=dump,
+            kill_after=kill_after,
         )
         return encode(acquire_request), encode(Request(pid, scope_id, -1, 0))
 

@@ -22,6 +22,11 @@ Keys (see docs/protocol.md for the full table):
 ``grace``            aiotimer extension: seconds to wait after ``signal`` before SIGKILL.
 ``group``            aiotimer extension: signal the worker's whole process group.
 ``dump``             aiotimer extension: ask the worker for a stack dump before reaping.
+``kill_after``       aiotimer extension, on an acquire: the block has two tiers; its own
+                     deadline (its task is cancelled in the worker) is ``kill_after``
+                     seconds before this request's deadline (the reap).
+``cancelled``        aiotimer extension, on a release: the block ended at its own
+                     deadline, its task cancelled (the first tier: ``TimeoutError``).
 ``start_time``       aiotimer extension: the worker's start time (``/proc/<pid>/stat``
                      field 22, clock ticks since boot) when it sent the request; the
                      server refuses to pin a process whose start time differs (the
@@ -125,6 +130,8 @@ class Request(msgspec.Struct, frozen=True, gc=False):
     group: bool = False
     dump: bool = False
     start_time: _StartTime | None = None
+    kill_after: _Grace | None = None
+    cancelled: bool = False
 
     @property
     def is_release(self) -> bool:
@@ -213,6 +220,10 @@ def validate(req: Request) -> str | None:
     if req.mono is not None and (problem := number_problem("mono", req.mono)):
         return problem
     if req.grace is not None and (problem := number_problem("grace", req.grace, minimum=0)):
+        return problem
+    if req.kill_after is not None and (
+        problem := number_problem("kill_after", req.kill_after, minimum=0)
+    ):
         return problem
     if req.start_time is not None and not 0 <= req.start_time <= MAX_START_TIME:
         return f"start_time must be an integer in 0..{MAX_START_TIME}, got {req.start_time}"
