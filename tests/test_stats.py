@@ -12,11 +12,13 @@ from aiotimer.core._sketch import MIN_TRACKED, DurationSketch
 from aiotimer.core._stats import (
     MIN_SUGGESTION,
     OTHER_SITE,
+    SUGGESTION_SAMPLES,
     DurationStats,
     Overdue,
     nice_ceil,
     suggest_timeout,
 )
+from aiotimer.core._stats_format import format_seconds, format_summaries
 
 
 def naive_quantile(samples: list[float], q: float) -> float:
@@ -132,10 +134,51 @@ def test_stats_group_default_scopes_by_site() -> None:
     assert load.p99 == 4.0
     assert load.expirations == 2
     assert load.longest_expired == 12.0
+    assert load.suggested_timeout is None  # 4 durations: too few to suggest from
+    for n in range(SUGGESTION_SAMPLES - 4):
+        stats.record(f"load.py:12#{n + 10}", 4.0)
+    load = stats.summary("load.py:12")
+    assert load is not None
     assert load.suggested_timeout == 7.5  # max(1.5 * 4, 1.2 * 4) = 6 -> 7.5
     assert [s.site for s in stats.summaries()] == ["load.py:12", "custom-scope", "train.py#42"]
     assert stats.summary("nowhere") is None
-    assert "3 sites, 6 samples" in repr(stats)
+    assert f"3 sites, {SUGGESTION_SAMPLES + 2} samples" in repr(stats)
+
+
+def test_the_late_end_of_an_expired_block_is_its_real_duration() -> None:
+    """Shadow mode: a block that expired at 1 s and ended at 5 s ran 5 s, which is what
+    its site reports as its longest expired block, not the 1 s seen at the expiry."""
+    stats = DurationStats()
+    stats.record_expired("hang.py:3#1", elapsed=1.0)
+    stats.record_late("hang.py:3#1", 5.0)
+    summary = stats.summary("hang.py:3")
+    assert summary is not None
+    assert (summary.count, summary.max, summary.expirations, summary.longest_expired) == (
+        1,
+        5.0,
+        1,
+        5.0,
+    )
+
+
+def test_the_table_says_what_longest_and_suggested_mean() -> None:
+    stats = DurationStats()
+    for n in range(SUGGESTION_SAMPLES):
+        stats.record(f"ok.py:1#{n}", 0.5)
+    stats.record("few.py:1#1", 0.5)
+    table = format_summaries(stats.summaries())
+    rows = {line.split()[0]: line.split() for line in table.splitlines()[1:3]}
+    assert rows["ok.py:1"][-1] == "750ms" and rows["few.py:1"][-1] == "-"
+    assert f"from {SUGGESTION_SAMPLES} durations or more" in table
+
+
+def test_durations_round_up_to_the_next_unit() -> None:
+    assert format_seconds(0.9996) == "1s" and format_seconds(0.0009996) == "1ms"
+    assert (format_seconds(0.999), format_seconds(12.34), format_seconds(None)) == (
+        "999ms",
+        "12.3s",
+        "-",
+    )
 
 
 def test_site_with_only_expirations_has_no_suggestion() -> None:
@@ -165,7 +208,7 @@ def test_sites_are_bounded() -> None:
     assert stats.summary("scope-0").count == 2  # type: ignore[union-attr]
 
 
-@given(st.lists(st.tuples(st.sampled_from(["a.py:1#", "b.py:2#", "c"]), durations), max_size=50))
+@given(st.lists(st.tuples(st.sampled_from(["a.py:1#", "b.py:2#", "c"]), durations), max_size=80))
 def test_stats_match_a_naive_model_per_site(samples: list[tuple[str, float]]) -> None:
     stats = DurationStats()
     model: dict[str, list[float]] = {}
@@ -183,8 +226,11 @@ def test_stats_match_a_naive_model_per_site(samples: list[tuple[str, float]]) ->
         assert summary.p99 is not None
         assert within_bound(summary.p50, naive_quantile(values, 0.5), 0.01)
         assert within_bound(summary.p99, naive_quantile(values, 0.99), 0.01)
-        assert summary.suggested_timeout is not None
-        assert summary.suggested_timeout >= 1.2 * max(values)
+        if len(values) < SUGGESTION_SAMPLES:
+            assert summary.suggested_timeout is None
+        else:
+            assert summary.suggested_timeout is not None
+            assert summary.suggested_timeout >= 1.2 * max(values)
 
 
 def test_overdue_remembers_until_release_and_is_bounded() -> None:

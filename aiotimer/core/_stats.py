@@ -18,10 +18,13 @@ up a fresh scope id per block cannot grow the server's memory without bound.
 
 Suggested timeout (documented rule, :func:`suggest_timeout`):
 ``nice_ceil(max(1.5 * p99, 1.2 * max, MIN_SUGGESTION))`` where :func:`nice_ceil` rounds
-up to the next of 1, 1.5, 2, 3, 5, 7.5 times a power of ten. Expirations are counted
-but are not durations (the true duration of a block that expired is unknown until it
-ends): in report-only and shadow mode the server remembers expired timers in
-:class:`Overdue` so their eventual release still yields a real duration sample.
+up to the next of 1, 1.5, 2, 3, 5, 7.5 times a power of ten, and only for a site with at
+least :data:`SUGGESTION_SAMPLES` durations: from fewer, a p99 is only the largest of a
+handful and would suggest a timeout that the next slow block exceeds. Expirations are
+counted but are not durations (the true duration of a block that expired is unknown
+until it ends): in report-only and shadow mode the server remembers expired timers in
+:class:`Overdue` so their eventual release still yields a real duration sample
+(:meth:`DurationStats.record_late`), which also becomes the site's ``longest_expired``.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from aiotimer.core._table import TimerKey
 __all__ = [
     "MIN_SUGGESTION",
     "OTHER_SITE",
+    "SUGGESTION_SAMPLES",
     "DurationStats",
     "Overdue",
     "ScopeStats",
@@ -53,6 +57,8 @@ __all__ = [
 
 #: The smallest timeout ever suggested, in seconds.
 MIN_SUGGESTION: Final[float] = 0.01
+#: The fewest durations of a site from which a timeout is suggested.
+SUGGESTION_SAMPLES: Final[int] = 20
 #: How many scope ids :class:`DurationStats` remembers the site of (then it starts over).
 _SCOPE_CACHE_SIZE: Final = 4096
 #: The site that pools samples of new sites once ``max_sites`` is reached.
@@ -87,9 +93,11 @@ def suggest_timeout(p99: float, maximum: float) -> float:
 class ScopeStats:
     """The duration statistics of one scope site: its durations (seconds) and expirations.
 
-    ``p50``/``p99``/``max``/``suggested_timeout`` are ``None`` until a duration was
-    recorded. ``longest_expired`` is the longest time a timer of the site had run when it
-    expired (a lower bound of that block's duration), ``None`` without expirations.
+    ``p50``/``p99``/``max`` are ``None`` until a duration was recorded;
+    ``suggested_timeout`` until :data:`SUGGESTION_SAMPLES` were. ``longest_expired`` is
+    the longest an expired block of the site ran: its real duration when it ended
+    unreaped (report only, shadow mode), else how long it had run when it expired (a
+    lower bound); ``None`` without expirations.
     """
 
     site: str
@@ -190,6 +198,14 @@ class DurationStats:
         for site, count in by_site.items():
             site.sketch.add_many(duration, count)
 
+    def record_late(self, scope_id: str, duration: float) -> None:
+        """Record that a block of ``scope_id`` that expired unreaped ended after
+        ``duration`` seconds: a duration, and the site's longest expired block if longer."""
+        site = self._site(scope_id)
+        site.sketch.add(duration)
+        if site.longest_expired is None or duration > site.longest_expired:
+            site.longest_expired = duration
+
     def record_expired(self, scope_id: str, elapsed: float) -> None:
         """Record that a timer of ``scope_id`` expired after running ``elapsed`` seconds."""
         if not (elapsed >= 0 and math.isfinite(elapsed)):
@@ -209,7 +225,7 @@ class DurationStats:
         p99 = sketch.quantile(0.99)
         maximum = sketch.max if sketch.count else None
         suggested = None
-        if p99 is not None and maximum is not None:
+        if p99 is not None and maximum is not None and sketch.count >= SUGGESTION_SAMPLES:
             suggested = suggest_timeout(p99, maximum)
         return ScopeStats(
             site=site,
