@@ -34,7 +34,7 @@ def test_agent_restarts_the_hung_worker_and_succeeds() -> None:
     out = result.stdout
     assert result.returncode == 0, out + result.stderr[-4000:]
     assert "worker 1 (pid " in out
-    assert "reaped by timer 'step-1' (SIGKILL)" in out
+    assert "reaped (SIGKILL): block 'step-1' outlived its timer" in out
     assert "rank 1: done (restart count 1)" in out
     assert "rank 0: done (restart count 0)" in out
     assert out.rstrip().endswith("outcome: succeeded")

@@ -226,7 +226,7 @@ def test_a_hang_on_one_node_restarts_every_node_with_one_job_wide_count(job: Job
         "a": ("left", "succeeded"),
         "b": ("left", "succeeded"),
     }
-    assert "reaped by timer 'step'" in job.log("b")
+    assert "reaped (SIGKILL): block 'step' outlived its timer" in job.log("b")
     # Node b left with its last reap, so the view still shows it.
     assert [(r["node"], r["rank"], r["scopes"]) for r in view["recent_reaps"]] == [
         ("b", 0, ["step"])

@@ -13,6 +13,7 @@ import pytest
 from aiotimer import events as ev
 from aiotimer._edges.eventlog import EventLog
 from aiotimer.core._stats import ScopeStats
+from aiotimer.events._reaping import MAX_DUMP_LINE
 
 SUMMARY = ScopeStats(
     site="w.py:3",
@@ -61,7 +62,8 @@ SAMPLES: list[ev.Event] = [
         uptime=2.5,
         start_failure=False,
         state="backoff",
-        description="reaped by timer 'a'",
+        omitted=99,
+        task="Task-7",
     ),
     ev.RestartScheduled(time=1.0, ranks=(0, 1), delay=0.5, restarts=(1, 1), attempt=1, budget=3),
     ev.SupervisorGaveUp(time=1.0, reason="restart budget exhausted"),
@@ -86,6 +88,18 @@ SAMPLES: list[ev.Event] = [
     ev.SignalRefused(time=1.0, pid=1, signal=19, group=False, reason="SIGSTOP not allowed"),
     ev.LoopLagged(time=1.0, lag=2.74, expired=3),
     ev.ControlRefused(time=1.0, pid=77, uid=1000),
+    ev.TimerExpired(
+        time=1.0,
+        pid=1,
+        scope_id="a@Task-1",
+        signal=9,
+        late=0.001,
+        report_only=False,
+        action="SIGKILL",
+        kill_after=5.0,
+    ),
+    ev.BlockCancelled(time=1.0, pid=1, scope_id="a@Task-1", late=0.002, kill_after=5.0),
+    ev.BlockCancelled(time=1.0, pid=1, scope_id="a@Task-1"),
 ]
 
 
@@ -95,6 +109,8 @@ def test_every_event_kind_has_a_sample_and_a_unique_kind() -> None:
         "ServerCounters",
         "signal_name",
         "clip_text",
+        "exit_phrase",
+        "holding_task",
         "MAX_LOGGED_TEXT",
         "MAX_REPORTED_SCOPES",
         "RankStatus",
@@ -125,10 +141,13 @@ def test_long_texts_are_whole_in_the_event_and_clipped_in_its_logged_forms() -> 
         time=1.0, pid=1, signal=9, group=False, scopes=("a",), step=2, steps=2, stacks=dump
     )
     assert dumped.text == dump and reaped.stacks == dump
-    for logged in (dumped.to_dict()["text"], reaped.to_dict()["stacks"], dumped.describe()):
+    for logged in (dumped.to_dict()["text"], reaped.to_dict()["stacks"]):
         assert "x" * ev.MAX_LOGGED_TEXT in logged
         assert "x" * (ev.MAX_LOGGED_TEXT + 1) not in logged
         assert "10 more characters not logged" in logged
+    # The log line of a dump is cut line by line too: nothing prints a line of 64 KiB.
+    assert max(map(len, dumped.describe().splitlines())) <= MAX_DUMP_LINE
+    assert "more characters not logged" in dumped.describe()
     assert "stack dump attached" in reaped.describe() and dump not in reaped.describe()
     assert ev.clip_text("short") == "short"
 
@@ -183,3 +202,76 @@ async def test_event_log_bounds_the_rate_of_rejections(tmp_path: Path) -> None:
     assert records[-2]["event"] == "worker_reaped"
     assert (records[-1]["event"], records[-1]["count"]) == ("events_lost", 7)
     assert log.dropped == 7
+
+
+def test_the_task_holding_the_loop_is_read_off_a_dump() -> None:
+    dump = (
+        "=== aiotimer asyncio tasks: pid 7, ... ===\n"
+        "The loop is held by task 'Task-201', in aiotimer block(s) w.py:3#201@Task-201, w.py:2#9\n"
+        "Task 'Task-1' (pending):\n"
+    )
+    assert ev.holding_task(dump) == ("Task-201", "w.py:3#201@Task-201")
+    assert ev.holding_task('The loop is held by task "it\'s"\n') == ("it's", None)
+    assert ev.holding_task("Current thread 0x1 (most recent call first):\n") is None
+    assert ev.holding_task(None) is None
+    reaped = ev.WorkerReaped(
+        time=1.0, pid=7, signal=9, group=False, scopes=("w.py:1#1@Task-2",) * 100,
+        step=2, steps=2, stacks=dump, omitted=35,
+    )  # fmt: skip
+    assert reaped.describe() == (
+        "sent SIGKILL to worker 7 (step 2/2): the loop was held by task 'Task-201' in block "
+        "'w.py:3#201@Task-201'; 135 open block(s) cleared"
+    )
+
+
+def test_every_one_line_description_is_bounded_whatever_the_inputs() -> None:
+    huge = "s" * 2048  # the longest scope id the wire accepts
+    lines = [
+        ev.TimerExpired(
+            time=1.0, pid=2**31 - 1, scope_id=huge, signal=9, late=1.0, report_only=False,
+            action="x" * 1000, kill_after=5.0,
+        ),
+        ev.WorkerReaped(
+            time=1.0, pid=1, signal=9, group=True, scopes=(huge,) * 100, step=2, steps=2,
+            omitted=10**6,
+        ),
+        ev.WorkerExited(time=1.0, pid=1, cleared=(huge,) * 100, reason="exited", omitted=5),
+        ev.RequestRejected(time=1.0, reason="r" * 500, line="\x00" * 200, source="fifo:/x"),
+        ev.WorkerEnded(
+            time=1.0, rank=0, pid=1, reason="reaped", exit_code=None, signal=9,
+            scopes=(huge,) * 3, uptime=1.0, start_failure=False, state="backoff",
+            omitted=10**6, task="t" * 500,
+        ),
+        ev.RestartScheduled(
+            time=1.0, ranks=tuple(range(1000)), delay=1.0, restarts=(1,) * 1000, attempt=1,
+            budget=3,
+        ),
+    ]  # fmt: skip
+    for event in lines:
+        assert len(event.describe()) < 400, event.kind
+
+
+def test_why_a_worker_ended_names_the_culprit_first() -> None:
+    assert ev.exit_phrase("reaped", None, 9, scopes=("step",)) == (
+        "reaped (SIGKILL): block 'step' outlived its timer"
+    )
+    assert ev.exit_phrase("stopped", None, 15) == "stopped by the supervisor (SIGTERM)"
+    phrase = ev.exit_phrase("reaped", None, 9, scopes=("a@hog", "b"), omitted=8, task="hog")
+    assert phrase == "reaped (SIGKILL): task 'hog' held the loop, in block 'a@hog' (10 open)"
+
+
+def test_an_operators_restart_is_no_warning_and_says_it_is_not_charged() -> None:
+    failure = ev.RestartScheduled(
+        time=1.0, ranks=(1,), delay=0.5, restarts=(1,), attempt=1, budget=3
+    )
+    operator = ev.RestartScheduled(
+        time=1.0, ranks=(1,), delay=0.0, restarts=(2,), attempt=1, budget=-1, cause="operator"
+    )
+    assert failure.log_level() == logging.WARNING
+    assert failure.describe() == "restarting worker(s) 1 in 0.50s (restart 1 of 3 allowed)"
+    assert operator.log_level() == logging.INFO
+    assert "as the operator asked (not charged to the restart budget)" in operator.describe()
+    stopped = ev.SupervisorStopped(
+        time=1.0, outcome="stopped", exit_code=143, workers=(), signal=15
+    )
+    assert stopped.describe() == "supervisor stopped: stopped by SIGTERM (exit code 143)"

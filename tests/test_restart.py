@@ -64,7 +64,7 @@ def test_classify_exit(
 
 
 def test_reasons_describe_themselves() -> None:
-    assert REAPED.describe() == "reaped by timer 'step' (SIGKILL)"
+    assert REAPED.describe() == "reaped (SIGKILL): block 'step' outlived its timer"
     assert CRASH.describe() == "crashed (exit code 1)"
     assert classify_exit(-KILL).describe() == "killed by SIGKILL"
 
@@ -83,6 +83,7 @@ def test_reasons_describe_themselves() -> None:
 def test_backoff_delay_stays_within_jitter_and_cap(
     initial: float, cap: float, factor: float, jitter: float, *, n: int, u: float
 ) -> None:
+    cap = max(cap, initial)  # an initial delay above the cap is refused (see below)
     b = Backoff(initial, cap, factor, jitter)
     base = math.exp(min(math.log(cap), math.log(initial) + n * math.log(factor)))
     d = b.delay(n, u)
@@ -288,3 +289,33 @@ def test_never_more_than_k_restarts_in_any_window(
         for t in restarts:
             assert sum(1 for u in restarts if t <= u < t + window) <= k
         assert all(s.state is not WorkerState.INIT for s in p.slots)
+
+
+def test_a_reap_keeps_the_culprits_block_first_and_at_most_three_scopes() -> None:
+    scopes = tuple(f"w.py:1#{n}@Task-{n}" for n in range(100))
+    reason = classify_exit(
+        -KILL, reaped_scopes=scopes, omitted=35, culprit=("hog", "w.py:9#101@hog")
+    )
+    assert reason.scopes == ("w.py:9#101@hog", scopes[0], scopes[1])
+    # 135 blocks in all: the culprit's was one of the 35 not listed.
+    assert (reason.omitted, reason.task) == (132, "hog")
+    assert reason.describe() == (
+        "reaped (SIGKILL): task 'hog' held the loop, in block 'w.py:9#101@hog' (135 open)"
+    )
+
+
+def test_an_initial_delay_above_the_cap_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"initial delay \(5s\) must not exceed the cap \(1s\)"):
+        Backoff(initial=5, cap=1)
+
+
+def test_a_restart_outside_the_budget_says_so() -> None:
+    p = planner(max_restarts=1)
+    decision = p.restart((0,), now=1.0, budget=False, cause="operator")
+    assert (decision.budget, decision.attempt, decision.cause, decision.delay) == (
+        -1,
+        0,
+        "operator",
+        0.0,
+    )
+    assert p.restarts_in_window(1.0) == 0

@@ -6,6 +6,7 @@ the supervisor; the blocking client runs in a thread.
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +19,7 @@ from aiotimer import Supervisor
 from aiotimer.control import ControlClient, ControlPlane
 from aiotimer.control._format import format_status
 from aiotimer.errors import ControlError, ServerStateError
+from aiotimer.events import Event, RestartScheduled, WorkerEnded
 from aiotimer.supervisor import WorkerState
 from aiotimer.testing import wait_until
 
@@ -32,10 +34,14 @@ async def call(fn: Callable[[], _T]) -> _T:
     return await anyio.to_thread.run_sync(fn)
 
 
-async def test_state_restart_and_stop_by_rank(tmp_path: Path) -> None:
+async def test_state_restart_and_stop_by_rank(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     path = tmp_path / "sup.sock"
+    events: list[Event] = []
+    caplog.set_level(logging.INFO, logger="aiotimer")
     async with (
-        Supervisor(SLEEPER, nproc=2, stop_timeout=2) as sup,
+        Supervisor(SLEEPER, nproc=2, stop_timeout=2, on_event=events.append) as sup,
         ControlPlane(sup, path=path),
     ):
         await wait_until(lambda: all(w.pid for w in sup.get_state().workers), timeout=20)
@@ -53,9 +59,21 @@ async def test_state_restart_and_stop_by_rank(tmp_path: Path) -> None:
         assert answer["rank"] == 1 and answer["restarts"] == 1
         await wait_until(lambda: sup.get_state().workers[1].pid not in (None, old), timeout=20)
 
+        # An operator's restart is neither charged to the budget nor a warning.
+        [restart] = [e for e in events if isinstance(e, RestartScheduled)]
+        assert (restart.cause, restart.budget) == ("operator", -1)
+        [logged] = [r for r in caplog.records if r.getMessage().startswith("restarting")]
+        assert logged.levelno == logging.INFO
+        assert logged.getMessage() == (
+            "restarting worker(s) 1 now as the operator asked (not charged to the restart budget)"
+        )
+
         answer = await call(lambda: client.stop(0))
         assert answer["state"] == "stopped"
         assert sup.get_state().workers[0].state is WorkerState.STOPPED
+        # Stopped for good: not waiting for a restart.
+        ended = [e for e in events if isinstance(e, WorkerEnded) and e.rank == 0]
+        assert [e.state for e in ended] == ["stopped"]
 
         text = await call(client.metrics)
         assert "aiotimer_restarts_total 1.0" in text.splitlines()

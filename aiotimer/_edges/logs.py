@@ -144,7 +144,8 @@ class EventLogger:
 
     def log(self, event: Event) -> None:
         """Log ``event`` (or count it, if it is noise over its rate)."""
-        if not logger.isEnabledFor(event.level):
+        level = event.log_level()
+        if not logger.isEnabledFor(level):
             return
         if isinstance(event, _NOISE):
             log, ended = self._limiter.offer(_noise_kind(event), time.monotonic(), event.describe)
@@ -153,7 +154,7 @@ class EventLogger:
             if not log:
                 self._schedule()
                 return
-        logger.log(event.level, event.describe(), extra={"aiotimer": event.to_dict()})
+        logger.log(level, event.describe(), extra={"aiotimer": event.to_dict()})
 
     def flush(self, *, everything: bool = False) -> None:
         """Log the summaries that are due (``everything``: of every open window)."""

@@ -27,6 +27,7 @@ from aiotimer.events._base import (
     MAX_REPORTED_SCOPES,
     Event,
     clip_text,
+    holding_task,
     signal_name,
 )
 from aiotimer.events._reaping import (
@@ -56,8 +57,10 @@ from aiotimer.events._supervisor import (
     WorkerRunning,
     WorkerStarted,
     WorkerState,
+    exit_phrase,
 )
 from aiotimer.events._timers import (
+    BlockCancelled,
     RequestRejected,
     TimerAcquired,
     TimerEvicted,
@@ -70,6 +73,7 @@ from aiotimer.events._timers import (
 __all__ = [
     "MAX_LOGGED_TEXT",
     "MAX_REPORTED_SCOPES",
+    "BlockCancelled",
     "ControlRefused",
     "Event",
     "EventsLost",
@@ -101,6 +105,8 @@ __all__ = [
     "WorkerSurvived",
     "WorkerUnknown",
     "clip_text",
+    "exit_phrase",
+    "holding_task",
     "signal_name",
 ]
 

@@ -9,8 +9,10 @@ characters with a note saying how much was left out.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import logging
+import re
 import signal as _signal
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final
@@ -18,10 +20,15 @@ from typing import Any, ClassVar, Final
 import msgspec
 
 __all__ = [
+    "MAX_LINE_SCOPE",
+    "MAX_LINE_TEXT",
     "MAX_LOGGED_TEXT",
     "MAX_REPORTED_SCOPES",
     "Event",
+    "clip",
+    "clip_scope",
     "clip_text",
+    "holding_task",
     "scope_list",
     "signal_name",
 ]
@@ -32,6 +39,20 @@ __all__ = [
 MAX_REPORTED_SCOPES: Final[int] = 100
 #: The most characters of one text field (a stack dump) that logs and the event log get.
 MAX_LOGGED_TEXT: Final[int] = 64 * 1024
+#: The most characters of a free text (a reason, an action, a rejected line) in a
+#: one-line description; longer ones end in "...".
+MAX_LINE_TEXT: Final[int] = 120
+#: The most characters of a scope id or a task name in a one-line description.
+MAX_LINE_SCOPE: Final[int] = 60
+#: How many scope ids a one-line description lists (then how many in all).
+_LISTED_SCOPES: Final[int] = 3
+# The line of a worker's asyncio dump that names the task holding its loop (written by
+# aiotimer.client._task_stacks): the task's repr'd name, then its open blocks.
+_HELD_BY: Final = re.compile(
+    r"^The loop is held by task ('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\")"  # repr of its name
+    r"(?:, in aiotimer block\(s\) ([^,\n]+))?",  # its first open block
+    re.MULTILINE,
+)
 
 
 def signal_name(signum: int) -> str:
@@ -65,11 +86,41 @@ def _logged(value: object) -> object:
     return value
 
 
+def clip(text: str, limit: int = MAX_LINE_TEXT) -> str:
+    """``text`` cut to ``limit`` characters, ending in ``...`` when it was cut."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def clip_scope(scope_id: str) -> str:
+    """A scope id (or a task name) as a one-line description quotes it: ``repr``'d, at
+    most :data:`MAX_LINE_SCOPE` characters of it."""
+    return repr(clip(scope_id, MAX_LINE_SCOPE))
+
+
 def scope_list(scopes: tuple[str, ...], omitted: int = 0) -> str:
-    """The first scope ids of ``scopes``, and how many in all when there are more."""
-    shown = ", ".join(scopes[:5])
+    """The first scope ids of ``scopes`` (each clipped), and how many in all when there
+    are more: bounded, however many a worker held."""
+    shown = ", ".join(clip(s, MAX_LINE_SCOPE) for s in scopes[:_LISTED_SCOPES])
     total = len(scopes) + omitted
-    return shown + (f", ... ({total} in all)" if total > 5 else "")
+    return shown + (f", ... ({total} in all)" if total > _LISTED_SCOPES else "")
+
+
+def holding_task(stacks: str | None) -> tuple[str, str | None] | None:
+    """The task that held the worker's event loop, and the first of its open blocks,
+    when the worker's stack dump names them (``The loop is held by task 'Task-201', in
+    aiotimer block(s) ...``: an asyncio worker's dump hook writes it); ``None`` when it
+    does not."""
+    if not stacks:
+        return None
+    found = _HELD_BY.search(stacks)
+    if found is None:
+        return None
+    try:
+        task = ast.literal_eval(found.group(1))
+    except (ValueError, SyntaxError):
+        return None
+    block = found.group(2)
+    return str(task), None if block is None else block.strip()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -93,6 +144,11 @@ class Event:
         for f in dataclasses.fields(self):
             out[f.name] = _logged(getattr(self, f.name))
         return out
+
+    def log_level(self) -> int:
+        """The :mod:`logging` level to log this event at: :attr:`level`, unless this
+        event's fields say otherwise (a worker stopped on purpose is no warning)."""
+        return self.level
 
     def describe(self) -> str:
         """One human-readable line (the log message)."""

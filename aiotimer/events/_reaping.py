@@ -5,11 +5,20 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Final
 
-from aiotimer.events._base import Event, clip_text, scope_list, signal_name
+from aiotimer.events._base import (
+    Event,
+    clip,
+    clip_scope,
+    clip_text,
+    holding_task,
+    scope_list,
+    signal_name,
+)
 
 __all__ = [
+    "MAX_DUMP_LINE",
     "ReapAbandoned",
     "ReapFailed",
     "SignalRefused",
@@ -18,6 +27,10 @@ __all__ = [
     "WorkerReaped",
     "WorkerSurvived",
 ]
+
+
+#: The most characters of one line of a stack dump in the logged description.
+MAX_DUMP_LINE: Final[int] = 240
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -34,12 +47,17 @@ class StacksDumped(Event):
     reason: str | None = None
 
     def describe(self) -> str:
-        """One human-readable line."""
-        if self.text is None:
-            why = f": {self.reason}" if self.reason else ""
-            return f"no stack dump from worker {self.pid} (step {self.step}/{self.steps}){why}"
+        """The dump, after a line naming the task holding the loop when the dump says
+        so; each line of the dump cut at :data:`MAX_DUMP_LINE` characters."""
         where = f"worker {self.pid} (step {self.step}/{self.steps})"
-        return f"stacks of {where}:\n{clip_text(self.text)}"
+        if self.text is None:
+            why = f": {clip(self.reason)}" if self.reason else ""
+            return f"no stack dump from {where}{why}"
+        held = holding_task(self.text)
+        culprit = "" if held is None else f"; the loop is held by task {clip_scope(held[0])}"
+        lines = clip_text(self.text).splitlines()
+        dump = "\n".join(clip(line, MAX_DUMP_LINE) for line in lines)
+        return f"stacks of {where}{culprit}:\n{dump}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -82,13 +100,26 @@ class WorkerReaped(Event):
     stacks: str | None = None
     omitted: int = 0
 
+    @property
+    def culprit(self) -> tuple[str, str | None] | None:
+        """The task that held the worker's loop and its open block, when the stack dump
+        names them (see :func:`~aiotimer.events.holding_task`)."""
+        return holding_task(self.stacks)
+
     def describe(self) -> str:
-        """One human-readable line (the dump itself is in the ``stacks_dumped`` line)."""
+        """One bounded line, naming the task that held the loop first when the dump
+        says which (the dump itself is in the ``stacks_dumped`` line)."""
         target = f"process group of worker {self.pid}" if self.group else f"worker {self.pid}"
-        dumped = "; stack dump attached" if self.stacks is not None else ""
+        sent = f"sent {signal_name(self.signal)} to {target} (step {self.step}/{self.steps})"
+        held = self.culprit
+        if held is None:
+            dumped = "; stack dump attached" if self.stacks is not None else ""
+            return f"{sent}; scopes: {scope_list(self.scopes, self.omitted)}{dumped}"
+        task, block = held
+        inside = "" if block is None else f" in block {clip_scope(block)}"
         return (
-            f"sent {signal_name(self.signal)} to {target} (step {self.step}/{self.steps}; "
-            f"scopes: {scope_list(self.scopes, self.omitted)}{dumped})"
+            f"{sent}: the loop was held by task {clip_scope(task)}{inside}; "
+            f"{len(self.scopes) + self.omitted} open block(s) cleared"
         )
 
 
@@ -111,7 +142,7 @@ class ReapFailed(Event):
         """One human-readable line."""
         return (
             f"could not send {signal_name(self.signal)} to worker {self.pid} "
-            f"(attempt {self.attempt}): {self.error}; retrying in {self.retry_in:.2f}s"
+            f"(attempt {self.attempt}): {clip(self.error)}; retrying in {self.retry_in:.2f}s"
         )
 
 
@@ -133,7 +164,7 @@ class ReapAbandoned(Event):
         """One human-readable line."""
         return (
             f"gave up sending {signal_name(self.signal)} to worker {self.pid} after "
-            f"{self.attempts} attempt(s): {self.error}; the worker may still be running"
+            f"{self.attempts} attempt(s): {clip(self.error)}; the worker may still be running"
         )
 
 
@@ -180,4 +211,5 @@ class SignalRefused(Event):
         """One human-readable line."""
         target = f"process group of worker {self.pid}" if self.group else f"worker {self.pid}"
         instead = "; sent to the worker alone instead" if self.fallback == "pid" else ""
-        return f"refused to send {signal_name(self.signal)} to {target}: {self.reason}{instead}"
+        reason = clip(self.reason)
+        return f"refused to send {signal_name(self.signal)} to {target}: {reason}{instead}"

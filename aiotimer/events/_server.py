@@ -28,17 +28,21 @@ class ServerCounters:
     """What a server run has done so far (the server counts into one; snapshots are copies).
 
     ``requests`` counts valid requests received; ``acquired``/``released`` the timers set
-    and released in time; ``expired`` the deadlines passed; ``reaped`` the signals
-    delivered; ``reap_failed`` the failed signal attempts; ``rejected`` the bad inputs
-    (and acquires refused by a cap, also counted in ``cap_rejected``); ``evicted`` the
-    timers dropped to make room in a full table; ``workers_exited`` the workers seen
-    exiting; ``wakeups`` the times the expiry task woke up; ``events_dropped`` the
-    events the event log had no room for.
+    and released in time; ``cancelled`` the ``async with`` blocks that ended at their own
+    deadline, their task cancelled in the worker (the first tier; such a block is also
+    ``released``); ``expired`` the timers whose deadline passed (each of a reaped
+    worker's timers that fell due, not only the one that began the reap); ``reaped`` the
+    signals delivered; ``reap_failed`` the failed signal attempts; ``rejected`` the bad
+    inputs (and acquires refused by a cap, also counted in ``cap_rejected``); ``evicted``
+    the timers dropped to make room in a full table; ``workers_exited`` the workers seen
+    exiting; ``wakeups`` the times the expiry task woke up; ``events_dropped`` the events
+    the event log had no room for.
     """
 
     requests: int = 0
     acquired: int = 0
     released: int = 0
+    cancelled: int = 0
     expired: int = 0
     reaped: int = 0
     reap_failed: int = 0

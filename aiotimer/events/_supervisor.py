@@ -19,7 +19,7 @@ from typing import ClassVar
 
 import msgspec
 
-from aiotimer.events._base import Event
+from aiotimer.events._base import Event, clip, clip_scope, signal_name
 
 __all__ = [
     "RankStatus",
@@ -30,6 +30,7 @@ __all__ = [
     "WorkerRunning",
     "WorkerStarted",
     "WorkerState",
+    "exit_phrase",
 ]
 
 
@@ -122,14 +123,52 @@ class WorkerRunning(Event):
         return f"worker {self.rank} (pid {self.pid}) is running: {self.evidence}"
 
 
+def exit_phrase(
+    reason: str,
+    exit_code: int | None,
+    signal: int | None,
+    *,
+    scopes: tuple[str, ...] = (),
+    omitted: int = 0,
+    task: str | None = None,
+) -> str:
+    """Why a worker's process ended, in a few words that fit a line: the culprit first.
+
+    ``reason`` is an exit kind (``reaped``, ``crashed``, ...); for a reap, ``task`` is
+    the task that held the worker's loop when its stack dump said so, ``scopes`` the
+    first of its blocks (the culprit's first) and ``omitted`` how many more were open.
+
+    >>> exit_phrase("crashed", 1, None)
+    'crashed (exit code 1)'
+    >>> exit_phrase("reaped", None, 9, scopes=("w.py:3#7@Task-7",), omitted=99, task="Task-7")
+    "reaped (SIGKILL): task 'Task-7' held the loop, in block 'w.py:3#7@Task-7' (100 open)"
+    """
+    how = signal_name(signal) if signal is not None else f"exit code {exit_code}"
+    if reason == "reaped":
+        total = len(scopes) + omitted
+        block = f"block {clip_scope(scopes[0])}" if scopes else "a block"
+        count = f" ({total} open)" if total > 1 else ""
+        if task is not None:
+            return f"reaped ({how}): task {clip_scope(task)} held the loop, in {block}{count}"
+        return f"reaped ({how}): {block} outlived its timer{count}"
+    if reason == "signalled":
+        return f"killed by {how}"
+    if reason == "stopped":
+        return f"stopped by the supervisor ({how})"
+    return f"{clip(reason, 40)} ({how})"
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WorkerEnded(Event):
     """A supervised worker's process ended.
 
-    ``reason`` is ``succeeded``, ``crashed``, ``signalled``, ``reaped`` (by the timer;
-    ``scopes`` are the expired ones) or ``stopped`` (by the supervisor); ``start_failure``
-    is true when it ended before any evidence that it ran; ``state`` is the slot's state
-    now (e.g. ``backoff``, ``succeeded``, ``fatal``).
+    ``reason`` is ``succeeded``, ``crashed``, ``signalled``, ``reaped`` (by the timer)
+    or ``stopped`` (by the supervisor). For a reap, ``task`` is the task that held the
+    worker's loop when its stack dump said so, ``scopes`` the first (at most 3) of the
+    worker's open blocks, the culprit's first, and ``omitted`` how many more were open.
+    ``start_failure`` is true when it ended before any evidence that it ran; ``state`` is
+    the slot's state now (e.g. ``backoff``, ``succeeded``, ``fatal``; ``stopped`` at a
+    shutdown). Every field is bounded, so the event fits a line.
     """
 
     kind: ClassVar[str] = "worker_ended"
@@ -143,7 +182,20 @@ class WorkerEnded(Event):
     uptime: float
     start_failure: bool
     state: str
-    description: str
+    omitted: int = 0
+    task: str | None = None
+
+    @property
+    def description(self) -> str:
+        """Why the process ended, in a few words (:func:`exit_phrase`)."""
+        return exit_phrase(
+            self.reason,
+            self.exit_code,
+            self.signal,
+            scopes=self.scopes,
+            omitted=self.omitted,
+            task=self.task,
+        )
 
     def log_level(self) -> int:
         """The level to log this exit at: INFO for a success or a stop, else WARNING."""
@@ -160,9 +212,14 @@ class WorkerEnded(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RestartScheduled(Event):
-    """Workers ``ranks`` will be restarted in ``delay`` seconds (restart ``attempt`` of
-    the ``budget`` allowed in the window; ``budget`` is ``-1`` when the restart was not
-    counted: an operator's or a job-wide one)."""
+    """Workers ``ranks`` will be restarted in ``delay`` seconds.
+
+    ``cause`` says why: ``"failure"`` (the restart policy's answer to a failed or reaped
+    worker: restart ``attempt`` of the ``budget`` allowed in the window), ``"operator"``
+    (asked through the control API: not charged to the budget, logged at INFO) or
+    ``"job"`` (a job-wide restart decided by the cluster, counted by the job's own
+    budget). ``budget`` is ``-1`` when this node's budget was not charged.
+    """
 
     kind: ClassVar[str] = "restart_scheduled"
     level: ClassVar[int] = logging.WARNING
@@ -171,12 +228,25 @@ class RestartScheduled(Event):
     restarts: tuple[int, ...]
     attempt: int
     budget: int
+    cause: str = "failure"
+
+    def log_level(self) -> int:
+        """INFO for an operator's restart, else WARNING."""
+        return logging.INFO if self.cause == "operator" else self.level
 
     def describe(self) -> str:
         """One human-readable line."""
-        which = ", ".join(map(str, self.ranks))
-        counted = f" (restart {self.attempt} of {self.budget} allowed)" if self.budget >= 0 else ""
-        return f"restarting worker(s) {which} in {self.delay:.2f}s{counted}"
+        which = ", ".join(map(str, self.ranks[:16])) + (", ..." if len(self.ranks) > 16 else "")
+        when = f"in {self.delay:.2f}s" if self.delay > 0 else "now"
+        if self.cause == "operator":
+            why = " as the operator asked (not charged to the restart budget)"
+        elif self.cause == "job":
+            why = " for a job-wide restart (counted by the job's budget)"
+        elif self.budget >= 0:
+            why = f" (restart {self.attempt} of {self.budget} allowed)"
+        else:
+            why = ""
+        return f"restarting worker(s) {which} {when}{why}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -197,13 +267,18 @@ class SupervisorGaveUp(Event):
 class SupervisorStopped(Event):
     """The supervised run ended: ``outcome`` (``succeeded``, ``failed``, ``gave_up`` or
     ``stopped``), its ``exit_code``, and every rank's final :class:`RankStatus` (the rows
-    of the summary table)."""
+    of the summary table). ``signal`` is the signal that stopped the run (SIGINT,
+    SIGTERM), if one did: the exit code is then ``128 + signal``, as the process's."""
 
     kind: ClassVar[str] = "supervisor_stopped"
     outcome: str
     exit_code: int
     workers: tuple[RankStatus, ...]
+    signal: int | None = None
 
     def describe(self) -> str:
         """One human-readable line."""
-        return f"supervisor stopped: {self.outcome} (exit code {self.exit_code})"
+        how = self.outcome.replace("_", " ")
+        if self.signal is not None:
+            how = f"stopped by {signal_name(self.signal)}"
+        return f"supervisor stopped: {how} (exit code {self.exit_code})"

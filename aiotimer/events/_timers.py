@@ -7,9 +7,17 @@ import logging
 from dataclasses import dataclass
 from typing import ClassVar
 
-from aiotimer.events._base import Event, scope_list, signal_name
+from aiotimer.core._stats_format import format_seconds
+from aiotimer.events._base import (
+    Event,
+    clip,
+    clip_scope,
+    scope_list,
+    signal_name,
+)
 
 __all__ = [
+    "BlockCancelled",
     "RequestRejected",
     "TimerAcquired",
     "TimerEvicted",
@@ -35,7 +43,7 @@ class TimerAcquired(Event):
     def describe(self) -> str:
         """One human-readable line."""
         return (
-            f"worker {self.pid} acquired {self.scope_id!r}, expires in "
+            f"worker {self.pid} acquired {clip_scope(self.scope_id)}, expires in "
             f"{self.expires_in:.3f}s ({signal_name(self.signal)}, via {self.source})"
         )
 
@@ -52,7 +60,7 @@ class TimerReleased(Event):
 
     def describe(self) -> str:
         """One human-readable line."""
-        return f"worker {self.pid} released {self.scope_id!r} (via {self.source})"
+        return f"worker {self.pid} released {clip_scope(self.scope_id)} (via {self.source})"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -63,6 +71,12 @@ class TimerExpired(Event):
     shadow mode, or the timer belongs to the server's own process, which is never
     signalled). ``action`` says in words what the server does (or, in shadow mode,
     would do).
+
+    ``kill_after > 0``: the timer is the second tier of an ``async with`` block. Its
+    deadline is the reap deadline; the block's own deadline, when the worker cancelled
+    its task, passed ``kill_after`` seconds earlier (``late + kill_after`` ago), and the
+    block has still not ended: its loop is blocked, or the task swallowed its
+    cancellation.
     """
 
     kind: ClassVar[str] = "timer_expired"
@@ -73,12 +87,51 @@ class TimerExpired(Event):
     late: float
     report_only: bool
     action: str
+    kill_after: float = 0.0
 
     def describe(self) -> str:
         """One human-readable line."""
+        late = f"{self.late * 1000:.1f} ms"
+        what = f"timer {clip_scope(self.scope_id)} of worker {self.pid} expired"
+        if self.kill_after > 0:
+            return (
+                f"{what} {late} after its reap deadline: its block outlived its own "
+                f"deadline by {format_seconds(self.kill_after)} (kill_after); action: "
+                f"{clip(self.action)}"
+            )
+        return f"{what} ({late} after its deadline); action: {clip(self.action)}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BlockCancelled(Event):
+    """An ``async with`` block ended at its own deadline: the worker cancelled its task
+    there (``TimeoutError`` out of the block, the first of two tiers) and the block
+    ended, so the server does not reap the worker. The worker says so in the block's
+    release (the wire's ``cancelled`` key).
+
+    ``late`` is how long after its deadline the block ended (its release arrived), and
+    ``kill_after`` how long after its deadline the server would have reaped the worker;
+    both ``None`` when the server did not hold the block's timer (its acquire and
+    release were read at once, or the server restarted in between).
+    """
+
+    kind: ClassVar[str] = "block_cancelled"
+    pid: int
+    scope_id: str
+    late: float | None = None
+    kill_after: float | None = None
+
+    def describe(self) -> str:
+        """One human-readable line."""
+        ended = ""
+        if self.late is not None:
+            ended = f"; the block ended {format_seconds(self.late)} later"
+            if self.kill_after is not None:
+                left = format_seconds(max(0.0, self.kill_after - self.late))
+                ended += f", {left} before its reap deadline"
         return (
-            f"timer {self.scope_id!r} of worker {self.pid} expired "
-            f"({self.late * 1000:.1f} ms after its deadline); action: {self.action}"
+            f"block {clip_scope(self.scope_id)} of worker {self.pid} hit its deadline: "
+            f"its task was cancelled (TimeoutError in the worker){ended}"
         )
 
 
@@ -121,7 +174,7 @@ class WorkerUnknown(Event):
         """One human-readable line."""
         return (
             f"request from {self.source} names pid {self.pid}, which is not a running "
-            f"process; timer {self.scope_id!r} dropped"
+            f"process; timer {clip_scope(self.scope_id)} dropped"
         )
 
 
@@ -139,7 +192,7 @@ class RequestRejected(Event):
 
     def describe(self) -> str:
         """One human-readable line."""
-        return f"rejected input from {self.source}: {self.reason}: {self.line!r}"
+        return f"rejected input from {self.source}: {clip(self.reason)}: {clip(repr(self.line))}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -159,7 +212,7 @@ class TimerEvicted(Event):
     def describe(self) -> str:
         """One human-readable line."""
         return (
-            f"timer {self.scope_id!r} of worker {self.pid} dropped: the server holds its "
+            f"timer {clip_scope(self.scope_id)} of worker {self.pid} dropped: the server holds its "
             f"maximum of {self.max_timers:,} timers and worker {self.pid} holds the most "
             f"({self.holds:,}); a new timer of worker {self.for_pid} took its place. "
             f"Worker {self.pid} leaks timers, or raise the cap"

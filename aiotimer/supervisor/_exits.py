@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Final
 
-from aiotimer.events._base import signal_name
+from aiotimer.events._base import MAX_LINE_SCOPE, clip
+from aiotimer.events._supervisor import exit_phrase
 
-__all__ = ["ExitKind", "ExitReason", "classify_exit"]
+__all__ = ["KEPT_SCOPES", "ExitKind", "ExitReason", "classify_exit"]
 
 
 class ExitKind(enum.Enum):
@@ -21,46 +23,70 @@ class ExitKind(enum.Enum):
     STOPPED = "stopped"  #: the supervisor stopped it
 
 
+#: The most scope ids an :class:`ExitReason` keeps (the rest are counted): a reaped
+#: worker may have held thousands of blocks, and its reason is shown on one line.
+KEPT_SCOPES: Final[int] = 3
+
+
 @dataclass(frozen=True, slots=True)
 class ExitReason:
-    """Why an attempt ended: its kind, exit code or signal, and the expired scopes."""
+    """Why an attempt ended: its kind and exit code or signal; for a reap, the first
+    (at most :data:`KEPT_SCOPES`, each clipped) of the worker's open blocks, the
+    culprit's first, ``omitted`` how many more there were, and ``task`` the task that
+    held its loop when its stack dump said so."""
 
     kind: ExitKind
     exit_code: int | None = None
     signal: int | None = None
     scopes: tuple[str, ...] = ()
+    omitted: int = 0
+    task: str | None = None
 
     def describe(self) -> str:
-        """A short phrase, e.g. ``"reaped by timer 'step' (SIGKILL)"``."""
-        how = _how(self.exit_code, self.signal)
-        if self.kind is ExitKind.REAPED:
-            return f"reaped by timer {', '.join(map(repr, self.scopes)) or '?'} ({how})"
-        if self.kind is ExitKind.SIGNALLED:
-            return f"killed by {how}"
-        if self.kind is ExitKind.STOPPED:
-            return f"stopped by the supervisor ({how})"
-        return f"{self.kind.value} ({how})"
-
-
-def _how(exit_code: int | None, signum: int | None) -> str:
-    return signal_name(signum) if signum is not None else f"exit code {exit_code}"
+        """A short phrase (:func:`~aiotimer.events.exit_phrase`), e.g.
+        ``"reaped (SIGKILL): block 'step' outlived its timer"``."""
+        return exit_phrase(
+            self.kind.value,
+            self.exit_code,
+            self.signal,
+            scopes=self.scopes,
+            omitted=self.omitted,
+            task=self.task,
+        )
 
 
 def classify_exit(
-    returncode: int, *, reaped_scopes: tuple[str, ...] | None = None, stopped: bool = False
+    returncode: int,
+    *,
+    reaped_scopes: tuple[str, ...] | None = None,
+    stopped: bool = False,
+    omitted: int = 0,
+    culprit: tuple[str, str | None] | None = None,
 ) -> ExitReason:
     """The :class:`ExitReason` of an attempt.
 
     Args:
         returncode: as :mod:`subprocess` reports it (``-N`` for signal ``N``).
-        reaped_scopes: the expired scopes when the timer server reaped this worker
-            (``None`` if it did not). A reap wins: it is the most telling reason, even
-            for a worker the supervisor was stopping meanwhile.
+        reaped_scopes: the worker's open blocks when the timer server reaped it, the
+            expired one first (``None`` if it did not reap it). A reap wins: it is the
+            most telling reason, even for a worker the supervisor was stopping meanwhile.
         stopped: the supervisor itself stopped the attempt.
+        omitted: how many more blocks were open than ``reaped_scopes`` lists.
+        culprit: the task that held the worker's loop and its block, when the reap's
+            stack dump named them: that block is listed first.
     """
     code, sig = (None, -returncode) if returncode < 0 else (returncode, None)
     if reaped_scopes is not None:
-        return ExitReason(ExitKind.REAPED, code, sig, reaped_scopes)
+        task = None
+        if culprit is not None:
+            task, block = culprit
+            if block is not None:
+                total = len(reaped_scopes) + omitted
+                reaped_scopes = (block, *(s for s in reaped_scopes if s != block))
+                omitted = max(0, total - len(reaped_scopes))
+        kept = tuple(clip(s, MAX_LINE_SCOPE) for s in reaped_scopes[:KEPT_SCOPES])
+        omitted += len(reaped_scopes) - len(kept)
+        return ExitReason(ExitKind.REAPED, code, sig, kept, omitted, task)
     if stopped:
         kind = ExitKind.STOPPED
     elif sig is not None:

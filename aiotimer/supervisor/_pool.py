@@ -117,7 +117,10 @@ class Attempt:
     pidfd: int | None  # None where the OS has no pidfds
     started_at: float
     stop_requested: bool = False
-    reaped: tuple[str, ...] | None = None
+    final: bool = False  # stopped for good (a shutdown, an operator's stop): no restart
+    reaped: tuple[str, ...] | None = None  # the reap's scopes (the expired one first)
+    reaped_omitted: int = 0  # the reap's scopes not listed
+    culprit: tuple[str, str | None] | None = None  # the task holding the loop, its block
     expired: tuple[str, ...] = ()
     timer_pids: set[int] = field(default_factory=set)
     done: anyio.Event = field(default_factory=anyio.Event)
@@ -268,7 +271,13 @@ class WorkerPool:
         reaped = att.reaped
         if reaped is None and att.expired and returncode < 0:
             reaped = att.expired  # the reap's event has not arrived (yet)
-        return classify_exit(returncode, reaped_scopes=reaped, stopped=att.stop_requested)
+        return classify_exit(
+            returncode,
+            reaped_scopes=reaped,
+            stopped=att.stop_requested,
+            omitted=att.reaped_omitted if att.reaped is not None else 0,
+            culprit=att.culprit,
+        )
 
     def owner(self, pid: int) -> Attempt | None:
         """The running attempt ``pid`` belongs to: the worker itself or a process in its
@@ -297,16 +306,18 @@ class WorkerPool:
                 att.expired = (*att.expired, event.scope_id)
                 return att
         elif event.pid == att.pid or event.group:
-            att.reaped = event.scopes
+            att.reaped, att.reaped_omitted, att.culprit = event.scopes, event.omitted, event.culprit
         return None
 
-    async def stop(self, ranks: Iterable[int]) -> None:
-        """Stop the running attempts of ``ranks``; return once they are collected."""
+    async def stop(self, ranks: Iterable[int], *, final: bool = False) -> None:
+        """Stop the running attempts of ``ranks`` (``final``: for good, they will not be
+        restarted); return once they are collected."""
         attempts = [a for r in ranks if (a := self.attempts.get(r)) is not None]
         if not attempts:
             return
         for att in attempts:
             att.stop_requested = True
+            att.final = att.final or final
         sessions = {a.pid for a in attempts}
         await _proctree.terminate(
             lambda: [p.pid for p in _proctree.scan(sessions)],
@@ -321,7 +332,7 @@ class WorkerPool:
         subreaper); return once the attempts are collected. The run file is removed
         when nothing is left."""
         for att in self.attempts.values():
-            att.stop_requested = True
+            att.stop_requested = att.final = True
         survivors = await _proctree.terminate(
             self._find_all, timeout=self._stop_timeout, hurry=self._hurry
         )

@@ -45,9 +45,12 @@ from aiotimer.supervisor._restart import (
     WorkerState,
 )
 
-__all__ = ["Ranks"]
+__all__ = ["PIDS_KEPT", "Ranks"]
 
 logger = logging.getLogger("aiotimer")
+
+#: How many launched processes :attr:`Ranks.launched` remembers the rank of.
+PIDS_KEPT = 1000
 
 
 class Ranks:
@@ -86,6 +89,9 @@ class Ranks:
         self._request_stop = request_stop
         self._stopping = stopping
         self.outcome: RunOutcome | None = None
+        #: The rank of every process launched lately (the last :data:`PIDS_KEPT`), so
+        #: what happened to a process that has ended still names its rank.
+        self.launched: dict[int, int] = {}
         self._tg: anyio.abc.TaskGroup | None = None
         self._fifo: Path | None = None
         self._master_port = 0
@@ -126,6 +132,9 @@ class Ranks:
             self._ended(rank, None, classify_exit(code))
             return
         self._planner.started(rank, now)
+        self.launched[att.pid] = rank
+        if len(self.launched) > PIDS_KEPT:
+            del self.launched[next(iter(self.launched))]
         self._emit(
             WorkerStarted(
                 time=self._clock.time(),
@@ -167,6 +176,10 @@ class Ranks:
         now = self._clock.monotonic()
         stopped = att is not None and att.stop_requested
         decision = self._planner.exited(rank, reason, now, stopped=stopped)
+        if stopped and att is not None and (att.final or self._stopping()):
+            # Stopped for good (the run ends, or an operator stopped it): it is not
+            # waiting for a restart (backoff) but stopped, as the summary will say.
+            self._planner.set_state([rank], WorkerState.STOPPED)
         record = self._planner.slot(rank)
         last = record.attempts[-1]
         self._emit(
@@ -178,10 +191,11 @@ class Ranks:
                 exit_code=reason.exit_code,
                 signal=reason.signal,
                 scopes=reason.scopes,
-                uptime=last.uptime,
+                omitted=reason.omitted,
+                task=reason.task,
+                uptime=round(last.uptime, 3),
                 start_failure=last.start_failure,
                 state=record.state.value,
-                description=reason.describe(),
             )
         )
         if att is not None:
@@ -217,6 +231,7 @@ class Ranks:
                 restarts=decision.restarts,
                 attempt=decision.attempt,
                 budget=decision.budget,
+                cause=decision.cause,
             )
         )
         await self._pool.stop(decision.ranks)

@@ -10,13 +10,14 @@ cycles. Re-exported by :mod:`aiotimer.supervisor`.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
 from aiotimer._edges.lifecycle import LifecycleState
 from aiotimer.events import RankStatus
+from aiotimer.events._base import clip
 from aiotimer.supervisor._exits import ExitReason
 from aiotimer.supervisor._restart import GiveUp, Restart, RestartPolicy, SlotRecord, WorkerState
 
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     from aiotimer.server._view import ServerState
 
 __all__ = [
+    "SUMMARY_EXIT_WIDTH",
     "Decision",
     "LocalCoordinator",
     "RestartCoordinator",
@@ -54,7 +56,8 @@ class RunOutcome(enum.IntEnum):
 @dataclass(frozen=True, slots=True)
 class SupervisorState:
     """A snapshot of a supervisor: plain typed data (see :meth:`Supervisor.get_state`);
-    ``workers`` has one :class:`~aiotimer.events.RankStatus` per rank."""
+    ``workers`` has one :class:`~aiotimer.events.RankStatus` per rank; ``ranks_by_pid``
+    the rank of each process it launched lately (the last 1,000), ended ones too."""
 
     state: LifecycleState
     run_id: str
@@ -66,6 +69,7 @@ class SupervisorState:
     outcome: RunOutcome | None
     gave_up: str | None
     server: ServerState | None
+    ranks_by_pid: Mapping[int, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,11 +157,21 @@ def rank_status(slot: SlotRecord, running: tuple[int, float] | None) -> RankStat
     )
 
 
+#: The widest the summary's last column (why the last attempt ended) gets.
+SUMMARY_EXIT_WIDTH: Final[int] = 120
+
+
 def format_summary(ranks: Sequence[RankStatus]) -> str:
-    """The final summary as a table: one row per rank."""
-    rows = [("rank", "state", "attempts", "start failures", "uptime", "exits")]
+    """The final summary as a table: one row per rank, one screen wide: its last
+    column says why the rank's last attempt ended (how many ended before it), cut at
+    :data:`SUMMARY_EXIT_WIDTH` characters; every reason is in the event log."""
+    rows = [("rank", "state", "attempts", "start failures", "uptime", "last exit")]
     for w in ranks:
-        exits = "; ".join(w.reasons) or "-"
+        exits = "-"
+        if w.reasons:
+            earlier = len(w.reasons) - 1
+            exits = clip(w.reasons[-1], SUMMARY_EXIT_WIDTH - 20)
+            exits += f" (+{earlier} earlier)" if earlier else ""
         rows.append(
             (
                 str(w.rank),

@@ -88,8 +88,8 @@ class Backoff:
     until the cap.
 
     Raises:
-        ValueError: a negative or non-finite duration, ``factor < 1`` or ``jitter``
-            outside ``[0, 1)``.
+        ValueError: a negative or non-finite duration, ``initial`` above ``cap``,
+            ``factor < 1`` or ``jitter`` outside ``[0, 1)``.
     """
 
     initial: float = 1.0
@@ -100,6 +100,10 @@ class Backoff:
     def __post_init__(self) -> None:
         _check_seconds("initial", self.initial)
         _check_seconds("cap", self.cap)
+        if self.initial > self.cap:
+            raise ValueError(
+                f"the initial delay ({self.initial:g}s) must not exceed the cap ({self.cap:g}s)"
+            )
         if not (math.isfinite(self.factor) and self.factor >= 1):
             raise ValueError(f"factor must be a finite number >= 1, got {self.factor!r}")
         if not 0 <= self.jitter < 1:
@@ -191,7 +195,9 @@ class Restart:
     """Restart ``ranks`` after ``delay`` seconds (stop those still running first).
 
     ``restarts`` is the restart count each gets (``AIOTIMER_RESTART_COUNT``); ``attempt``
-    the restart's number within the budget window (1-based) and ``budget`` its size.
+    the restart's number within the budget window (1-based) and ``budget`` its size, or
+    ``-1`` when the restart is not charged to the budget. ``cause``: ``"failure"`` (the
+    policy's answer to an exit), ``"operator"`` or ``"job"`` (a job-wide restart).
     """
 
     ranks: tuple[int, ...]
@@ -199,6 +205,7 @@ class Restart:
     restarts: tuple[int, ...]
     attempt: int
     budget: int
+    cause: str = "failure"
 
 
 @dataclass(frozen=True, slots=True)
@@ -350,14 +357,21 @@ class RestartPlanner:
         return self.restart(ranks, now)
 
     def restart(
-        self, ranks: tuple[int, ...], now: float, *, budget: bool = True, count: int | None = None
+        self,
+        ranks: tuple[int, ...],
+        now: float,
+        *,
+        budget: bool = True,
+        count: int | None = None,
+        cause: str = "failure",
     ) -> Restart:
         """Restart ``ranks``: bump their restart counts and pick the back-off delay.
 
         With ``budget`` the restart is counted in the budget window (callers check
         :meth:`restarts_in_window` first); a restart decided elsewhere (an operator's, or
-        a job-wide one, ``budget=False``) is neither counted nor delayed. ``count`` sets
-        the slots' restart count (a job-wide generation) instead of adding one.
+        a job-wide one, ``budget=False``) is neither counted nor delayed, and its
+        decision's ``budget`` is ``-1``. ``count`` sets the slots' restart count (a
+        job-wide generation) instead of adding one; ``cause`` goes into the decision.
         """
         n = self.restarts_in_window(now)
         if budget:
@@ -371,8 +385,9 @@ class RestartPlanner:
             ranks=ranks,
             delay=self.policy.backoff.delay(n, self._rng()) if budget else 0.0,
             restarts=tuple(self._slots[r].restarts for r in ranks),
-            attempt=n + 1,
-            budget=self.policy.max_restarts,
+            attempt=n + 1 if budget else n,
+            budget=self.policy.max_restarts if budget else -1,
+            cause=cause,
         )
 
     def give_up(self, reason: str) -> GiveUp:

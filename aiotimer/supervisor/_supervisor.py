@@ -53,7 +53,6 @@ from aiotimer.events import (
     SourceFailed,
     SupervisorStopped,
     TimerExpired,
-    WorkerEnded,
     WorkerReaped,
 )
 from aiotimer.reapers._policy import ReapPolicy
@@ -206,6 +205,7 @@ class Supervisor(TaskOwner):
             stopping=lambda: self._life.stop_requested,
         )
         self._summary: tuple[RankStatus, ...] = ()
+        self._interrupted: int | None = None  # the signal that stopped the run
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -223,6 +223,15 @@ class Supervisor(TaskOwner):
     def outcome(self) -> RunOutcome | None:
         """How the run ended, once it has."""
         return self._ranks.outcome
+
+    @property
+    def exit_code(self) -> int | None:
+        """The run's exit status, once it has ended: ``128 + N`` when signal ``N``
+        stopped it (:meth:`interrupt`), else the :class:`RunOutcome`'s value."""
+        outcome = self._ranks.outcome
+        if outcome is None or not self._finished.is_set():
+            return None
+        return int(outcome) if self._interrupted is None else 128 + self._interrupted
 
     @property
     def summary(self) -> tuple[RankStatus, ...]:
@@ -266,6 +275,20 @@ class Supervisor(TaskOwner):
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
+
+    def interrupt(self, signum: int) -> None:
+        """Stop the run because this process got signal ``signum`` (SIGINT, SIGTERM), as
+        :meth:`aclose` does without waiting; the run then reports the exit status of a
+        process that signal ended, ``128 + signum`` (:attr:`exit_code`, the
+        ``supervisor_stopped`` event), which ``aiotimer run`` exits with. A second call
+        skips what is left of ``stop_timeout`` (:meth:`kill`)."""
+        if self._finished.is_set():
+            return  # the run is over: its exit status stands
+        if self._interrupted is not None:
+            self.kill()
+            return
+        self._interrupted = signum
+        self._life.request_stop()
 
     def kill(self) -> None:
         """Skip what is left of ``stop_timeout``: stopping sends SIGKILL at once, now
@@ -343,15 +366,18 @@ class Supervisor(TaskOwner):
         self._summary = tuple(rank_status(s, None) for s in self._planner.slots)
         outcome = self._ranks.outcome
         assert outcome is not None
+        self._finished.set()
+        exit_code = self.exit_code
+        assert exit_code is not None
         self._emit(
             SupervisorStopped(
                 time=self._clock.time(),
                 outcome=outcome.name.lower(),
-                exit_code=int(outcome),
+                exit_code=exit_code,
                 workers=self._summary,
+                signal=self._interrupted,
             )
         )
-        self._finished.set()
 
     # -- what the server tells us ------------------------------------------------------
 
@@ -367,7 +393,7 @@ class Supervisor(TaskOwner):
     # -- events -----------------------------------------------------------------------
 
     def _emit(self, event: Event) -> None:
-        level = event.log_level() if isinstance(event, WorkerEnded) else event.level
+        level = event.log_level()
         if logger.isEnabledFor(level):
             logger.log(level, event.describe(), extra={"aiotimer": event.to_dict()})
         self._deliver(event)
@@ -391,7 +417,7 @@ class Supervisor(TaskOwner):
             IndexError: no such rank.
         """
         self._check_rank(rank)
-        await self._pool.stop([rank])
+        await self._pool.stop([rank], final=True)
         self._planner.set_state([rank], WorkerState.STOPPED)
         self._ranks.check_finished()
 
@@ -401,7 +427,8 @@ class Supervisor(TaskOwner):
         """Restart ``ranks`` (default: every worker) now, outside the restart budget.
 
         Running ones are stopped first. ``count`` sets their restart count (a job-wide
-        generation) instead of adding one.
+        generation) instead of adding one: the restart is then reported as a job-wide
+        one, else as an operator's (logged at INFO).
 
         Raises:
             ServerStateError: the supervisor is not running.
@@ -414,7 +441,13 @@ class Supervisor(TaskOwner):
             att = self._pool.attempts.get(rank)
             if att is not None:
                 att.stop_requested = True
-        decision = self._planner.restart(chosen, self._clock.monotonic(), budget=False, count=count)
+        decision = self._planner.restart(
+            chosen,
+            self._clock.monotonic(),
+            budget=False,
+            count=count,
+            cause="operator" if count is None else "job",
+        )
         await self._ranks.carry_out(decision)
 
     def give_up(self, reason: str) -> None:
@@ -454,6 +487,7 @@ class Supervisor(TaskOwner):
             outcome=self._ranks.outcome,
             gave_up=None if self._planner.gave_up is None else self._planner.gave_up.reason,
             server=None if self._server is None or not server else self._server.get_state(),
+            ranks_by_pid=dict(self._ranks.launched),
         )
 
     def __repr__(self) -> str:
