@@ -22,6 +22,8 @@ from typing import Any
 import pytest
 from _procs import BOUND, env, events, serving
 
+from aiotimer.control._format import format_status
+from aiotimer.control.client import ControlClient
 from aiotimer.wire import ENV_FIFO, TORCH_ENV_FIFO
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(90)]
@@ -125,11 +127,98 @@ def test_two_stuck_tasks_of_two_hundred_and_two_time_out_and_nothing_is_reaped(
     server: tuple[Path, Path], loop: str
 ) -> None:
     fifo, log = server
+    before = cancelled_total(fifo)
     worker = spawn(fifo, PIPELINE, loop)
     code, out, err = finish(worker)
     assert (code, out) == (0, "200 2\n"), err
     time.sleep(0.2)  # any reap would follow the timeouts within ms; give it time to show
     assert not of(log, worker.pid, "worker_reaped")
+    # The first tier left its trace: each TimeoutError is an event (the block ended
+    # shortly after its deadline, kill_after before its reap) and a metric.
+    cancelled = of(log, worker.pid, "block_cancelled")
+    assert len(cancelled) == 2, cancelled
+    for record in cancelled:
+        assert record["kill_after"] == 5.0 and 0 <= record["late"] < 1.0, record
+    assert cancelled_total(fifo) == before + 2
+
+
+def cancelled_total(fifo: Path) -> float:
+    """The server's ``aiotimer_cancelled_total``, read from ``GET /metrics``."""
+    metrics = ControlClient.for_fifo(fifo).metrics()
+    [value] = [
+        line.split()[1]
+        for line in metrics.splitlines()
+        if line.startswith("aiotimer_cancelled_total ")
+    ]
+    return float(value)
+
+
+STUBBORN = """
+    import asyncio
+    from aiotimer import expires
+
+    async def stubborn():
+        async with expires(after=2.0, kill_after=60, scope="two-tier"):
+            print("entered", flush=True)
+            while True:
+                try:
+                    await asyncio.sleep(60)
+                except asyncio.CancelledError:
+                    print("cancelled", flush=True)  # swallowed: the block goes on
+
+    async def main():
+        await asyncio.create_task(stubborn(), name="stubborn")
+"""
+
+
+def test_status_shows_both_deadlines_of_a_two_tier_block_and_which_passed(
+    server: tuple[Path, Path],
+) -> None:
+    """Before its deadline a two-tier block shows when its task will be cancelled and
+    when the worker will be reaped; after it, that it was cancelled and when the reap
+    comes (here 60 s later: the task swallows its cancellation)."""
+    fifo, _ = server
+    worker = spawn(fifo, STUBBORN, "asyncio")
+    try:
+        assert worker.stdout is not None and worker.stdout.readline() == "entered\n"
+        # Before the block's deadline (2 s): read in-process, within milliseconds.
+        before = ControlClient.for_fifo(fifo).state()
+        [timer] = [t for t in before.timers if t.pid == worker.pid]
+        assert (timer.passed, timer.kill_after) == ("none", 60.0)
+        assert timer.block_seconds_left is not None and 0 < timer.block_seconds_left <= 2.0
+        assert timer.seconds_left == pytest.approx(timer.block_seconds_left + 60, abs=0.01)
+        row = worker_row(format_status(before), worker.pid)
+        assert "two-tier (cancel in " in row and ", reap in 6" in row, row
+        # After it: the task was cancelled (the worker saw it), the block still runs.
+        assert worker.stdout.readline() == "cancelled\n"
+        row = worker_row(status(fifo), worker.pid)
+        assert "two-tier (cancelled " in row and " ago, reap in 5" in row, row
+        after = ControlClient.for_fifo(fifo).state()
+        [timer] = [t for t in after.timers if t.pid == worker.pid]
+        assert timer.passed == "block"
+        assert timer.block_seconds_left is not None and timer.block_seconds_left < 0
+    finally:
+        worker.kill()
+        finish(worker)
+
+
+def status(fifo: Path, *options: str) -> str:
+    """What ``aiotimer status --fifo FIFO`` prints (it must exit 0)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "aiotimer", "status", "--fifo", str(fifo), *options],
+        capture_output=True,
+        text=True,
+        env=env(),
+        timeout=BOUND,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def worker_row(view: str, pid: int) -> str:
+    [row] = [line for line in view.splitlines() if line.startswith(f"{pid} ")]
+    return row
 
 
 HOG = """
@@ -183,6 +272,20 @@ def test_a_blocked_loop_is_reaped_and_the_dump_names_the_task_that_holds_it(
     assert len(held) == 1, stacks
     assert held[0].startswith("The loop is held by task 'hog', in aiotimer block(s) ")
     assert held[0].endswith("@hog"), held[0]
+    # The timer the server acted on was the innocent block's second tier: its own
+    # deadline had passed kill_after earlier.
+    [expiry] = of(log, worker.pid, "timer_expired")
+    assert expiry["kill_after"] == 1.0
+    # `aiotimer status` lists what happened: the expiry (its block, how late) and the
+    # reap (the task holding the loop, in its block).
+    recent = status(fifo).split("recent reaps and refusals (newest last):\n")[1]
+    mine = [line for line in recent.splitlines() if f"worker {worker.pid} " in line]
+    assert len(mine) == 2, recent
+    assert (
+        "@innocent' of worker" in mine[0]
+        and "its block outlived its own deadline by 1s (kill_after)" in mine[0]
+    )
+    assert "the loop was held by task 'hog' in block '" in mine[1], mine[1]
 
 
 SWALLOWS = """

@@ -5,7 +5,7 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from aiotimer.events import Event, WorkerUnknown
+from aiotimer.events import Event, ServerStarted, WorkerUnknown
 from aiotimer.server._eventbus import EventBus
 from aiotimer.testing import settle
 
@@ -24,6 +24,17 @@ def test_history_is_numbered_and_bounded() -> None:
     assert [n for n, _ in got] == [4, 5] and missed == 0
     assert bus.since(5, 10) == ([], 0)
     assert [n for n, _ in bus.since(0, 1)[0]] == [3]
+
+
+def test_reaps_and_refusals_are_kept_apart_from_a_flood_of_other_events() -> None:
+    bus = EventBus(history=3, incidents=2)
+    bus.publish(event(0))  # worker_unknown: a refusal
+    for i in range(1, 10):
+        bus.publish(ServerStarted(time=float(i), pid=i, sources=()))  # not an incident
+    bus.publish(event(10))
+    bus.publish(event(11))
+    assert [n for n, _ in bus.incidents] == [11, 12]  # the newest two, numbered as events
+    assert [n for n, _ in bus.since(0, 10)[0]] == [10, 11, 12]
 
 
 @pytest.mark.asyncio

@@ -198,6 +198,7 @@ PUBLIC_ALL: dict[str, set[str]] = {
         "SCOPES_PER_WORKER",
         "WORKER_STATES",
         "EventPage",
+        "IncidentInfo",
         "ServerInfo",
         "StatusSnapshot",
         "SupervisorInfo",
@@ -205,6 +206,7 @@ PUBLIC_ALL: dict[str, set[str]] = {
         "WorkerInfo",
         "counters_by_name",
         "event_page",
+        "incident_info",
         "status_snapshot",
     },
     "aiotimer.core": {
@@ -259,6 +261,7 @@ PUBLIC_ALL: dict[str, set[str]] = {
     "aiotimer.events": {
         "MAX_LOGGED_TEXT",
         "MAX_REPORTED_SCOPES",
+        "BlockCancelled",
         "ControlRefused",
         "Event",
         "EventsLost",
@@ -290,6 +293,8 @@ PUBLIC_ALL: dict[str, set[str]] = {
         "WorkerSurvived",
         "WorkerUnknown",
         "clip_text",
+        "exit_phrase",
+        "holding_task",
         "signal_name",
     },
     "aiotimer.reapers": {

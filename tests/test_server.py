@@ -24,8 +24,11 @@ from _pids import fake_pid
 
 from aiotimer import Request
 from aiotimer._edges.clock import MonotonicClock
+from aiotimer.control.snapshot import status_snapshot
+from aiotimer.core._stats import SUGGESTION_SAMPLES
 from aiotimer.errors import ProcessGoneError, ServerStateError, SourceError
 from aiotimer.events import (
+    BlockCancelled,
     Event,
     LoopLagged,
     ReapAbandoned,
@@ -786,6 +789,53 @@ async def test_event_log_is_written_and_flushed_on_stop(tmp_path: Path) -> None:
     assert records[2]["scopes"] == ["a"]
 
 
+# -- the two tiers of an async block, as the server sees them -------------------------------
+
+
+@pytest.mark.asyncio
+async def test_a_two_tier_block_shows_both_deadlines_and_its_cancellation_is_reported() -> None:
+    async with rig() as r:
+        r.acquire(P1, "a@Task-1", at=7.0, kill_after=5.0)  # its own deadline: 2.0
+        await r.advance(1.0)
+        [timer] = status_snapshot(r.server.snapshot()).timers
+        assert (timer.passed, timer.kill_after) == ("none", 5.0)
+        assert (timer.block_seconds_left, timer.seconds_left) == (1.0, 6.0)
+        await r.advance(1.5)  # past its own deadline: the worker cancels its task
+        [timer] = status_snapshot(r.server.snapshot()).timers
+        assert (timer.passed, timer.block_seconds_left) == ("block", -0.5)
+        r.source.push(Request(P1, "a@Task-1", -1, 0, cancelled=True))
+        await settle()
+        [cancelled] = r.of(BlockCancelled)
+        assert (cancelled.pid, cancelled.scope_id) == (P1, "a@Task-1")
+        assert (cancelled.late, cancelled.kill_after) == (0.5, 5.0)
+        assert "hit its deadline: its task was cancelled" in cancelled.describe()
+        counts = r.server.get_state().counters
+        assert (counts.cancelled, counts.released, counts.expired) == (1, 1, 0)
+        # Acquired and cancelled within one read (the fold): still counted and told.
+        r.source.push(
+            Request(P1, "b@Task-2", 100.0, KILL, mono=100.0, kill_after=5.0),
+            Request(P1, "b@Task-2", -1, 0, cancelled=True),
+        )
+        await settle()
+        assert [(e.scope_id, e.late) for e in r.of(BlockCancelled)][1:] == [("b@Task-2", None)]
+        assert r.server.get_state().counters.cancelled == 2
+        assert r.reaper.signals() == []
+
+
+@pytest.mark.asyncio
+async def test_a_reaped_two_tier_block_says_its_own_deadline_passed_kill_after_earlier() -> None:
+    async with rig() as r:
+        r.acquire(P1, "a@Task-1", at=3.0, kill_after=2.0)
+        await r.advance(3.0)
+        [expired] = r.of(TimerExpired)
+        assert (expired.late, expired.kill_after) == (0.0, 2.0)
+        assert expired.describe() == (
+            f"timer 'a@Task-1' of worker {P1} expired 0.0 ms after its reap deadline: its "
+            "block outlived its own deadline by 2s (kill_after); action: SIGKILL"
+        )
+        assert r.server.snapshot().incidents[0][1] is expired  # what status lists
+
+
 # -- issue 5 wiring: duration statistics, overdue blocks, stack dumps ----------------------
 
 SHADOW = ReapPolicy(Escalation(grace=1.0), shadow=True)
@@ -803,13 +853,14 @@ async def test_released_blocks_feed_the_statistics_of_their_site() -> None:
         r.acquire(P1, "w.py:3#1", at=5.0)
         await r.advance(2.0)
         r.release(P1, "w.py:3#1")
-        r.acquire(P1, "w.py:3#2", at=10.0)
-        await r.advance(1.0)
-        r.release(P1, "w.py:3#2")
+        for n in range(2, SUGGESTION_SAMPLES + 1):
+            r.acquire(P1, f"w.py:3#{n}", at=1000.0)
+            await r.advance(1.0)
+            r.release(P1, f"w.py:3#{n}")
         r.release(P1, "w.py:3#2")  # a second release of the same block adds nothing
         [summary] = r.server.get_state().scopes
         assert summary.site == "w.py:3"
-        assert (summary.count, summary.p50, summary.max) == (2, 1.0, 2.0)
+        assert (summary.count, summary.p50, summary.max) == (SUGGESTION_SAMPLES, 1.0, 2.0)
         # max(1.5 * p99, 1.2 * max) = max(3.0, 2.4) -> 3.0 is already a nice number
         assert summary.suggested_timeout == 3.0
         assert r.server.scope_stats() == (summary,)
@@ -827,8 +878,8 @@ async def test_shadow_mode_records_the_expiry_and_the_late_release() -> None:
         assert "would do: SIGTERM -> wait 1s -> SIGKILL" in expired.action
         assert site(r, "slow") == (0, None, 1, 1.0, None)
         await r.advance(2.5)
-        r.release(P1, "slow")  # the block ended 3.5 s after it began
-        assert site(r, "slow") == (1, 3.5, 1, 1.0, 7.5)  # nice_ceil(1.5 * 3.5)
+        r.release(P1, "slow")  # the block ended 3.5 s after it began: its real duration
+        assert site(r, "slow") == (1, 3.5, 1, 3.5, None)  # one duration: no suggestion
         assert r.reaper.signals() == []
 
 
@@ -841,7 +892,7 @@ async def test_report_only_timers_are_overdue_too_but_reaped_ones_are_not() -> N
         await r.advance(1.0)
         r.release(P1, "report")
         r.release(P2, "reaped")  # too late: the worker was killed, no duration
-        assert site(r, "report") == (1, 2.0, 1, 1.0, 3.0)
+        assert site(r, "report") == (1, 2.0, 1, 2.0, None)
         assert site(r, "reaped") == (0, None, 1, 1.0, None)
 
 
@@ -858,7 +909,7 @@ async def test_overdue_blocks_are_forgotten_on_exit_and_on_reacquire() -> None:
         r.release(P2, "again")  # measures the new block: 1 s, not 2 s
         r.acquire(P1, "gone", at=10.0)  # pid P1 again (re-attached) ...
         r.release(P1, "gone")  # ... its old overdue block is not counted
-        assert site(r, "again") == (1, 1.0, 1, 1.0, 1.5)
+        assert site(r, "again") == (1, 1.0, 1, 1.0, None)
         assert site(r, "gone")[:3] == (1, 0.0, 1)
 
 

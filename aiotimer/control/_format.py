@@ -1,18 +1,35 @@
 """The human view of a :class:`~aiotimer.control.snapshot.StatusSnapshot`.
 
 A server line, a counters line, then one row per worker with its open timers (soonest
-first), like ``supervisorctl status``. Used by ``aiotimer status`` and by the state
-summary ``aiotimer serve`` logs on SIGUSR1.
+first), like ``supervisorctl status``, then the last reaps and refusals, the way
+``systemctl status`` ends with the last lines of the log. Used by ``aiotimer status``
+and by the state summary ``aiotimer serve`` logs on SIGUSR1. Every counter it shows is
+explained in docs/status.md.
 """
 
 from __future__ import annotations
 
-from aiotimer.control.snapshot import StatusSnapshot
+import time
+from typing import Final
+
+from aiotimer.control.snapshot import IncidentInfo, StatusSnapshot, TimerInfo
 from aiotimer.core._stats_format import format_seconds
 
-__all__ = ["format_status"]
+__all__ = ["RECENT_SHOWN", "format_status"]
 
-_SHOWN_COUNTERS = ("requests", "expired", "reaped", "reap_failed", "rejected", "workers_exited")
+_SHOWN_COUNTERS = (
+    "requests",
+    "cancelled",
+    "expired",
+    "reaped",
+    "reap_failed",
+    "rejected",
+    "workers_exited",
+)
+#: How many of the recent reaps and refusals the view shows (the newest).
+RECENT_SHOWN: Final[int] = 10
+#: The widest a line of the recent reaps and refusals gets.
+_RECENT_WIDTH: Final[int] = 200
 
 
 def _ago(seconds: float | None) -> str:
@@ -31,6 +48,24 @@ def _ago(seconds: float | None) -> str:
 
 def _left(seconds: float) -> str:
     return "overdue" if seconds < 0 else format_seconds(seconds)
+
+
+def _time_left(t: TimerInfo) -> str:
+    """A timer's time left: one deadline, or both of a two-tier block's, saying which
+    has passed."""
+    if t.block_seconds_left is None or t.passed == "reap":
+        return _left(t.seconds_left)
+    reap = f"reap in {format_seconds(t.seconds_left)}"
+    if t.passed == "block":
+        return f"cancelled {format_seconds(-t.block_seconds_left)} ago, {reap}"
+    return f"cancel in {format_seconds(t.block_seconds_left)}, {reap}"
+
+
+def _incident(i: IncidentInfo) -> str:
+    when = time.strftime("%H:%M:%S", time.localtime(i.time))
+    who = "" if i.rank is None else f"rank {i.rank}: "
+    line = f"  {when}  {who}{i.what}".splitlines()[0]
+    return line if len(line) <= _RECENT_WIDTH else line[: _RECENT_WIDTH - 3] + "..."
 
 
 def format_status(snap: StatusSnapshot) -> str:
@@ -56,17 +91,18 @@ def format_status(snap: StatusSnapshot) -> str:
             f"{sup.restarts} restarts ({sup.restarts_in_window} in the window): "
             + " ".join(sup.command)
         )
-    left: dict[tuple[int | None, str], float] = {
-        (t.pid, t.scope_id): t.seconds_left for t in snap.timers
-    }
+    timers: dict[tuple[int | None, str], TimerInfo] = {(t.pid, t.scope_id): t for t in snap.timers}
     ranked = any(w.rank is not None for w in snap.workers)
     header = ("RANK", "PID", "STATE", "TIMERS") if ranked else ("PID", "STATE", "TIMERS")
     rows: list[tuple[str, ...]] = [(*header, "OPEN SCOPES (time left)")]
     for w in snap.workers:
         restarts = "" if w.restarts is None else f" (restarts {w.restarts})"
-        scopes = sorted(w.scopes, key=lambda s: left.get((w.pid, s), float("inf")))
+        scopes = sorted(
+            w.scopes,
+            key=lambda s: t.seconds_left if (t := timers.get((w.pid, s))) else float("inf"),
+        )
         shown = ", ".join(
-            f"{s} ({_left(left[(w.pid, s)])})" if (w.pid, s) in left else s for s in scopes
+            f"{s} ({_time_left(timers[(w.pid, s)])})" if (w.pid, s) in timers else s for s in scopes
         )
         if w.timers > len(w.scopes):
             shown += f", ... {w.timers - len(w.scopes)} more"
@@ -86,4 +122,7 @@ def format_status(snap: StatusSnapshot) -> str:
             f"(lists cut: {len(snap.workers)} of {snap.workers_total:,} workers, "
             f"{len(snap.timers)} of {snap.timers_total:,} timers; see --limit)"
         )
+    if snap.recent:
+        lines.append("recent reaps and refusals (newest last):")
+        lines.extend(_incident(i) for i in snap.recent[-RECENT_SHOWN:])
     return "\n".join(line.rstrip() for line in lines) + "\n"

@@ -49,7 +49,8 @@ def supervised(snap: StatusSnapshot, sup: SupervisorState) -> StatusSnapshot:
     """``snap`` (a server's) with the workers as supervisor ``sup`` sees them.
 
     One row per rank (its state, restarts and current pid, with the timers the server
-    lists for that pid), then any other worker the server lists (its own process).
+    lists for that pid), then any other worker the server lists (its own process); the
+    recent reaps and refusals of a process it launched name its rank.
     """
     by_pid = {w.pid: w for w in snap.workers}
     workers = []
@@ -77,8 +78,17 @@ def supervised(snap: StatusSnapshot, sup: SupervisorState) -> StatusSnapshot:
         gave_up=sup.gave_up,
     )
     others = snap.workers_total - (len(snap.workers) - len(by_pid))
+    ranks = sup.ranks_by_pid
+    recent = tuple(
+        i if i.pid is None or i.pid not in ranks else msgspec.structs.replace(i, rank=ranks[i.pid])
+        for i in snap.recent
+    )
     return msgspec.structs.replace(
-        snap, workers=tuple(workers), workers_total=len(sup.workers) + others, supervisor=info
+        snap,
+        workers=tuple(workers),
+        workers_total=len(sup.workers) + others,
+        supervisor=info,
+        recent=recent,
     )
 
 

@@ -7,7 +7,8 @@ families. :func:`render` produces the text exposition format for ``GET /metrics`
 on the control socket, at most once a second (:class:`RenderedMetrics`).
 
 Metrics: ``aiotimer_live_timers``, ``aiotimer_workers{state}``,
-``aiotimer_requests_total``, ``aiotimer_rejected_total``, ``aiotimer_expired_total``,
+``aiotimer_requests_total``, ``aiotimer_rejected_total``, ``aiotimer_cancelled_total``
+(the first tier of async blocks), ``aiotimer_expired_total``,
 ``aiotimer_reaps_total``, ``aiotimer_reap_failures_total``,
 ``aiotimer_workers_exited_total``, ``aiotimer_restarts_total``,
 ``aiotimer_events_dropped_total``, ``aiotimer_events_undelivered_total``,
@@ -59,8 +60,13 @@ MAX_AGE = 1.0
 _COUNTERS: dict[str, tuple[str, str]] = {
     "aiotimer_requests": ("requests", "Valid requests received."),
     "aiotimer_rejected": ("rejected", "Bad inputs rejected."),
-    "aiotimer_expired": ("expired", "Timers whose deadline passed."),
-    "aiotimer_reaps": ("reaped", "Signals delivered to expired workers."),
+    "aiotimer_cancelled": (
+        "cancelled",
+        "Async blocks that ended at their own deadline, their task cancelled in the worker "
+        "(the first tier).",
+    ),
+    "aiotimer_expired": ("expired", "Timers whose (reap) deadline passed."),
+    "aiotimer_reaps": ("reaped", "Reaps carried out: the last signal of each delivered."),
     "aiotimer_reap_failures": ("reap_failed", "Failed signal attempts."),
     "aiotimer_workers_exited": ("workers_exited", "Workers seen exiting."),
     "aiotimer_events_dropped": ("events_dropped", "Events the event log had no room for."),

@@ -22,7 +22,8 @@ from typing import Any, Final
 import msgspec
 
 from aiotimer.core._stats import ScopeStats
-from aiotimer.events import ServerCounters
+from aiotimer.core._timer import Timer
+from aiotimer.events import Event, ServerCounters, WorkerReaped
 from aiotimer.server._view import (
     DEFAULT_LIMIT,
     SCOPES_PER_WORKER,
@@ -38,6 +39,7 @@ __all__ = [
     "SCOPES_PER_WORKER",
     "WORKER_STATES",
     "EventPage",
+    "IncidentInfo",
     "ServerInfo",
     "StatusSnapshot",
     "SupervisorInfo",
@@ -45,6 +47,7 @@ __all__ = [
     "WorkerInfo",
     "counters_by_name",
     "event_page",
+    "incident_info",
     "status_snapshot",
 ]
 
@@ -55,15 +58,49 @@ MAX_LIMIT: Final[int] = 10_000
 
 
 class TimerInfo(msgspec.Struct, frozen=True, kw_only=True):
-    """One live timer: worker ``pid``, ``scope_id``, when it expires (``deadline``, epoch
-    seconds; ``seconds_left`` from the snapshot, negative if overdue) and its ``signal``
-    (``<= 0``: report only)."""
+    """One live timer: worker ``pid``, ``scope_id``, when it expires and the server acts
+    (``deadline``, epoch seconds; ``seconds_left`` from the snapshot, negative if overdue)
+    and its ``signal`` (``<= 0``: report only).
+
+    An ``async with`` block has two deadlines: ``kill_after > 0`` seconds before
+    ``deadline`` (the reap) is the block's own (``block_deadline``, epoch seconds;
+    ``block_seconds_left``, negative once passed), when the worker cancels its task
+    (``TimeoutError``). Both are ``None`` for a block of one tier. ``passed`` says which
+    deadline has passed: ``"none"``, ``"block"`` (its task was cancelled, the block has
+    not ended yet: it is reaped at ``deadline`` unless it ends first) or ``"reap"``.
+    """
 
     pid: int
     scope_id: str
     deadline: float
     seconds_left: float
     signal: int
+    kill_after: float = 0.0
+    block_deadline: float | None = None
+    block_seconds_left: float | None = None
+    passed: str = "none"
+
+
+class IncidentInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """One recent reap or refusal (``aiotimer status`` lists them as what happened):
+    event number ``seq`` and ``kind`` (``timer_expired``, ``worker_reaped``,
+    ``signal_refused``, ``request_rejected`` ...) at ``time`` (epoch seconds), the
+    worker's ``pid`` (and ``rank`` under a supervisor), the block (``scope_id``), the
+    task that held the worker's loop when a reap's stack dump named it (``task``), how
+    late the server acted (``late``, seconds past the reap deadline; ``kill_after``
+    seconds more past the block's own deadline) and ``what`` happened, in one line.
+    """
+
+    seq: int
+    time: float
+    kind: str
+    what: str
+    pid: int | None = None
+    rank: int | None = None
+    scope_id: str | None = None
+    task: str | None = None
+    late: float | None = None
+    kill_after: float | None = None
 
 
 class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -136,7 +173,8 @@ class StatusSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     ``timers`` are the earliest-expiring live timers, ``workers`` and ``scopes`` (the
     per-site duration statistics, most expirations first) are cut at the request's
     ``limit``; the ``*_total`` fields count them all. ``counters`` are the run's
-    :class:`~aiotimer.server.ServerCounters` by name.
+    :class:`~aiotimer.server.ServerCounters` by name. ``recent`` are the last reaps and
+    refusals, oldest first (at most :data:`~aiotimer.server.RECENT_INCIDENTS`).
     """
 
     api: int = API_VERSION
@@ -150,6 +188,7 @@ class StatusSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     scopes: tuple[ScopeStats, ...] = ()
     scopes_total: int = 0
     supervisor: SupervisorInfo | None = None
+    recent: tuple[IncidentInfo, ...] = ()
 
     @property
     def truncated(self) -> bool:
@@ -201,20 +240,53 @@ def status_snapshot(snap: ServerSnapshot, *, control: str | None = None) -> Stat
             for w in snap.workers
         ),
         workers_total=snap.workers_total,
-        timers=tuple(
-            TimerInfo(
-                pid=t.pid,
-                scope_id=t.scope_id,
-                deadline=wall + (t.deadline - mono),
-                seconds_left=t.deadline - mono,
-                signal=t.signal,
-            )
-            for t in snap.timers
-        ),
+        timers=tuple(_timer_info(t, wall, mono) for t in snap.timers),
         timers_total=snap.timers_total,
         counters=counters_by_name(snap.counters),
         scopes=snap.scopes,
         scopes_total=snap.scopes_total,
+        recent=tuple(incident_info(n, e) for n, e in snap.incidents),
+    )
+
+
+def _timer_info(t: Timer, wall: float, mono: float) -> TimerInfo:
+    left = t.deadline - mono
+    block_left = None if t.kill_after <= 0 else left - t.kill_after  # two tiers only
+    passed = (
+        "reap" if left < 0 else "block" if block_left is not None and block_left < 0 else "none"
+    )
+    return TimerInfo(
+        pid=t.pid,
+        scope_id=t.scope_id,
+        deadline=wall + left,
+        seconds_left=left,
+        signal=t.signal,
+        kill_after=t.kill_after,
+        block_deadline=None if block_left is None else wall + block_left,
+        block_seconds_left=block_left,
+        passed=passed,
+    )
+
+
+def incident_info(seq: int, event: Event) -> IncidentInfo:
+    """Event number ``seq``, an incident (a reap or a refusal), as ``recent`` lists it."""
+    scope = getattr(event, "scope_id", None)
+    task = None
+    if isinstance(event, WorkerReaped):
+        scope = event.scopes[0] if event.scopes else None
+        held = event.culprit
+        if held is not None:
+            task, scope = held[0], held[1] or scope
+    return IncidentInfo(
+        seq=seq,
+        time=event.time,
+        kind=event.kind,
+        what=event.describe(),
+        pid=getattr(event, "pid", None),
+        scope_id=scope,
+        task=task,
+        late=getattr(event, "late", None),
+        kill_after=getattr(event, "kill_after", None) or None,
     )
 
 

@@ -62,6 +62,9 @@ class Fold:
     superseded: int
     #: pid -> scope id -> the state of that key at the end (see the module docs).
     states: Mapping[int, Mapping[str, int]]
+    #: The indices of the paired releases that say their block was cancelled at its
+    #: deadline (``Request.cancelled``): folded, but still to be reported.
+    cancelled: list[int]
 
     @property
     def pairs(self) -> int:
@@ -92,6 +95,7 @@ def fold(requests: Sequence[Request]) -> Fold:
     n2 = 2 * n
     paired: dict[str, int] = {}
     apply: list[int] = []  # the applied releases, then the acquires left open
+    cancelled: list[int] = []
     superseded = 0
     # pid -> scope_id -> state: no key tuple per request. (Plain dicts: CPython
     # specialises their subscripts, not a defaultdict's.)
@@ -106,6 +110,8 @@ def fold(requests: Sequence[Request]) -> Fold:
             if j >= 0:  # it pairs with the open acquire
                 scopes[scope_id] = _RELEASED_FIRST if j >= n2 else _ENDED
                 paired[scope_id] = paired.get(scope_id, 0) + 1
+                if req.cancelled:
+                    cancelled.append(i)
             else:
                 apply.append(i)
                 if j == _ABSENT:
@@ -122,4 +128,4 @@ def fold(requests: Sequence[Request]) -> Fold:
     if opened:
         apply += [j % n for j in opened]
         apply.sort()
-    return Fold(n, apply, paired, superseded, by_pid)
+    return Fold(n, apply, paired, superseded, by_pid, cancelled)

@@ -34,6 +34,9 @@ class Timer(msgspec.Struct, frozen=True, gc=False):
     ``deadline`` and ``acquired_at`` are on the server's monotonic clock. ``signal`` is
     the signal the request named (``<= 0`` means report only). ``options`` holds the
     request's escalation keys, if it had any (the table never looks at them).
+    ``kill_after`` is ``> 0`` for the second tier of an ``async with`` block: the block's
+    own deadline, when the worker cancels its task, is ``kill_after`` seconds before
+    ``deadline`` (:attr:`block_deadline`); ``deadline`` is when the server reaps.
 
     Immutable, and not tracked by the cyclic garbage collector (``gc=False``), nor are
     the table's entries holding it: 100k live timers would otherwise add ~200k objects
@@ -46,8 +49,15 @@ class Timer(msgspec.Struct, frozen=True, gc=False):
     signal: int
     acquired_at: float = 0.0
     options: ReapOptions | None = None
+    kill_after: float = 0.0
 
     @property
     def key(self) -> TimerKey:
         """The ``(pid, scope_id)`` key of this timer."""
         return (self.pid, self.scope_id)
+
+    @property
+    def block_deadline(self) -> float:
+        """The block's own deadline: ``deadline - kill_after`` (``deadline`` for a block
+        of one tier)."""
+        return self.deadline - self.kill_after

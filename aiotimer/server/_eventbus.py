@@ -2,7 +2,10 @@
 
 :class:`EventBus` is fed every event, in the loop's thread, and never waits:
 
-* it keeps the last ``history`` events, numbered from 1, for ``GET /v1/events?since=N``;
+* it keeps the last ``history`` events, numbered from 1, for ``GET /v1/events?since=N``,
+  and apart from them the last ``incidents`` reaps and refusals (the kinds in
+  :data:`INCIDENT_KINDS`), what ``aiotimer status`` lists as what happened, so a flood
+  of other events cannot push them out;
 * each :meth:`subscribe` stream (``TimerServer.events()``) gets every event through a
   bounded buffer; when a slow reader lets its buffer fill, further events are dropped
   for it and counted (``dropped``);
@@ -19,6 +22,7 @@ from __future__ import annotations
 import collections
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Final
 
 import anyio
 import anyio.abc
@@ -26,18 +30,40 @@ from anyio.streams.memory import MemoryObjectSendStream
 
 from aiotimer.events import Event
 
-__all__ = ["EventBus", "NumberedEvent"]
+__all__ = ["INCIDENT_KINDS", "RECENT_INCIDENTS", "EventBus", "NumberedEvent"]
 
 logger = logging.getLogger("aiotimer")
 
 NumberedEvent = tuple[int, Event]
 
+#: The kinds of event that are incidents: a timer expired, what was done about it
+#: (signals, failures, refusals), and input refused.
+INCIDENT_KINDS: Final = frozenset(
+    {
+        "timer_expired",
+        "worker_reaped",
+        "reap_failed",
+        "reap_abandoned",
+        "worker_survived",
+        "signal_refused",
+        "request_rejected",
+        "worker_unknown",
+        "control_refused",
+    }
+)
+#: How many incidents a server keeps (the newest).
+RECENT_INCIDENTS: Final[int] = 20
+
 
 class EventBus:
     """History, subscriptions and the async callback of one server (see module docs)."""
 
-    def __init__(self, *, history: int = 1000, buffer: int = 1000) -> None:
+    def __init__(
+        self, *, history: int = 1000, buffer: int = 1000, incidents: int = RECENT_INCIDENTS
+    ) -> None:
         self.history: collections.deque[NumberedEvent] = collections.deque(maxlen=history)
+        #: The last reaps and refusals, numbered as in the history.
+        self.incidents: collections.deque[NumberedEvent] = collections.deque(maxlen=incidents)
         self.last = 0  #: the number of the last event published
         self.dropped = 0  #: events dropped for slow subscribers or a slow callback
         self._buffer = buffer
@@ -48,6 +74,8 @@ class EventBus:
         """Record ``event`` and hand it to every subscriber and the callback task."""
         self.last += 1
         self.history.append((self.last, event))
+        if event.kind in INCIDENT_KINDS:
+            self.incidents.append((self.last, event))
         for send in (*self._subscribers, *([self._callback] if self._callback else [])):
             try:
                 send.send_nowait(event)

@@ -364,5 +364,6 @@ class Expiry:
                 late=now - timer.deadline,
                 report_only=report_only,
                 action=action,
+                kill_after=timer.kill_after,
             )
         )

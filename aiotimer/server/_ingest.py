@@ -11,7 +11,9 @@ the rest in one event, so a read of garbage costs a bounded number of events. A 
   is recorded for its scope's site (:mod:`aiotimer.core._stats`). Releasing an unknown
   timer is a no-op, except for a timer that expired unreaped (report only, shadow mode):
   remembered in an :class:`~aiotimer.core._stats.Overdue`, its late release still
-  records the block's real duration.
+  records the block's real duration. A release that says its block was cancelled at
+  its own deadline (the first tier of an ``async with`` block) is counted and reported
+  (:class:`~aiotimer.events.BlockCancelled`).
 * *acquire*: the first timer of a pid starts watching the worker
   (:meth:`~aiotimer.reapers._watch.Watchlist.attach`); a worker the reaper cannot attach
   is reported (:class:`~aiotimer.events.WorkerUnknown`) and its request dropped. The
@@ -46,6 +48,7 @@ from aiotimer.core._fold import fold
 from aiotimer.core._stats import DurationStats, Overdue
 from aiotimer.core._table import ReapOptions, Timer, TimerTable
 from aiotimer.events import (
+    BlockCancelled,
     Event,
     RequestRejected,
     ServerCounters,
@@ -184,6 +187,8 @@ class Ingest:
         for i in folded.apply:
             self._apply(requests[i], source, mono, wall)
         self._stats.record_many(folded.paired, 0.0)
+        for i in folded.cancelled:  # blocks begun and cancelled within the batch
+            self._cancelled(requests[i], None, mono, wall)
 
     def _far_from_caps(self, pids: Iterable[int], size: int) -> bool:
         """Whether no acquire of a batch of ``size`` requests naming ``pids`` can meet
@@ -222,7 +227,7 @@ class Ingest:
         options = None
         if req.grace is not None or req.group or req.dump:
             options = ReapOptions(req.grace, req.group, req.dump)
-        timer = Timer(pid, req.scope_id, deadline, req.signal, mono, options)
+        timer = Timer(pid, req.scope_id, deadline, req.signal, mono, options, req.kill_after or 0.0)
         table.acquire(timer)
         if self._journal is not None:
             self._journal.acquired(timer)
@@ -241,6 +246,8 @@ class Ingest:
 
     def _release(self, req: Request, source: str, mono: float, wall: float) -> None:
         released = self._table.release(req.pid, req.scope_id)
+        if req.cancelled:
+            self._cancelled(req, released, mono, wall)
         if released is not None:
             if self._journal is not None:
                 self._journal.released(req.pid, req.scope_id)
@@ -253,7 +260,20 @@ class Ingest:
         elif self._overdue:
             acquired_at = self._overdue.pop((req.pid, req.scope_id))
             if acquired_at is not None:  # the late end of an expired, unreaped block
-                self._stats.record(req.scope_id, max(0.0, mono - acquired_at))
+                self._stats.record_late(req.scope_id, max(0.0, mono - acquired_at))
+
+    def _cancelled(self, req: Request, timer: Timer | None, mono: float, wall: float) -> None:
+        """``req`` releases a block whose task was cancelled at its own deadline (the
+        first tier): count it and say so; ``timer`` is the block's, if the table held it."""
+        self._counts.cancelled += 1
+        late = kill_after = None
+        if timer is not None and timer.kill_after > 0:
+            late, kill_after = max(0.0, mono - timer.block_deadline), timer.kill_after
+        self._emit(
+            BlockCancelled(
+                time=wall, pid=req.pid, scope_id=req.scope_id, late=late, kill_after=kill_after
+            )
+        )
 
     def _reject_over_cap(self, req: Request, reason: str, source: str, wall: float) -> None:
         self._counts.rejected += 1

@@ -449,6 +449,7 @@ class TimerServer(TaskOwner):
             started_at=None if run is None else run.started_at,
             events_dropped=0 if run is None else run.events_dropped,
             undelivered=self._bus.dropped,
+            incidents=tuple(self._bus.incidents),
         )
 
     def get_state(self) -> ServerState:

@@ -95,7 +95,8 @@ class ServerSnapshot:
     worker by state, if the snapshot was asked to (else ``None``). ``reap_latency``
     (deadline to first signal) and ``loop_lag`` (how late expiries were handled) are
     copies of the run's histograms; ``undelivered`` counts events dropped for slow
-    subscribers. A server that is not running lists no
+    subscribers; ``incidents`` are the last reaps and refusals, numbered as events,
+    oldest first. A server that is not running lists no
     workers or timers, and keeps its last run's counters, statistics and histograms.
     """
 
@@ -121,6 +122,7 @@ class ServerSnapshot:
     reap_latency: LatencyHistogram = field(default_factory=LatencyHistogram)
     loop_lag: LatencyHistogram = field(default_factory=LatencyHistogram)
     undelivered: int = 0
+    incidents: tuple[tuple[int, Event], ...] = ()
 
     @property
     def uptime(self) -> float | None:
@@ -207,6 +209,7 @@ def take(
     started_at: float | None,
     events_dropped: int,
     undelivered: int,
+    incidents: tuple[tuple[int, Event], ...] = (),
 ) -> ServerSnapshot:
     """A snapshot of ``engine`` (the current or last run; ``None``: never started), in
     the server's loop. ``live``: the run still serves, so its workers and timers are
@@ -255,6 +258,7 @@ def take(
         policy=about.policy,
         fifo=about.fifo,
         undelivered=undelivered,
+        incidents=incidents,
         **fields,
     )
 
