@@ -9,12 +9,15 @@ bounds on a run's duration and a CPU bound that a spinning loop could not meet.
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections import Counter
 from pathlib import Path
 
@@ -67,6 +70,30 @@ elif mode == "stubborn":  # ignores SIGTERM, hangs once
     if me.restart_count == 0:
         with expires(after=0.1, scope="stuck"):
             time.sleep(60)
+elif mode == "hang-both-once":  # ranks coupled as by a collective: both hang, once
+    if me.restart_count == 0:
+        with expires(after=0.3, scope="collective"):
+            time.sleep(60)
+elif mode == "hog100":  # 100 tasks in blocks; one holds the loop: reaped, named
+    import asyncio
+
+    async def idle(started):
+        async with expires(after=0.3, kill_after=0.3):
+            started.set()
+            await asyncio.sleep(60)
+
+    async def hog(started):
+        await started.wait()
+        async with expires(after=30):
+            time.sleep(60)  # blocks the loop: no task can be cancelled
+
+    async def main():
+        started = asyncio.Event()
+        tasks = [asyncio.create_task(idle(started)) for _ in range(100)]
+        await asyncio.create_task(hog(started), name="Task-hog")
+        await asyncio.gather(*tasks)
+
+    asyncio.run(main())
 elif mode == "crash":
     sys.exit(3)
 elif mode == "no-restart":
@@ -261,15 +288,18 @@ async def test_crash_loop_backoff_does_not_spin(worker: list[str], tmp_path: Pat
     assert cpu1 - cpu0 < 0.1 * (wall1 - wall0), (cpu1 - cpu0, wall1 - wall0)
 
 
-def run_tree(worker: list[str], pids_file: Path, *options: str) -> subprocess.Popen[str]:
-    """``aiotimer run [options] -- worker`` in "tree" mode: each worker writes its own
-    pid and its children's as one line of ``pids_file``."""
+def run_tree(
+    worker: list[str], pids_file: Path, *options: str, mode: str = "tree"
+) -> subprocess.Popen[str]:
+    """``aiotimer run [options] -- worker`` in ``mode`` ("tree": each worker writes its
+    own pid and its children's as one line of ``pids_file``)."""
     env = {
         **os.environ,
-        "TEST_MODE": "tree",
+        "TEST_MODE": mode,
         "TEST_PIDS": str(pids_file),
         "PYTHONPATH": os.pathsep.join(sys.path),
     }
+    env.pop("AIOTIMER_DUMP_HOOK", None)  # an async worker installs its dump hook
     return subprocess.Popen(
         [sys.executable, "-m", "aiotimer", "run", *options, "--", *worker],
         env=env,
@@ -278,9 +308,33 @@ def run_tree(worker: list[str], pids_file: Path, *options: str) -> subprocess.Po
     )
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def scrape(port: int) -> list[str]:
+    """``GET /metrics`` over TCP, as Prometheus does; retried while the port opens."""
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as got:
+                return got.read().decode().splitlines()
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 def test_sigterm_to_run_leaves_no_process(worker: list[str], tmp_path: Path) -> None:
-    pids_file = tmp_path / "pids"
-    run = run_tree(worker, pids_file, "--nproc", "2", "--stop-timeout", "0.5")
+    """SIGTERM stops every worker's tree; the run exits 143 and says so; the workers
+    stopped at the end are stopped, not waiting for a restart. Meanwhile the run is
+    scraped over TCP (--metrics-port)."""
+    pids_file, log, port = tmp_path / "pids", tmp_path / "events.jsonl", free_port()
+    run = run_tree(worker, pids_file, "--nproc", "2", "--stop-timeout", "0.5",
+                   "--event-log", str(log), "--metrics-port", str(port))  # fmt: skip
     pidfds: list[int] = []
     try:
         deadline = time.monotonic() + 20
@@ -292,6 +346,9 @@ def test_sigterm_to_run_leaves_no_process(worker: list[str], tmp_path: Path) -> 
         assert len(pids) == 6
         pidfds = pin(pids)
         assert running(pidfds) == 6
+        metrics = scrape(port)
+        assert "aiotimer_restarts_total 0.0" in metrics
+        assert sum(float(m.split()[1]) for m in metrics if m.startswith("aiotimer_workers{")) == 2
         run.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
         _, err = run.communicate(timeout=20)
@@ -305,6 +362,68 @@ def test_sigterm_to_run_leaves_no_process(worker: list[str], tmp_path: Path) -> 
     assert "stopped" in err  # the summary table
     # the children ignoring SIGTERM needed the SIGKILL 0.5 s later; bounded well below 10 s
     assert 0.5 <= stopped_in < 10
+    # What the log and the event log say is what happened: exit code 143, not 4.
+    assert "supervisor stopped: stopped by SIGTERM (exit code 143)" in err
+    ended = [line for line in err.splitlines() if ") stopped by the supervisor" in line]
+    assert len(ended) == 2 and all(line.endswith("; now stopped") for line in ended), err
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    [stopped] = [r for r in records if r["event"] == "supervisor_stopped"]
+    assert (stopped["exit_code"], stopped["signal"]) == (143, signal.SIGTERM)
+    assert {r["state"] for r in records if r["event"] == "worker_ended"} == {"stopped"}
+
+
+def test_a_reaped_worker_of_a_hundred_blocks_is_told_in_bounded_lines_naming_the_culprit(
+    worker: list[str], tmp_path: Path
+) -> None:
+    """100 tasks in blocks; one task holds the loop: the blocks' second tier expires,
+    the worker is reaped after a dump. Every line the run prints, each summary row and
+    each worker_ended record stay under 300 characters, and name the task holding the
+    loop first, where they used to list every open block."""
+    log = tmp_path / "events.jsonl"
+    run = run_tree(worker, tmp_path / "pids", "--max-restarts", "0", "--event-log", str(log),
+                   mode="hog100")  # fmt: skip
+    try:
+        _, err = run.communicate(timeout=30)
+    finally:
+        run.kill()
+    assert run.returncode == 3, err  # the budget (0 restarts) is exhausted: gave up
+    lines = err.splitlines()
+    assert max(map(len, lines)) < 300, max(lines, key=len)
+    culprit = "task 'Task-hog' held the loop"
+    [ended] = [line for line in lines if "worker 0 (pid" in line and "reaped (SIGKILL)" in line]
+    assert culprit in ended and "(101 open)" in ended, ended
+    [gave_up] = [line for line in lines if "supervisor gives up" in line]
+    assert culprit in gave_up, gave_up
+    [row] = [line for line in lines if line.startswith("0 ")]  # the summary table's
+    assert "fatal" in row and culprit in row, row
+    assert any("the loop was held by task 'Task-hog'" in line for line in lines)
+    raw = [line for line in log.read_text().splitlines() if '"worker_ended"' in line]
+    assert len(raw) == 1 and len(raw[0]) < 300, raw
+    record = json.loads(raw[0])
+    assert (record["task"], record["omitted"], len(record["scopes"])) == ("Task-hog", 98, 3)
+    assert record["scopes"][0].endswith("@Task-hog")  # the culprit's block first
+
+
+@pytest.mark.asyncio
+async def test_coupled_ranks_reaped_together_cost_one_group_restart(
+    worker: list[str], tmp_path: Path
+) -> None:
+    """Two ranks that hang together (as ranks of one collective do) are both reaped; in
+    group scope that is one failure, one restart charged: a budget of one suffices. In
+    worker scope each reaped rank costs a restart of its own, and the budget runs out."""
+    events: list[Event] = []
+    group = supervisor(worker, tmp_path, "hang-both-once", events, nproc=2,
+                       policy=policy(scope=RestartScope.GROUP, max_restarts=1))  # fmt: skip
+    with anyio.fail_after(30):
+        assert await group.run() is RunOutcome.SUCCEEDED
+    [restart] = of(RestartScheduled, events)
+    assert (restart.ranks, restart.attempt, restart.budget) == ((0, 1), 1, 1)
+    assert starts(events) == {0: 2, 1: 2}
+    events.clear()
+    alone = supervisor(worker, tmp_path, "hang-both-once", events, nproc=2,
+                       policy=policy(max_restarts=1))  # fmt: skip
+    with anyio.fail_after(30):
+        assert await alone.run() is RunOutcome.GAVE_UP
 
 
 @pytest.mark.asyncio

@@ -4,18 +4,22 @@ with a message saying what to change, and the reaping, kill-policy and logging o
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import NoReturn
 
+from aiotimer.core._stats import ScopeStats
+from aiotimer.core._stats_format import format_summaries
 from aiotimer.reapers._kill_policy import KillPolicy
 from aiotimer.reapers._policy import Escalation, ReapPolicy
 
 __all__ = [
     "add_kill_policy_arguments",
     "add_log_level_argument",
+    "add_metrics_port_argument",
     "add_reap_arguments",
     "argument_error",
     "event_log_path",
@@ -23,8 +27,11 @@ __all__ = [
     "fifo_path",
     "kill_policy_from_args",
     "octal_mode",
+    "one_line_errors",
     "policy_from_args",
+    "port",
     "positive",
+    "print_stats",
     "seconds",
     "uid",
     "whole_number",
@@ -86,6 +93,17 @@ def add_reap_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGro
         metavar="SECONDS",
         help="report a worker still alive this long after its last signal (default: 5)",
     )
+    reaping.add_argument(
+        "--shadow",
+        action="store_true",
+        help="report only: signal nothing, report what would have been done, and print "
+        "per-scope duration statistics with suggested timeouts on stop",
+    )
+    reaping.add_argument(
+        "--stats",
+        action="store_true",
+        help="print per-scope duration statistics on stop (implied by --shadow)",
+    )
     return reaping
 
 
@@ -126,6 +144,29 @@ def kill_policy_from_args(args: argparse.Namespace) -> KillPolicy:
     """The kill policy the options of :func:`add_kill_policy_arguments` ask for."""
     uids = None if args.kill_uid is None else frozenset(args.kill_uid)
     return KillPolicy(uids=uids, descendants_only=args.descendants_only)
+
+
+def print_stats(args: argparse.Namespace, summaries: Iterable[ScopeStats]) -> None:
+    """Print the per-scope duration statistics on stdout if ``--shadow`` or ``--stats``
+    asked for them (see :func:`add_reap_arguments`)."""
+    if args.shadow or args.stats:
+        print(format_summaries(summaries), end="", flush=True)
+
+
+def add_metrics_port_argument(parser: argparse.ArgumentParser) -> None:
+    """Add ``--metrics-port``: ``GET /metrics`` over TCP on ``127.0.0.1``."""
+    parser.add_argument(
+        "--metrics-port",
+        type=port,
+        metavar="PORT",
+        help="also serve GET /metrics over TCP on 127.0.0.1:PORT (0: any free port), for "
+        "scrapers that cannot read a Unix socket",
+    )
+
+
+def one_line_errors(parser: argparse.ArgumentParser) -> None:
+    """Make ``parser``'s usage errors one line and exit status 2 (:func:`argument_error`)."""
+    parser.error = functools.partial(argument_error, parser)  # type: ignore[method-assign]
 
 
 def uid(text: str) -> int:
@@ -170,6 +211,17 @@ def whole_number(minimum: int) -> Callable[[str], int]:
 
 #: The argument type of a whole number >= 1.
 positive = whole_number(1)
+
+
+def port(text: str) -> int:
+    """The argument type of a TCP port number, ``0..65535`` (``0``: any free port)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"need a port number 0..65535, got {text!r}")
+    return value
 
 
 def octal_mode(text: str) -> int:
@@ -227,5 +279,4 @@ def policy_from_args(args: argparse.Namespace) -> ReapPolicy:
             kill_signal=signal.SIGKILL,
             group=args.group,
         )
-    shadow = getattr(args, "shadow", False)
-    return ReapPolicy(ladder, shadow=shadow, unkillable_after=args.unkillable_after)
+    return ReapPolicy(ladder, shadow=args.shadow, unkillable_after=args.unkillable_after)

@@ -19,10 +19,14 @@ from aiotimer._edges.logs import queued_logging
 from aiotimer.cli._args import (
     add_kill_policy_arguments,
     add_log_level_argument,
+    add_metrics_port_argument,
     add_reap_arguments,
     event_log_path,
     kill_policy_from_args,
+    one_line_errors,
     policy_from_args,
+    positive,
+    print_stats,
     seconds,
     whole_number,
 )
@@ -65,31 +69,33 @@ def _backoff(text: str) -> Backoff:
     """``INITIAL[:CAP[:FACTOR]]``, e.g. ``1:30:2``."""
     parts = text.split(":")
     if not 1 <= len(parts) <= 3:
-        raise argparse.ArgumentTypeError(f"expected INITIAL[:CAP[:FACTOR]], got {text!r}")
+        raise argparse.ArgumentTypeError(f"need INITIAL[:CAP[:FACTOR]], got {text!r}")
     initial = seconds(parts[0])
     cap = seconds(parts[1]) if len(parts) > 1 else max(30.0, initial)
     try:
         factor = float(parts[2]) if len(parts) > 2 else 2.0
         return Backoff(initial=initial, cap=cap, factor=factor)
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"bad --backoff {text!r}: {exc}") from None
+        raise argparse.ArgumentTypeError(f"{exc}, got {text!r}") from None
 
 
 def configure_run(parser: argparse.ArgumentParser) -> None:
-    """Add ``aiotimer run``'s arguments to ``parser``."""
+    """Add ``aiotimer run``'s arguments to ``parser`` (usage errors: one line, exit 2)."""
+    one_line_errors(parser)
     parser.epilog = (
         "exit status: 0 every worker succeeded; 1 a worker failed for good (no-restart "
         "exit code); 2 usage error; 3 gave up (restart budget exhausted, ...); 4 stopped "
         "before the end; 5 cannot start; 128+N interrupted by signal N"
     )
-    parser.add_argument("--nproc", type=_count, default=1, help="worker processes (default 1)")
+    parser.add_argument("--nproc", type=positive, default=1, help="worker processes (default 1)")
     parser.add_argument(
         "--restart-scope",
         choices=[*(s.value for s in RestartScope), "job"],
         default="worker",
         help="on a failure restart the worker alone (one_for_one), every worker of this "
-        "node (one_for_all), or every worker of every node of the job (needs --etcd; the "
-        "budget is then job-wide) (default: worker)",
+        "node (one_for_all: torchrun's behaviour, for ranks coupled by collectives), or "
+        "every worker of every node of the job (needs --etcd; the budget is then "
+        "job-wide) (default: worker)",
     )
     parser.add_argument(
         "--max-restarts",
@@ -148,6 +154,7 @@ def configure_run(parser: argparse.ArgumentParser) -> None:
         help="serve the control socket here (default: beside the private FIFO); "
         "`aiotimer status --control PATH` shows the workers, and restarts or stops one",
     )
+    add_metrics_port_argument(parser)
     add_reap_arguments(parser)
     add_kill_policy_arguments(parser, descendants_only=True)
     add_node_arguments(parser)
@@ -193,29 +200,17 @@ async def _supervise(
         on_event=cluster.on_event,
     )
     loop = asyncio.get_running_loop()
-    interrupted: list[int] = []
-    stop = asyncio.Event()
-
-    def on_signal(signum: int) -> None:
-        if interrupted:  # a second signal: do not wait for --stop-timeout
-            supervisor.kill()
-        interrupted.append(signum)
-        stop.set()
-
+    # SIGINT/SIGTERM stop the run, which then exits 128+N (a second one: SIGKILL at once).
     for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, on_signal, signum)
+        loop.add_signal_handler(signum, supervisor.interrupt, signum)
     try:
         async with (
             cluster.publishing(supervisor),
             supervisor,
-            ControlPlane(supervisor, path=args.control or True),
+            ControlPlane(supervisor, path=args.control or True, metrics_port=args.metrics_port),
             cluster.coordinating(supervisor),
         ):
-            ended = asyncio.ensure_future(supervisor.wait())
-            stopped = asyncio.ensure_future(stop.wait())
-            await asyncio.wait({ended, stopped}, return_when=asyncio.FIRST_COMPLETED)
-            for fut in (ended, stopped):
-                fut.cancel()
+            await supervisor.wait()
     finally:
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)
@@ -223,10 +218,11 @@ async def _supervise(
     out.write(format_summary(supervisor.summary))
     if getattr(out, "dropped", 0):
         logger.warning("the summary table was cut short: stderr is not read")
-    if interrupted:
-        return 128 + interrupted[0]
-    assert supervisor.outcome is not None
-    return int(supervisor.outcome)
+    server = supervisor.server
+    print_stats(args, () if server is None else server.scope_stats())
+    code = supervisor.exit_code
+    assert code is not None
+    return code
 
 
 def run_run(args: argparse.Namespace) -> int:
@@ -235,11 +231,10 @@ def run_run(args: argparse.Namespace) -> int:
     if command[:1] == ["--"]:
         command = command[1:]
     if not command:
-        print("aiotimer run: no command given: aiotimer run [options] -- CMD [ARGS...]",
-              file=sys.stderr)  # fmt: skip
-        return 2
-    if args.nproc < 1:
-        print("aiotimer run: --nproc must be at least 1", file=sys.stderr)
+        print(
+            "aiotimer run: error: no command given: aiotimer run [options] -- CMD [ARGS...]",
+            file=sys.stderr,
+        )
         return 2
     try:  # before any thread: the guard is forked
         unguarded = start_guard(runs_dir(runtime_parent()))

@@ -6,31 +6,32 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
 import gc
 import os
 import signal
 import sys
 
 from aiotimer._edges.logs import queued_logging
+from aiotimer._edges.marker import read_live_marker
 from aiotimer.cli._args import (
     add_kill_policy_arguments,
     add_log_level_argument,
+    add_metrics_port_argument,
     add_reap_arguments,
-    argument_error,
     event_log_path,
     fifo_path,
     kill_policy_from_args,
     octal_mode,
+    one_line_errors,
     policy_from_args,
     positive,
+    print_stats,
     seconds,
 )
 from aiotimer.cli._status import log_summary
 from aiotimer.cluster._cli import add_node_arguments, node_config, publishing, server_status
 from aiotimer.cluster._publisher import NodePublisher
 from aiotimer.control import ControlPlane
-from aiotimer.core._stats_format import format_summaries
 from aiotimer.diagnostics import private_dump_dir
 from aiotimer.errors import AiotimerError
 from aiotimer.events import Event, ServerStopped, SourceFailed
@@ -45,7 +46,8 @@ __all__ = ["configure_serve", "run_serve", "socket_path"]
 
 
 def configure_serve(parser: argparse.ArgumentParser) -> None:
-    parser.error = functools.partial(argument_error, parser)  # type: ignore[method-assign]
+    """Add ``aiotimer serve``'s arguments to ``parser`` (usage errors: one line, exit 2)."""
+    one_line_errors(parser)
     parser.add_argument("--fifo", required=True, type=fifo_path, help="path of the FIFO to serve")
     parser.add_argument(
         "--mode",
@@ -115,13 +117,7 @@ def configure_serve(parser: argparse.ArgumentParser) -> None:
         "status` and `curl --unix-socket` read the server's state there",
     )
     control.add_argument("--no-control", action="store_true", help="serve no control socket")
-    parser.add_argument(
-        "--metrics-port",
-        type=int,
-        metavar="PORT",
-        help="also serve GET /metrics over TCP on 127.0.0.1:PORT, for scrapers that "
-        "cannot read a Unix socket",
-    )
+    add_metrics_port_argument(parser)
     parser.add_argument(
         "--stats-interval",
         type=seconds,
@@ -130,18 +126,7 @@ def configure_serve(parser: argparse.ArgumentParser) -> None:
         help="with --event-log, save the duration statistics beside it this often "
         "(default: 10), so a crash does not lose them",
     )
-    reaping = add_reap_arguments(parser)
-    reaping.add_argument(
-        "--shadow",
-        action="store_true",
-        help="report only: signal nothing, report what would have been done, and print "
-        "per-scope duration statistics with suggested timeouts on stop",
-    )
-    reaping.add_argument(
-        "--stats",
-        action="store_true",
-        help="print per-scope duration statistics on stop (implied by --shadow)",
-    )
+    add_reap_arguments(parser)
     add_kill_policy_arguments(parser, descendants_only=False)
     add_node_arguments(parser)
 
@@ -172,6 +157,14 @@ async def _serve(args: argparse.Namespace) -> str | None:
             return
         stop.set()
 
+    served = read_live_marker(args.fifo)
+    if served is not None and served.marker.pid not in (None, os.getpid()):
+        # Said before anything starts: the control socket beside the FIFO is that
+        # server's too, and would otherwise be what the refusal names.
+        return (
+            f"a live aiotimer server (pid {served.marker.pid}) already serves the FIFO "
+            f"{args.fifo}; stop it or choose another path"
+        )
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     server = TimerServer(
@@ -208,8 +201,7 @@ async def _serve(args: argparse.Namespace) -> str | None:
     finally:
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
             loop.remove_signal_handler(signum)
-    if args.shadow or args.stats:
-        print(format_summaries(server.scope_stats()), end="", flush=True)
+    print_stats(args, server.scope_stats())
     return failure[0] if failure else None
 
 
