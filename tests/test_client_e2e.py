@@ -12,6 +12,7 @@ bounded by a generous ``WAIT`` so a stalled machine fails a test instead of hang
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -258,28 +259,85 @@ def test_no_server_is_a_typed_error_within_the_connect_timeout(harness: Harness)
         assert bound <= float(out) < bound + 3.0  # 3 s of slack for a busy machine
 
 
+def demo_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in (ENV_FIFO, TORCH_ENV_FIFO)}
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(
     ("args", "status", "verdict"),
     [
-        (["--workers", "3", "--deadline", "1"], 0, "the stuck worker was reaped"),
+        (
+            ["--workers", "3", "--deadline", "1", "--kill-after", "1"],
+            0,
+            "the stuck worker was reaped",
+        ),
         (["--workers", "2", "--deadline", "30", "--budget", "1"], 1, "NOT reaped"),
     ],
     ids=["reaped", "not-reaped-in-budget"],
 )
 def test_demo(args: list[str], status: int, verdict: str) -> None:
-    env = {k: v for k, v in os.environ.items() if k not in (ENV_FIFO, TORCH_ENV_FIFO)}
     done = subprocess.run(
         [sys.executable, "-m", "aiotimer", "demo", *args],
         check=False,
         capture_output=True,
         text=True,
         timeout=WAIT,
-        env=env,
+        env=demo_env(),
     )
     assert done.returncode == status, done.stdout + done.stderr
     assert verdict in done.stdout
     assert "\x1b[" not in done.stdout  # no colours when stdout is not a terminal
+    assert done.stderr == "", done.stderr
+    if status == 0:
+        # What the demo says is what it does: worker 1's slow item times out at its
+        # deadline and the rest go on; the stuck worker is reaped kill_after (1 s) after
+        # the first deadline among its open blocks (the other task's stage, 0.5 s), as
+        # its introduction announced.
+        out = done.stdout
+        assert "(another task's stage, 0.5s): about 1.5s later" in out
+        assert "[worker 1] item 3 timed out after 1." in out
+        assert "1 timed out at its deadline (TimeoutError" in out
+        assert "server: [worker 1] block " in out and "hit its deadline" in out
+        stuck, reaped = (at(out, "[worker 3] item", "stuck"), at(out, "[worker 3] sent SIGKILL"))
+        assert 1.5 - 0.3 <= reaped - stuck < 1.5 + 5.0, (stuck, reaped)
+
+
+def at(out: str, *marks: str) -> float:
+    """When the demo printed the first line with every one of ``marks`` (its stamp)."""
+    line = next(line for line in out.splitlines() if all(m in line for m in marks))
+    return float(line.split()[1].rstrip("s"))
+
+
+@pytest.mark.timeout(60)
+def test_demo_ends_quietly_when_its_reader_stops_reading() -> None:
+    """`aiotimer demo | head`: no traceback, no worker left behind; the exit status of
+    a writer that SIGPIPE ended."""
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "aiotimer", "demo", "--workers", "2", "--deadline", "30"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=demo_env(),
+    )
+    assert demo.stdout is not None
+    pidfds = []
+    try:
+        while len(pidfds) < 2:  # read until every worker has started ...
+            line = demo.stdout.readline()
+            assert line, "the demo ended early"
+            if "started, pid " in line:
+                pidfds.append(os.pidfd_open(int(line.rsplit(" ", 1)[1])))
+        demo.stdout.close()  # ... then stop reading, as head does
+        _, err = demo.communicate(timeout=WAIT)
+        assert demo.returncode == 128 + signal.SIGPIPE
+        assert err == "", err
+        ready, _, _ = select.select(pidfds, [], [], WAIT)
+        assert len(ready) == len(pidfds)  # every worker has exited
+    finally:
+        demo.kill()
+        for fd in pidfds:
+            os.close(fd)
 
 
 # -- the client's rules: no phantom, no unfair late acquire, no lost release ------------

@@ -1,20 +1,26 @@
-"""``aiotimer demo``: a timer server, a few worker processes, and one that gets stuck.
+"""``aiotimer demo``: a timer server, a few worker processes, one slow item and one
+worker that gets stuck.
 
-What it shows, in about five seconds:
+What it shows, in about six seconds (the two tiers of an ``async with`` block):
 
 1. an embedded :class:`~aiotimer.server.TimerServer` on a temporary FIFO;
 2. ``--workers`` worker processes, started with only ``AIOTIMER_FIFO`` in their
    environment (no ``configure()``: ``expires()`` discovers the server), each running a
    small async pipeline in which every item is processed inside
-   ``async with expires(after=DEADLINE):``, with a nested block per stage;
-3. after ``--hang-after`` seconds one worker calls ``time.sleep(3600)`` inside a
-   coroutine — a stand-in for a C call that never returns. Its event loop is blocked,
-   so no in-process timeout can fire; the server kills it when the item's deadline
-   passes;
-4. every event as it happens, and a summary. The exit status is 0 exactly when the
-   stuck worker was reaped and every other worker finished all its items.
+   ``async with expires(after=DEADLINE, kill_after=KILL_AFTER):``, with a nested block
+   per stage;
+3. the first tier: in worker 1, item ``--slow-item`` waits on a slow upstream; at its
+   deadline its task is cancelled, ``TimeoutError`` comes out of the block, the item is
+   skipped and the pipeline goes on (the server reports ``block_cancelled``);
+4. the second tier: after ``--hang-after`` seconds the last worker calls
+   ``time.sleep(3600)`` inside a coroutine, a stand-in for a C call that never returns.
+   Its event loop is blocked, so no cancellation can run; ``KILL_AFTER`` seconds after
+   the first deadline among its open blocks (the other task's stage, ``DEADLINE / 2``)
+   the server asks for its stacks (which name the task holding the loop) and kills it;
+5. every event as it happens, and a summary. The exit status is 0 exactly when the
+   stuck worker was reaped and every other worker handled all its items.
 
-Run ``python -m aiotimer.cli._demo --worker ...`` only through the demo: that is a worker.
+``main(["--worker", ...])`` is what the demo runs in each worker process.
 """
 
 from __future__ import annotations
@@ -36,8 +42,10 @@ from pathlib import Path
 import anyio
 import anyio.abc
 
+from aiotimer.cli._args import one_line_errors, positive
 from aiotimer.client._expires import expires
-from aiotimer.events import Event, TimerExpired, WorkerReaped, signal_name
+from aiotimer.core._stats_format import format_seconds
+from aiotimer.events import BlockCancelled, Event, TimerExpired, WorkerReaped, signal_name
 from aiotimer.server._server import TimerServer
 from aiotimer.server._thread import loop_factory
 from aiotimer.wire import ENV_FIFO
@@ -46,41 +54,54 @@ __all__ = ["configure_parser", "main", "run_demo"]
 
 _STUCK_MARK = "stuck"
 _DONE_MARK = "finished"
+_TIMED_OUT_MARK = "timed out"
 
 
 # -- the worker ----------------------------------------------------------------------------
 
 
-async def _pipeline(items: int, stage_time: float, deadline: float, hang_at: float | None) -> None:
+async def _pipeline(args: argparse.Namespace, hang_at: float | None) -> None:
     """Two consumers take items from a queue; each item is one timed block with two
-    nested timed stages. At ``hang_at`` (monotonic) the next item blocks the loop."""
+    nested timed stages. Item ``args.slow_item`` outlives its deadline (if given); at
+    ``hang_at`` (monotonic) the next item blocks the loop."""
     queue: asyncio.Queue[int] = asyncio.Queue()
-    for n in range(items):
+    for n in range(args.items):
         queue.put_nowait(n)
+    deadline, kill_after, stage_time = args.deadline, args.kill_after, args.stage_time
 
     async def consumer() -> None:
         while not queue.empty():
             n = queue.get_nowait()
             started = time.monotonic()
-            async with expires(after=deadline):
-                if hang_at is not None and started >= hang_at:
-                    print(f"item {n}: {_STUCK_MARK} in a blocking call (time.sleep)", flush=True)
-                    time.sleep(3600)  # a C call that never returns: the loop is blocked
-                async with expires(after=deadline / 2):  # stage 1: fetch
-                    await asyncio.sleep(stage_time * random.uniform(0.5, 1.5))
-                async with expires(after=deadline / 2):  # stage 2: transform
-                    await asyncio.sleep(stage_time * random.uniform(0.5, 1.5))
+            try:
+                async with expires(after=deadline, kill_after=kill_after):
+                    if hang_at is not None and started >= hang_at:
+                        print(
+                            f"item {n}: {_STUCK_MARK} in a blocking call (time.sleep)", flush=True
+                        )
+                        time.sleep(3600)  # a C call that never returns: the loop is blocked
+                    if n == args.slow_item:
+                        print(f"item {n}: waiting on a slow upstream", flush=True)
+                        await asyncio.sleep(deadline * 10)  # outlives the deadline
+                    async with expires(after=deadline / 2, kill_after=kill_after):  # fetch
+                        await asyncio.sleep(stage_time * random.uniform(0.5, 1.5))
+                    async with expires(after=deadline / 2, kill_after=kill_after):  # transform
+                        await asyncio.sleep(stage_time * random.uniform(0.5, 1.5))
+            except TimeoutError:
+                took = time.monotonic() - started
+                print(f"item {n} {_TIMED_OUT_MARK} after {took:.2f}s (TimeoutError): skipped")
+                continue
             print(f"item {n} done in {time.monotonic() - started:.2f}s", flush=True)
 
     async with anyio.create_task_group() as tg:
-        tg.start_soon(consumer)
-        tg.start_soon(consumer)
-    print(f"{_DONE_MARK} {items} items", flush=True)
+        tg.start_soon(consumer, name="consumer-1")  # the name is in each block's scope id
+        tg.start_soon(consumer, name="consumer-2")
+    print(f"{_DONE_MARK} {args.items} items", flush=True)
 
 
 def _worker_main(args: argparse.Namespace) -> int:
     hang_at = None if args.hang_after is None else time.monotonic() + args.hang_after
-    asyncio.run(_pipeline(args.items, args.stage_time, args.deadline, hang_at))
+    asyncio.run(_pipeline(args, hang_at))
     return 0
 
 
@@ -101,17 +122,24 @@ class _Style:
 class _Worker:
     index: int
     stuck: bool
+    slow_item: int | None
     process: anyio.abc.Process | None = None
     pid: int = 0
     items_done: int = 0
+    items_timed_out: int = 0
     finished: bool = False
     returncode: int | None = None
     reaped: list[WorkerReaped] = field(default_factory=list)
     expired: list[TimerExpired] = field(default_factory=list)
+    cancelled: list[BlockCancelled] = field(default_factory=list)
 
     @property
     def name(self) -> str:
         return f"worker {self.index}"
+
+
+class _StdoutGone(Exception):
+    """Whoever read the demo's output stopped reading (``aiotimer demo | head``)."""
 
 
 class _Demo:
@@ -119,12 +147,32 @@ class _Demo:
         self.args = args
         self.style = _Style(sys.stdout.isatty() and "NO_COLOR" not in os.environ)
         self.t0 = time.monotonic()
-        stuck = args.workers  # the last worker gets stuck
-        self.workers = [_Worker(i, i == stuck) for i in range(1, args.workers + 1)]
+        self.gone = False  # stdout was closed: finish quietly
+        self.scope: anyio.CancelScope | None = None
+        stuck = args.workers  # the last worker gets stuck; the first has the slow item
+        slow = None if args.slow_item < 0 or stuck == 1 else args.slow_item
+        self.workers = [
+            _Worker(i, i == stuck, slow if i == 1 else None) for i in range(1, args.workers + 1)
+        ]
 
     def say(self, text: str, code: str = "") -> None:
         stamp = self.style(f"+{time.monotonic() - self.t0:6.3f}s", "2")
-        print(f"{stamp} {self.style(text, code) if code else text}", flush=True)
+        self.write(f"{stamp} {self.style(text, code) if code else text}")
+
+    def write(self, line: str) -> None:
+        """Print ``line``; once stdout is closed, print nothing more and end the demo."""
+        if self.gone:
+            return
+        try:
+            print(line, flush=True)
+        except BrokenPipeError:
+            # Nothing may be printed any more, not even by the interpreter's last flush.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+            self.gone = True
+            if self.scope is not None:
+                self.scope.cancel()
 
     def by_pid(self, pid: int) -> _Worker | None:
         return next((w for w in self.workers if w.pid == pid), None)
@@ -132,63 +180,96 @@ class _Demo:
     def on_event(self, event: Event) -> None:
         worker = self.by_pid(getattr(event, "pid", 0))
         who = f"[{worker.name}] " if worker else ""
-        code = "1;33" if isinstance(event, TimerExpired) else ""
+        code = "1;33" if isinstance(event, TimerExpired | BlockCancelled) else ""
         if isinstance(event, WorkerReaped):
             code = "1;31"
-        if worker is not None and isinstance(event, WorkerReaped):
-            worker.reaped.append(event)
-        if worker is not None and isinstance(event, TimerExpired):
-            worker.expired.append(event)
+        if worker is not None:
+            if isinstance(event, WorkerReaped):
+                worker.reaped.append(event)
+            elif isinstance(event, TimerExpired):
+                worker.expired.append(event)
+            elif isinstance(event, BlockCancelled):
+                worker.cancelled.append(event)
         self.say(f"server: {who}{event.describe()}", code)
 
+    def intro(self) -> None:
+        args, last = self.args, self.workers[-1]
+        self.say(
+            f"aiotimer demo: {args.workers} workers; each item runs in async with "
+            f"expires(after={args.deadline:g}, kill_after={args.kill_after:g})",
+            "1",
+        )
+        self.say(
+            f"  at {args.deadline:g}s an item's task is cancelled (TimeoutError) and the "
+            f"pipeline goes on; a worker whose item has not ended {args.kill_after:g}s "
+            "later (its loop is blocked) is reaped"
+        )
+        slow = self.workers[0].slow_item
+        if slow is not None:
+            self.say(f"  worker 1's item {slow} waits on a slow upstream: it times out")
+        first = args.deadline / 2  # a stage's: the first deadline among its open blocks
+        self.say(
+            f"  {last.name} blocks its event loop {args.hang_after:g}s after it starts: no "
+            f"task of it can be cancelled, and it is reaped {args.kill_after:g}s "
+            f"(kill_after) after the first deadline among its open blocks (another task's "
+            f"stage, {first:g}s): about {first + args.kill_after:g}s later"
+        )
+
     async def run(self) -> bool:
-        args = self.args
         workdir = Path(tempfile.mkdtemp(prefix="aiotimer-demo-"))
         fifo = workdir / "timer.fifo"
         try:
-            self.say(
-                f"aiotimer demo: {args.workers} workers; every item must finish within "
-                f"{args.deadline:g}s; worker {args.workers} will get stuck after "
-                f"{args.hang_after:g}s",
-                "1",
-            )
-            async with TimerServer(fifo=fifo, on_event=self.on_event):
-                async with anyio.create_task_group() as tg:
-                    for worker in self.workers:
-                        await self.spawn(worker, fifo)
-                        tg.start_soon(self.follow, worker)
-                    with anyio.move_on_after(args.budget) as budget:
-                        for worker in self.workers:
-                            assert worker.process is not None
-                            worker.returncode = await worker.process.wait()
-                    if budget.cancelled_caught:
-                        self.say(f"gave up after {args.budget:g}s; killing the workers", "1;31")
-                        for worker in self.workers:
-                            if worker.process is not None and worker.process.returncode is None:
-                                worker.process.kill()
-                                worker.returncode = await worker.process.wait()
-                # Let the server report the exits it is noticing before it stops.
-                await anyio.sleep(0.05)
+            with anyio.CancelScope() as self.scope:
+                self.intro()
+                async with TimerServer(fifo=fifo, on_event=self.on_event):
+                    await self.supervise(fifo)
+                    # Let the server report the exits it is noticing before it stops.
+                    await anyio.sleep(0.05)
         finally:
-            for worker in self.workers:
-                if worker.process is not None:
-                    await worker.process.aclose()
+            with anyio.CancelScope(shield=True):
+                for worker in self.workers:
+                    if worker.process is not None:
+                        if worker.process.returncode is None:
+                            worker.process.kill()
+                        await worker.process.aclose()
             shutil.rmtree(workdir, ignore_errors=True)
         return self.summary()
+
+    async def supervise(self, fifo: Path) -> None:
+        """Start every worker, follow its output, and wait for all to end (killing them
+        past ``--budget``)."""
+        args = self.args
+        async with anyio.create_task_group() as tg:
+            for worker in self.workers:
+                await self.spawn(worker, fifo)
+                tg.start_soon(self.follow, worker)
+            with anyio.move_on_after(args.budget) as budget:
+                for worker in self.workers:
+                    assert worker.process is not None
+                    worker.returncode = await worker.process.wait()
+            if budget.cancelled_caught:
+                self.say(f"gave up after {args.budget:g}s; killing the workers", "1;31")
+                for worker in self.workers:
+                    if worker.process is not None and worker.process.returncode is None:
+                        worker.process.kill()
+                        worker.returncode = await worker.process.wait()
 
     async def spawn(self, worker: _Worker, fifo: Path) -> None:
         args = self.args
         command = [
             sys.executable,
-            "-m",
-            "aiotimer.cli._demo",
+            "-c",  # not -m: the package imports this module first
+            "import sys; from aiotimer.cli._demo import main; sys.exit(main())",
             "--worker",
             f"--items={args.items}",
             f"--stage-time={args.stage_time}",
             f"--deadline={args.deadline}",
+            f"--kill-after={args.kill_after}",
         ]
         if worker.stuck:
             command.append(f"--hang-after={args.hang_after}")
+        if worker.slow_item is not None:
+            command.append(f"--slow-item={worker.slow_item}")
         # Only the discovery variable: the worker never calls configure().
         env = {**os.environ, ENV_FIFO: str(fifo), "PYTHONUNBUFFERED": "1"}
         worker.process = await anyio.open_process(command, env=env, stderr=None)
@@ -206,6 +287,9 @@ class _Demo:
                 if " done in " in line:
                     worker.items_done += 1
                     self.say(f"[{worker.name}] {line}", "2")
+                elif f" {_TIMED_OUT_MARK} " in line:
+                    worker.items_timed_out += 1
+                    self.say(f"[{worker.name}] {line}", "33")
                 elif line.startswith(_DONE_MARK):
                     worker.finished = True
                     self.say(f"[{worker.name}] {line}", "32")
@@ -215,36 +299,51 @@ class _Demo:
                     self.say(f"[{worker.name}] {line}")
 
     def summary(self) -> bool:
-        print()
-        print(self.style("summary", "1"))
+        if self.gone:
+            return False
+        self.write("")
+        self.write(self.style("summary", "1"))
         ok = True
         for w in self.workers:
-            if w.stuck:
-                killed = w.returncode == -signal.SIGKILL and bool(w.reaped)
-                outcome = (
-                    f"stuck, reaped with {signal_name(w.reaped[0].signal)} "
-                    f"({w.expired[0].late * 1000:.1f} ms after its deadline)"
-                    if killed and w.expired
-                    else f"stuck, NOT reaped (exit status {w.returncode})"
-                )
-                good = killed
-            else:
-                good = w.finished and w.returncode == 0 and not w.reaped
-                outcome = (
-                    f"finished all {w.items_done} items"
-                    if good
-                    else f"did not finish (exit status {w.returncode}, {w.items_done} items)"
-                )
+            good, outcome = self.outcome(w)
             ok = ok and good
             mark = self.style("ok  ", "32") if good else self.style("FAIL", "1;31")
-            print(f"  {mark} {w.name} (pid {w.pid}): {outcome}")
+            self.write(f"  {mark} {w.name} (pid {w.pid}): {outcome}")
         verdict = (
             "the stuck worker was reaped; the others were left alone"
             if ok
             else "something went wrong (see above)"
         )
-        print(self.style(verdict, "1;32" if ok else "1;31"))
-        return ok
+        self.write(self.style(verdict, "1;32" if ok else "1;31"))
+        return ok and not self.gone
+
+    def outcome(self, w: _Worker) -> tuple[bool, str]:
+        """Whether worker ``w`` did what the demo expects of it, and what it did."""
+        if w.stuck:
+            if w.returncode == -signal.SIGKILL and w.reaped and w.expired:
+                late = format_seconds(w.expired[0].late)
+                return True, (
+                    f"stuck, reaped with {signal_name(w.reaped[0].signal)} {late} after "
+                    f"its reap deadline, {self.args.kill_after:g}s (kill_after) after the "
+                    "first deadline among its open blocks"
+                )
+            return False, f"stuck, NOT reaped (exit status {w.returncode})"
+        items = w.items_done + w.items_timed_out
+        good = (
+            w.finished
+            and w.returncode == 0
+            and not w.reaped
+            and items == self.args.items
+            and w.items_timed_out == (w.slow_item is not None)
+        )
+        if not good:
+            return False, f"did not finish (exit status {w.returncode}, {items} items)"
+        if w.items_timed_out:
+            return True, (
+                f"handled all {items} items: {w.items_done} done, {w.items_timed_out} timed "
+                "out at its deadline (TimeoutError; the server saw it cancelled) and skipped"
+            )
+        return True, f"finished all {items} items"
 
 
 def _positive(text: str) -> float:
@@ -256,7 +355,8 @@ def _positive(text: str) -> float:
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     """Add the demo's options to ``parser`` (used by ``aiotimer demo``)."""
-    parser.add_argument("--workers", type=int, default=4, help="worker processes (default 4)")
+    one_line_errors(parser)
+    parser.add_argument("--workers", type=positive, default=4, help="worker processes (default 4)")
     parser.add_argument(
         "--hang-after",
         type=_positive,
@@ -269,9 +369,24 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         type=_positive,
         default=2.0,
         metavar="SECONDS",
-        help="each item's expires(after=...) (default 2.0)",
+        help="each item's expires(after=...): its task is cancelled then (default 2.0)",
     )
-    parser.add_argument("--items", type=int, default=8, help="items per worker (default 8)")
+    parser.add_argument(
+        "--kill-after",
+        type=_positive,
+        default=2.0,
+        metavar="SECONDS",
+        help="each item's expires(kill_after=...): a worker whose item has not ended this "
+        "long after its deadline is reaped (default 2.0; the library's default is 5)",
+    )
+    parser.add_argument(
+        "--slow-item",
+        type=int,
+        default=3,
+        metavar="N",
+        help="the item of worker 1 that outlives its deadline (default 3; -1: none)",
+    )
+    parser.add_argument("--items", type=positive, default=8, help="items per worker (default 8)")
     parser.add_argument(
         "--stage-time",
         type=_positive,
@@ -288,25 +403,32 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     )
 
 
+#: The exit status when stdout was closed early (``aiotimer demo | head``): that of a
+#: process ended by SIGPIPE, as a plain writer would be.
+EXIT_STDOUT_GONE = 128 + signal.SIGPIPE
+
+
 def run_demo(args: argparse.Namespace) -> int:
     """Run the demo described by parsed ``args``; 0 when the stuck worker was reaped and
-    every other worker finished, 1 otherwise."""
-    if args.workers < 1 or args.items < 1:
-        print("aiotimer demo: --workers and --items must be at least 1", file=sys.stderr)
-        return 2
+    every other worker handled its items, 1 otherwise, 141 when stdout was closed."""
     # The demo prints every event itself; keep the server's log records off stderr.
     logging.getLogger("aiotimer").addHandler(logging.NullHandler())
+    demo = _Demo(args)
     with asyncio.Runner(loop_factory=loop_factory("auto")) as runner:
-        ok = runner.run(_Demo(args).run())
+        ok = runner.run(demo.run())
+    if demo.gone:
+        return EXIT_STDOUT_GONE
     return 0 if ok else 1
 
 
 def _worker_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m aiotimer.cli._demo --worker")
+    parser = argparse.ArgumentParser(prog="aiotimer demo worker")
     parser.add_argument("--items", type=int, required=True)
     parser.add_argument("--stage-time", type=_positive, required=True)
     parser.add_argument("--deadline", type=_positive, required=True)
+    parser.add_argument("--kill-after", type=_positive, required=True)
     parser.add_argument("--hang-after", type=_positive, default=None)
+    parser.add_argument("--slow-item", type=int, default=None)
     return parser
 
 
