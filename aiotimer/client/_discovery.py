@@ -115,8 +115,17 @@ def current_client() -> TimerClient:
 
 
 def timer_server_configured() -> bool:
-    """True when a client is set (:func:`use_client`, :func:`configure`) or the
-    environment names an existing FIFO. Never connects.
+    """Whether ``expires()`` here has a client whose server may be there, without
+    connecting to anything (formerly ``under_timer_server()``, still an alias).
+
+    True when a client is set (:func:`use_client`, :func:`configure`: whatever it points
+    at), or when the first of ``AIOTIMER_FIFO`` and ``TORCHELASTIC_TIMER_FILE`` that is
+    set names a path that is a FIFO now. So True does not prove that a server reads it
+    (a crashed server leaves its FIFO behind), and False with a variable set means its
+    path is not a FIFO (yet): ``expires()`` would still try that path for the client's
+    ``connect_timeout`` and then raise :class:`~aiotimer.errors.ServerUnavailableError`.
+    Use it to decide whether to time blocks at all, not as a health check
+    (``aiotimer status`` is one).
     """
     if _context_client.get() is not None or _configured is not None:
         return True
