@@ -51,7 +51,9 @@ class StacksDumped(Event):
         so; each line of the dump cut at :data:`MAX_DUMP_LINE` characters."""
         where = f"worker {self.pid} (step {self.step}/{self.steps})"
         if self.text is None:
-            why = f": {clip(self.reason)}" if self.reason else ""
+            # The server's own explanation, which ends with what to do: kept whole but
+            # for a pathological dump directory path.
+            why = f": {clip(self.reason, MAX_DUMP_LINE * 2)}" if self.reason else ""
             return f"no stack dump from {where}{why}"
         held = holding_task(self.text)
         culprit = "" if held is None else f"; the loop is held by task {clip_scope(held[0])}"
