@@ -55,6 +55,16 @@ def test_serve_runs_until_signalled_and_exits_zero(
         os.write(fd, b"garbage\n")
         os.close(fd)
         time.sleep(0.2)
+        if loop == "asyncio":  # a second server on the same FIFO is refused, and says why
+            second = subprocess.run(
+                argv[:6], check=False, capture_output=True, text=True, timeout=20,
+                cwd=Path(__file__).parents[1],
+            )  # fmt: skip
+            assert (second.returncode, proc.poll()) == (1, None)
+            assert second.stderr == (
+                f"aiotimer serve: error: a live aiotimer server (pid {proc.pid}) already "
+                f"serves the FIFO {fifo}; stop it or choose another path\n"
+            )
         proc.send_signal(stop_with)
         _, stderr = proc.communicate(timeout=15)
     finally:

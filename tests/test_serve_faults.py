@@ -48,65 +48,66 @@ def test_a_bad_argument_is_one_line_and_exit_2(
     assert says in err
 
 
+BAD_NUMBERS = {
+    ("serve", "--metrics-port", "70000"): "argument --metrics-port: need a port number "
+    "0..65535, got '70000'",
+    ("serve", "--metrics-port", "-1"): "argument --metrics-port: need a port number "
+    "0..65535, got '-1'",
+    ("run", "--metrics-port", "70000"): "argument --metrics-port: need a port number "
+    "0..65535, got '70000'",
+    ("run", "--nproc", "0"): "argument --nproc: need a whole number >= 1, got '0'",
+    ("run", "--nproc", "-3"): "argument --nproc: need a whole number >= 1, got '-3'",
+    ("run", "--backoff", "5:1"): "argument --backoff: the initial delay (5s) must not "
+    "exceed the cap (1s), got '5:1'",
+}
+
+
+def bad_argv(case: tuple[str, ...], fifo: Path) -> list[str]:
+    command, *options = case
+    if command == "serve":
+        return [command, "--fifo", str(fifo), *options]
+    return [command, *options, "--", "true"]
+
+
+@pytest.mark.parametrize("case", BAD_NUMBERS, ids=" ".join)
+def test_bad_numbers_of_serve_and_run_are_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], case: tuple[str, ...]
+) -> None:
+    """Each bad number is refused in one line saying what to give, with the same words
+    for serve and run, exit status 2, before anything starts."""
+    with pytest.raises(SystemExit) as exc:
+        main(bad_argv(case, tmp_path / "t.fifo"))
+    assert exc.value.code == 2
+    command = case[0]
+    assert capsys.readouterr().err == (
+        f"aiotimer {command}: error: {BAD_NUMBERS[case]} (see aiotimer {command} --help)\n"
+    )
+    assert not (tmp_path / "t.fifo").exists()
+
+
 @pytest.mark.process
 @pytest.mark.timeout(60)
-def test_bad_numbers_of_serve_and_run_are_one_line_and_exit_2(tmp_path: Path) -> None:
-    """Run as a user would (real processes, side by side): each bad number is refused
-    in one line that says what to give, exit status 2, nothing started."""
-    fifo = str(tmp_path / "t.fifo")
-    cases = {
-        ("serve", "--fifo", fifo, "--metrics-port", "70000"): (
-            "argument --metrics-port: need a port number 0..65535, got '70000'"
-        ),
-        ("serve", "--fifo", fifo, "--metrics-port", "-1"): (
-            "argument --metrics-port: need a port number 0..65535, got '-1'"
-        ),
-        ("run", "--metrics-port", "70000", "--", "true"): (
-            "argument --metrics-port: need a port number 0..65535, got '70000'"
-        ),
-        ("run", "--nproc", "0", "--", "true"): (
-            "argument --nproc: need a whole number >= 1, got '0'"
-        ),
-        ("run", "--nproc", "-3", "--", "true"): (
-            "argument --nproc: need a whole number >= 1, got '-3'"
-        ),
-        ("run", "--backoff", "5:1", "--", "true"): (
-            "argument --backoff: the initial delay (5s) must not exceed the cap (1s), got '5:1'"
-        ),
-    }
-    procs = {
-        argv: subprocess.Popen(
-            [sys.executable, "-m", "aiotimer", *argv],
+def test_bad_numbers_as_a_user_types_them_are_one_line_and_exit_2(tmp_path: Path) -> None:
+    """The same through the real command (one process per subcommand, side by side):
+    no traceback, one line, exit status 2."""
+    cases = [("serve", "--metrics-port", "70000"), ("run", "--nproc", "0")]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "aiotimer", *bad_argv(case, tmp_path / "t.fifo")],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
             env=env(),
         )
-        for argv in cases
-    }
-    for argv, says in cases.items():
-        out, err = procs[argv].communicate(timeout=BOUND)
-        command = argv[0]
-        assert procs[argv].returncode == 2, (argv, err)
-        assert out == "" and err.count("\n") == 1, (argv, err)
-        assert err == f"aiotimer {command}: error: {says} (see aiotimer {command} --help)\n"
-    assert not Path(fifo).exists()
-
-
-@pytest.mark.process
-@pytest.mark.timeout(30)
-def test_a_second_serve_on_a_served_fifo_says_a_live_server_serves_it(tmp_path: Path) -> None:
-    fifo = tmp_path / "t.fifo"
-    with serving(fifo) as first:
-        done = subprocess.run(
-            serve_argv(fifo), check=False, capture_output=True, text=True, env=env(), timeout=BOUND
+        for case in cases
+    ]
+    for case, proc in zip(cases, procs, strict=True):
+        out, err = proc.communicate(timeout=BOUND)
+        assert (proc.returncode, out) == (2, ""), err
+        assert (
+            err
+            == f"aiotimer {case[0]}: error: {BAD_NUMBERS[case]} (see aiotimer {case[0]} --help)\n"
         )
-        assert first.poll() is None  # the first server serves on
-    assert done.returncode == 1
-    assert done.stderr == (
-        f"aiotimer serve: error: a live aiotimer server (pid {first.pid}) already serves "
-        f"the FIFO {fifo}; stop it or choose another path\n"
-    )
 
 
 @pytest.mark.process
