@@ -192,7 +192,7 @@ def test_status_shows_both_deadlines_of_a_two_tier_block_and_which_passed(
         # After it: the task was cancelled (the worker saw it), the block still runs.
         assert worker.stdout.readline() == "cancelled\n"
         row = worker_row(status(fifo), worker.pid)
-        assert "two-tier (cancelled " in row and " ago, reap in 5" in row, row
+        assert "two-tier (cancel due " in row and " ago, reap in 5" in row, row
         after = ControlClient.for_fifo(fifo).state()
         [timer] = [t for t in after.timers if t.pid == worker.pid]
         assert timer.passed == "block"

@@ -57,7 +57,9 @@ def _time_left(t: TimerInfo) -> str:
         return _left(t.seconds_left)
     reap = f"reap in {format_seconds(t.seconds_left)}"
     if t.passed == "block":
-        return f"cancelled {format_seconds(-t.block_seconds_left)} ago, {reap}"
+        # The server cannot know whether the task was cancelled: a blocked loop cannot
+        # cancel it (the worker says so only when the block ends).
+        return f"cancel due {format_seconds(-t.block_seconds_left)} ago, {reap}"
     return f"cancel in {format_seconds(t.block_seconds_left)}, {reap}"
 
 
