@@ -14,7 +14,6 @@ import json
 import os
 import select
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -309,13 +308,6 @@ def run_tree(
     )
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def scrape(port: int) -> list[str]:
     """``GET /metrics`` over TCP, as Prometheus does; retried while the port opens."""
     deadline = time.monotonic() + 20
@@ -332,12 +324,18 @@ def scrape(port: int) -> list[str]:
 def test_sigterm_to_run_leaves_no_process(worker: list[str], tmp_path: Path) -> None:
     """SIGTERM stops every worker's tree; the run exits 143 and says so; the workers
     stopped at the end are stopped, not waiting for a restart. Meanwhile the run is
-    scraped over TCP (--metrics-port)."""
-    pids_file, log, port = tmp_path / "pids", tmp_path / "events.jsonl", free_port()
+    scraped over TCP (--metrics-port 0: the port the system chose is in the log)."""
+    pids_file, log = tmp_path / "pids", tmp_path / "events.jsonl"
     run = run_tree(worker, pids_file, "--nproc", "2", "--stop-timeout", "0.5",
-                   "--event-log", str(log), "--metrics-port", str(port))  # fmt: skip
+                   "--event-log", str(log), "--metrics-port", "0")  # fmt: skip
     pidfds: list[int] = []
+    early: list[str] = []
     try:
+        assert run.stderr is not None
+        while not (early and "GET /metrics on 127.0.0.1:" in early[-1]):
+            early.append(run.stderr.readline())
+            assert early[-1], "".join(early)  # the log ended without saying the port
+        port = int(early[-1].rsplit(":", 1)[1])
         deadline = time.monotonic() + 20
         while (not pids_file.exists() or len(pids_file.read_text().splitlines()) < 2) and (
             time.monotonic() < deadline
@@ -352,7 +350,8 @@ def test_sigterm_to_run_leaves_no_process(worker: list[str], tmp_path: Path) -> 
         assert sum(float(m.split()[1]) for m in metrics if m.startswith("aiotimer_workers{")) == 2
         run.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
-        _, err = run.communicate(timeout=20)
+        _, rest = run.communicate(timeout=20)
+        err = "".join(early) + rest
         stopped_in = time.monotonic() - signalled
         leftover = running(pidfds)
     finally:

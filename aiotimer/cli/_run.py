@@ -31,6 +31,7 @@ from aiotimer.cli._args import (
     whole_number,
 )
 from aiotimer.cli._output import bounded
+from aiotimer.cli._status import log_control_plane
 from aiotimer.cluster._cli import add_node_arguments, node_config
 from aiotimer.cluster._node import ClusterSession, cluster_session
 from aiotimer.control import ControlPlane
@@ -203,13 +204,15 @@ async def _supervise(
     # SIGINT/SIGTERM stop the run, which then exits 128+N (a second one: SIGKILL at once).
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, supervisor.interrupt, signum)
+    plane = ControlPlane(supervisor, path=args.control or True, metrics_port=args.metrics_port)
     try:
         async with (
             cluster.publishing(supervisor),
             supervisor,
-            ControlPlane(supervisor, path=args.control or True, metrics_port=args.metrics_port),
+            plane,
             cluster.coordinating(supervisor),
         ):
+            log_control_plane(plane)
             await supervisor.wait()
     finally:
         for signum in (signal.SIGINT, signal.SIGTERM):

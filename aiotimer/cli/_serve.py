@@ -28,7 +28,7 @@ from aiotimer.cli._args import (
     print_stats,
     seconds,
 )
-from aiotimer.cli._status import log_summary
+from aiotimer.cli._status import log_control_plane, log_summary
 from aiotimer.cluster._cli import add_node_arguments, node_config, publishing, server_status
 from aiotimer.cluster._publisher import NodePublisher
 from aiotimer.control import ControlPlane
@@ -196,6 +196,7 @@ async def _serve(args: argparse.Namespace) -> str | None:
             server,
         ):
             publishers.extend([node] if node is not None else [])
+            log_control_plane(plane)
             _freeze_startup_heap()
             await stop.wait()
     finally:

@@ -19,13 +19,21 @@ from typing import NoReturn
 import msgspec
 
 from aiotimer.cluster._cli import add_job_status_arguments, run_job_status
+from aiotimer.control import ControlPlane
 from aiotimer.control._format import format_status
 from aiotimer.control.client import ControlClient
 from aiotimer.control.snapshot import DEFAULT_LIMIT, MAX_LIMIT, status_snapshot
 from aiotimer.errors import ControlError, ServerUnavailableError
 from aiotimer.server._server import TimerServer
 
-__all__ = ["EXIT_NOT_RUNNING", "EXIT_USAGE", "configure_parser", "log_summary", "run_status"]
+__all__ = [
+    "EXIT_NOT_RUNNING",
+    "EXIT_USAGE",
+    "configure_parser",
+    "log_control_plane",
+    "log_summary",
+    "run_status",
+]
 
 logger = logging.getLogger("aiotimer")
 
@@ -118,3 +126,14 @@ def log_summary(server: TimerServer) -> None:
         logger.exception("could not summarise the server's state")
         return
     logger.warning("state summary (SIGUSR1):\n%s", text.rstrip("\n"))
+
+
+def log_control_plane(plane: ControlPlane) -> None:
+    """Log where a started control plane serves (``aiotimer serve`` and ``aiotimer run``
+    do once it runs): the socket ``aiotimer status --control`` reads, and the TCP port of
+    ``GET /metrics``, which ``--metrics-port 0`` leaves to the system to choose."""
+    where = [] if plane.path is None else [f"control socket {plane.path}"]
+    if plane.metrics_port is not None:
+        where.append(f"GET /metrics on 127.0.0.1:{plane.metrics_port}")
+    if where:
+        logger.info("serving %s", "; ".join(where))
