@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import anyio
 import pytest
+from _pids import fake_pid
 
-from aiotimer.events import Event, ServerStarted, WorkerUnknown
+from aiotimer.events import Event, ServerStarted, TimerEvicted, WorkerUnknown
 from aiotimer.server._eventbus import EventBus
 from aiotimer.testing import settle
 
@@ -35,6 +36,15 @@ def test_reaps_and_refusals_are_kept_apart_from_a_flood_of_other_events() -> Non
     bus.publish(event(11))
     assert [n for n, _ in bus.incidents] == [11, 12]  # the newest two, numbered as events
     assert [n for n, _ in bus.since(0, 10)[0]] == [10, 11, 12]
+
+
+def test_a_timer_dropped_from_a_full_table_is_an_incident() -> None:
+    """An eviction leaves a block unwatched: `aiotimer status` lists it with the rest."""
+    bus = EventBus()
+    evicted = TimerEvicted(time=1.0, pid=fake_pid(1), scope_id="leak", holds=9,
+                           for_pid=fake_pid(2), max_timers=10)  # fmt: skip
+    bus.publish(evicted)
+    assert bus.incidents[-1][1] is evicted
 
 
 @pytest.mark.asyncio

@@ -37,7 +37,7 @@ logger = logging.getLogger("aiotimer")
 NumberedEvent = tuple[int, Event]
 
 #: The kinds of event that are incidents: a timer expired, what was done about it
-#: (signals, failures, refusals), and input refused.
+#: (signals, failures, refusals), input refused, and timers dropped from a full table.
 INCIDENT_KINDS: Final = frozenset(
     {
         "timer_expired",
@@ -47,6 +47,7 @@ INCIDENT_KINDS: Final = frozenset(
         "worker_survived",
         "signal_refused",
         "request_rejected",
+        "timer_evicted",
         "worker_unknown",
         "control_refused",
     }
