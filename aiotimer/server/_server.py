@@ -6,8 +6,7 @@ Three ways to run it:
 * unstructured: ``await server.start()`` ... ``await server.aclose()`` from different
   places of an asyncio program (the server's task groups live in one task the server
   owns, so no cancel scope is ever exited from another task);
-* thread mode, for synchronous programs: ``TimerServerThread(server).start()`` /
-  ``.stop()`` run the server in its own event loop in a daemon thread.
+* for synchronous programs: ``TimerServerThread(server)``, its own loop in a daemon thread.
 
 Lifecycle: ``created -> starting -> running -> stopping -> stopped``; a stopped server
 can be started again (with a fresh, empty table). See :mod:`aiotimer._edges.lifecycle`.
