@@ -9,6 +9,7 @@ import asyncio
 import gc
 import os
 import signal
+import stat
 import sys
 
 from aiotimer._edges.logs import queued_logging
@@ -157,12 +158,12 @@ async def _serve(args: argparse.Namespace) -> str | None:
             return
         stop.set()
 
-    served = read_live_marker(args.fifo)
-    if served is not None and served.marker.pid not in (None, os.getpid()):
+    served_by = _live_server(args.fifo)
+    if served_by is not None:
         # Said before anything starts: the control socket beside the FIFO is that
         # server's too, and would otherwise be what the refusal names.
         return (
-            f"a live aiotimer server (pid {served.marker.pid}) already serves the FIFO "
+            f"a live aiotimer server (pid {served_by}) already serves the FIFO "
             f"{args.fifo}; stop it or choose another path"
         )
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -204,6 +205,20 @@ async def _serve(args: argparse.Namespace) -> str | None:
             loop.remove_signal_handler(signum)
     print_stats(args, server.scope_stats())
     return failure[0] if failure else None
+
+
+def _live_server(fifo: str) -> int | None:
+    """The pid of a live aiotimer server of this user serving ``fifo`` (the FIFO is there
+    and its marker, of this user, names a live process), else ``None``. Another user's
+    marker is never believed: anyone can plant one in a shared directory such as /tmp."""
+    try:
+        if not stat.S_ISFIFO(os.stat(fifo).st_mode):
+            return None
+    except OSError:
+        return None
+    found = read_live_marker(fifo, owner=os.geteuid())
+    pid = None if found is None else found.marker.pid
+    return None if pid in (None, os.getpid()) else pid
 
 
 def _freeze_startup_heap() -> None:
