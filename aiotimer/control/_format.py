@@ -26,6 +26,8 @@ _SHOWN_COUNTERS = (
     "rejected",
     "workers_exited",
 )
+#: Counters shown only once they are not zero (a server at its timer cap).
+_CAP_COUNTERS = ("cap_rejected", "evicted")
 #: How many of the recent reaps and refusals the view shows (the newest).
 RECENT_SHOWN: Final[int] = 10
 #: The widest a line of the recent reaps and refusals gets.
@@ -81,7 +83,11 @@ def format_status(snap: StatusSnapshot) -> str:
         f"  {snap.timers_total:,} timers, {snap.workers_total:,} workers, {nxt}; "
         f"reaping: {srv.policy}",
         "  "
-        + "  ".join(f"{k} {snap.counters.get(k, 0):,}" for k in _SHOWN_COUNTERS)
+        + "  ".join(
+            f"{k} {snap.counters.get(k, 0):,}"
+            for k in _SHOWN_COUNTERS + _CAP_COUNTERS
+            if k in _SHOWN_COUNTERS or snap.counters.get(k, 0)
+        )
         + f"  max loop lag {format_seconds(srv.max_loop_lag)}",
     ]
     sup = snap.supervisor
@@ -90,8 +96,8 @@ def format_status(snap: StatusSnapshot) -> str:
         gave_up = f" (gave up: {sup.gave_up})" if sup.gave_up else ""
         lines.append(
             f"  supervisor {sup.state}{ended}{gave_up}: run {sup.run_id}, {sup.nproc} workers, "
-            f"{sup.restarts} restarts ({sup.restarts_in_window} in the window): "
-            + " ".join(sup.command)
+            f"{sup.restarts} restart{'' if sup.restarts == 1 else 's'} "
+            f"({sup.restarts_in_window} in the window): " + " ".join(sup.command)
         )
     timers: dict[tuple[int | None, str], TimerInfo] = {(t.pid, t.scope_id): t for t in snap.timers}
     ranked = any(w.rank is not None for w in snap.workers)
