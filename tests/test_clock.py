@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import math
 import random
 import time
 
@@ -7,6 +8,7 @@ import anyio
 import pytest
 
 from aiotimer import Clock, MonotonicClock
+from aiotimer._edges.clock import open_alarm
 from aiotimer.testing import FakeClock, settle
 
 
@@ -85,3 +87,55 @@ async def test_monotonic_clock_sleep_until_is_cancellable() -> None:
     with anyio.move_on_after(0.01) as scope:
         await clock.sleep_until(time.monotonic() + 60)
     assert scope.cancelled_caught
+
+
+@pytest.mark.asyncio
+async def test_monotonic_alarm_follows_its_deadline_and_never_fires_early() -> None:
+    # The expiry task's alarm: moved later (the earliest timer was released) it does
+    # not fire at the old deadline; moved earlier it fires at the new one; never early.
+    woke: list[float] = []
+    with open_alarm(MonotonicClock()) as alarm:
+
+        async def waiter() -> None:
+            await alarm.wait()
+            woke.append(time.monotonic())
+
+        start = time.monotonic()
+        alarm.set(start + 0.02)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waiter)
+            await settle()
+            alarm.set(start + 0.2)  # later: the waiter sleeps on
+            await anyio.sleep(0.05)
+            assert woke == []
+            alarm.set(start + 0.06)  # earlier than the last one
+        assert woke and woke[0] >= start + 0.06
+        alarm.set(math.inf)
+        with anyio.move_on_after(0.05) as scope:
+            await alarm.wait()
+        assert scope.cancelled_caught
+
+
+@pytest.mark.asyncio
+async def test_fake_clock_alarm_wakes_at_the_deadline_last_set() -> None:
+    clock = FakeClock()
+    woke: list[float] = []
+    with open_alarm(clock) as alarm:
+
+        async def waiter() -> None:
+            await alarm.wait()
+            woke.append(clock.monotonic())
+
+        alarm.set(5.0)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waiter)
+            await settle()
+            alarm.set(8.0)
+            clock.advance(6.0)
+            await settle()
+            assert woke == []
+            alarm.set(7.0)  # earlier: the sleep is cut short and starts again
+            await settle()
+            assert woke == [] and clock.next_wakeup() == 7.0
+            clock.advance(1.0)
+        assert woke == [7.0]

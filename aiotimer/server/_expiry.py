@@ -2,14 +2,16 @@
 
 How this works
 --------------
-One task (:meth:`Expiry.run`) sleeps until the table's next deadline (forever when it is
-empty) inside a cancel scope. There is no polling interval: an idle engine makes no
-wake-ups (``ServerCounters.wakeups`` counts them). The clock's ``sleep_until`` never returns
-before the deadline, so the task handles what is due as soon as it wakes. After every
-batch the engine applies, :meth:`Expiry.catch_up` handles the deadlines that fell while
-the loop was busy (with that batch, say), so that ingesting a burst of input does not
-hold up an expiry, and re-arms the task at once when the table's next deadline is now
-earlier than the one it sleeps until.
+One task (:meth:`Expiry.run`) waits on an alarm (:func:`~aiotimer._edges.clock.open_alarm`)
+set to the table's next deadline (never, when it is empty). There is no polling interval:
+an idle engine makes no wake-ups (``ServerCounters.wakeups`` counts them). The alarm never
+goes off before its deadline, so the task handles what is due as soon as it wakes. After
+every batch the engine applies, :meth:`Expiry.catch_up` handles the deadlines that fell
+while the loop was busy (with that batch, say), so that ingesting a burst of input does
+not hold up an expiry, and sets the alarm again when the next deadline moved (earlier: an
+acquire due sooner; later: the earliest timer was released). With the production clock
+that is one ``timerfd_settime`` and wakes nobody, so the task wakes only for a deadline
+that is still live.
 
 Before acting on expired timers (:meth:`Expiry.expire_due`) the engine asks the sources'
 *drains* (the protocol in :mod:`aiotimer.sources._base`) about the workers whose timers
@@ -57,7 +59,7 @@ from dataclasses import dataclass
 import anyio
 import anyio.lowlevel
 
-from aiotimer._edges.clock import Clock
+from aiotimer._edges.clock import Alarm, Clock, open_alarm
 from aiotimer.core._latency import LatencyHistogram
 from aiotimer.core._stats import DurationStats, Overdue
 from aiotimer.core._table import Timer, TimerTable
@@ -159,8 +161,8 @@ class Expiry:
         self._drains: list[Drain] = []
         #: True while expired timers are being handled (see :attr:`Engine.busy`).
         self.handling = False
-        self._armed = -math.inf  # the deadline the task sleeps until
-        self._sleep_scope: anyio.CancelScope | None = None
+        self._alarm: Alarm | None = None  # while the task runs
+        self._armed = math.inf  # the deadline the alarm is set to
         #: How late each slice of expiries was handled (the loop was busy), seconds.
         self.loop_lag = LatencyHistogram()
         #: A lag above this many seconds is reported as a LoopLagged event.
@@ -174,41 +176,41 @@ class Expiry:
         return lambda: self._drains.remove(drain)
 
     async def run(self) -> None:
-        """Sleep until the next deadline (or a re-arm), then handle what expired; forever."""
+        """Sleep until the next deadline (re-armed as it moves), then handle what
+        expired; forever."""
         table, clock = self._table, self._clock
-        while True:
-            deadline = table.next_deadline(budget=EXPIRE_BUDGET)
-            now = clock.monotonic()
-            if deadline is not None and deadline <= now:
-                self.expire_due(now)
-                await anyio.lowlevel.checkpoint()  # one slice at a time
-                continue
-            with anyio.CancelScope() as scope:
-                self._sleep_scope = scope
-                if deadline is None:
-                    self._armed = math.inf
-                    await anyio.sleep_forever()
-                else:
-                    self._armed = deadline
-                    await clock.sleep_until(deadline)
-            self._sleep_scope = None
-            self._armed = -math.inf
-            self._counts.wakeups += 1
-            self.last_progress = clock.monotonic()
+        with open_alarm(clock) as alarm:
+            self._alarm = alarm
+            try:
+                while True:
+                    deadline = table.next_deadline(budget=EXPIRE_BUDGET)
+                    now = clock.monotonic()
+                    if deadline is not None and deadline <= now:
+                        self.expire_due(now)
+                        await anyio.lowlevel.checkpoint()  # one slice at a time
+                        continue
+                    self._arm(math.inf if deadline is None else deadline)
+                    await alarm.wait()
+                    self._counts.wakeups += 1
+                    self.last_progress = clock.monotonic()
+            finally:
+                self._alarm = None
+
+    def _arm(self, deadline: float) -> None:
+        """Set the alarm to ``deadline`` if it moved (see the module docs)."""
+        if deadline != self._armed and self._alarm is not None:
+            self._armed = deadline
+            self._alarm.set(deadline)
 
     def catch_up(self) -> None:
         """A batch was just applied: handle what has come due meanwhile (one slice), and
-        re-arm the task if the next deadline is now earlier than the one it sleeps until."""
+        re-arm the alarm if the next deadline moved."""
         now = self.last_progress = self._clock.monotonic()
         deadline = self._table.next_deadline(budget=EXPIRE_BUDGET)
-        if deadline is None:
-            return
-        if deadline <= now:
+        if deadline is not None and deadline <= now:
             self.expire_due(now)
             deadline = self._table.next_deadline(budget=EXPIRE_BUDGET)
-        if deadline is not None and deadline < self._armed and self._sleep_scope is not None:
-            self._armed = -math.inf
-            self._sleep_scope.cancel()
+        self._arm(math.inf if deadline is None else deadline)
 
     def flush(self) -> None:
         """A synchronous round (:meth:`~aiotimer.server.TimerServer.flush`): apply what
