@@ -324,6 +324,7 @@ PUBLIC_ALL: dict[str, set[str]] = {
         "CHUNK_SIZE",
         "MAX_READS_PER_WAKE",
         "PIPE_SIZE",
+        "READ_INTERVAL",
         "FifoSource",
         "grow_pipe",
     },

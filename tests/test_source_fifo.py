@@ -18,6 +18,7 @@ import pytest
 
 from aiotimer.errors import SourceError
 from aiotimer.sources._budget import LINES_PER_STEP
+from aiotimer.sources._trickle import EMPTY_READS, LEAD_SHARE
 from aiotimer.sources.fifo import MAX_READS_PER_WAKE, PIPE_SIZE, FifoSource
 from aiotimer.testing import RecordingSink, running_source, wait_until
 from aiotimer.wire import MARKER_SUFFIX
@@ -274,9 +275,10 @@ async def test_a_writer_stalled_mid_line_does_not_delay_others(fifo_path: pathli
     assert sink.rejections == ["partial line (writer stopped mid-line)"]
 
 
+@pytest.mark.parametrize("interval", [0.0, 0.01])
 @pytest.mark.asyncio
 async def test_eof_never_spins_while_idle(
-    fifo_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+    fifo_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, interval: float
 ) -> None:
     reads = 0
     real_read = os.read
@@ -288,14 +290,17 @@ async def test_eof_never_spins_while_idle(
 
     monkeypatch.setattr(os, "read", counting_read)
     sink = RecordingSink()
-    async with running_source(FifoSource(fifo_path), sink):
+    async with running_source(FifoSource(fifo_path, read_interval=interval), sink):
         with writer(fifo_path) as fd:  # a client comes, writes and goes: EOF for a reader
             os.write(fd, torch_line(3, "once"))
         await wait_until(lambda: len(sink.requests) == 1)
         reads_after_line = reads
         cpu = time.process_time()
         await anyio.sleep(0.5)
-        assert reads == reads_after_line, "the reader woke up with nothing to read"
+        # Reading a trickle, the reader looks EMPTY_READS times more, an interval apart,
+        # finding the pipe empty; then it waits for input.
+        looks = EMPTY_READS if interval else 0
+        assert reads - reads_after_line <= looks, "the reader woke up with nothing to read"
         assert len(sink.batches) == 1
         # Spinning would burn ~0.5 s of CPU here; allow a lot of slack for noise.
         assert time.process_time() - cpu < 0.25
@@ -410,3 +415,31 @@ async def test_a_read_of_short_garbage_lines_is_decoded_a_step_at_a_time(
             await wait_until(lambda: len(sink.rejections) == 16384)
     sizes = [len(batch.rejections) for batch, _ in sink.batches]
     assert max(sizes) <= 2 * LINES_PER_STEP and len(sizes) >= 8
+
+
+@pytest.mark.asyncio
+async def test_a_trickle_is_read_once_per_interval_capped_by_its_leads(
+    fifo_path: pathlib.Path,
+) -> None:
+    # After a read that found a trickle, the next line waits for the next read, an
+    # interval later, rather than waking the reader; an acquire due soon shortens it.
+    interval = 1.0
+    sink = RecordingSink()
+    async with running_source(FifoSource(fifo_path, read_interval=interval), sink):
+        with writer(fifo_path) as fd:
+            os.write(fd, torch_line(3, "first"))  # due in ages: the full interval
+            await wait_until(lambda: len(sink.requests) == 1)
+            sent = time.monotonic()
+            os.write(fd, torch_line(3, "second", expiration=time.time() + 1.5))
+            with anyio.move_on_after(interval / 2):
+                await wait_until(lambda: len(sink.requests) == 2)
+            assert len(sink.requests) == 1, "the reader woke at a line of a trickle"
+            await wait_until(lambda: len(sink.requests) == 2)
+            assert time.monotonic() - sent >= interval * 0.99
+            # "second" was read ~0.5 s before its deadline: later reads come at most
+            # LEAD_SHARE of that apart, well before the full interval.
+            sent = time.monotonic()
+            os.write(fd, torch_line(3, "third"))
+            await wait_until(lambda: len(sink.requests) == 3)
+            assert time.monotonic() - sent < LEAD_SHARE * 0.5 + interval / 4
+    assert [r.scope_id for r in sink.requests] == ["first", "second", "third"]

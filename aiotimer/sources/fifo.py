@@ -22,6 +22,10 @@ How it works:
   anyio's cancel scopes around the reader work as usual.
   The decoder bounds a partial line and recovers lines glued to it, so a writer that
   stops mid-line delays nobody.
+* **A trickle** (a read that emptied the pipe found little): the reader stops waking at
+  every line and reads the pipe once per interval while input keeps trickling in, an
+  interval bounded by how soon the acquires it read fall due
+  (:mod:`aiotimer.sources._trickle`); the drain below keeps releases from being late.
 * **Before an expiry** the server's drain (:class:`_Reader`) scans what the pipe holds
   for the due workers' pids through a copy (Linux ``tee(2)``,
   :mod:`aiotimer.sources._pipepeek`), leaving it in the pipe, so clients waiting for room
@@ -36,7 +40,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import logging
+import math
 import os
 import pathlib
 from collections.abc import Mapping
@@ -50,6 +56,7 @@ from aiotimer.sources._base import RequestSink, draining
 from aiotimer.sources._budget import lines_end
 from aiotimer.sources._fifo_path import PIPE_SIZE, FifoPath, OpenFifo, grow_pipe
 from aiotimer.sources._pipepeek import open_peek, read_exactly
+from aiotimer.sources._trickle import EMPTY_READS, READ_INTERVAL, shortest_lead, trickle_interval
 from aiotimer.wire import MAX_LINE_BYTES, Decoded, LineDecoder
 from aiotimer.wire._mentions import mentions_end
 
@@ -58,6 +65,7 @@ __all__ = [
     "CHUNK_SIZE",
     "MAX_READS_PER_WAKE",
     "PIPE_SIZE",
+    "READ_INTERVAL",
     "FifoSource",
     "grow_pipe",
 ]
@@ -87,7 +95,13 @@ class FifoSource:
         mode: the FIFO's permission bits, applied exactly (umask does not apply).
         max_line: the longest accepted line, newline included.
         chunk_size: bytes per ``read(2)``.
+        read_interval: while input trickles in, read it at most this often (seconds;
+            ``0``: at every line), see the module docs.
         marker: extra keys for the marker file (e.g. where stack dumps go).
+
+    Raises:
+        ValueError: ``chunk_size`` is not positive, ``read_interval`` is negative or
+            ``max_line`` is out of range.
 
     :meth:`serve` may be called again after it returned.
     """
@@ -100,6 +114,7 @@ class FifoSource:
         "_name",
         "_path",
         "_published",
+        "_read_interval",
     )
 
     def __init__(
@@ -109,15 +124,19 @@ class FifoSource:
         mode: int = 0o600,
         max_line: int = MAX_LINE_BYTES,
         chunk_size: int = CHUNK_SIZE,
+        read_interval: float = READ_INTERVAL,
         marker: Mapping[str, object] | None = None,
     ) -> None:
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+        if not read_interval >= 0:
+            raise ValueError(f"read_interval must be >= 0 seconds, got {read_interval!r}")
         LineDecoder(max_line)  # validates max_line now rather than in serve()
         self._path = pathlib.Path(path)
         self._mode = mode
         self._max_line = max_line
         self._chunk_size = chunk_size
+        self._read_interval = read_interval
         self._marker: dict[str, object] = dict(marker or {})
         self._name = f"fifo:{self._path}"
         self._published: FifoPath | None = None
@@ -172,7 +191,14 @@ class FifoSource:
 
     async def _read(self, fifo: OpenFifo, sink: RequestSink) -> None:
         with fifo.reading:
-            reader = _Reader(fifo.read_fd, sink, self._name, self._chunk_size, self._max_line)
+            reader = _Reader(
+                fifo.read_fd,
+                sink,
+                self._name,
+                chunk_size=self._chunk_size,
+                max_line=self._max_line,
+                interval=self._read_interval,
+            )
             try:
                 with draining(sink, reader):
                     await reader.run()
@@ -203,17 +229,33 @@ class _Reader:
         "_decoder",
         "_due",
         "_fd",
+        "_interval",
+        "_lead",
         "_peek",
         "_pos",
         "_sink",
+        "_trickle_max",
         "_waiting",
         "name",
     )
 
     def __init__(
-        self, fd: int, sink: RequestSink, name: str, chunk_size: int, max_line: int
+        self,
+        fd: int,
+        sink: RequestSink,
+        name: str,
+        *,
+        chunk_size: int,
+        max_line: int,
+        interval: float,
     ) -> None:
         self._fd = fd
+        self._interval = interval
+        # Read every interval, the pipe holds at most a quarter of its capacity.
+        self._trickle_max = _capacity(fd) // 4
+        # The shortest time to its deadline of an acquire read since the reader last
+        # waited for input (see aiotimer.sources._trickle).
+        self._lead = math.inf
         self._sink = sink
         self.name = name  # the source's, which its batches are applied under
         self._chunk_size = chunk_size
@@ -314,6 +356,9 @@ class _Reader:
         """Decode ``chunk`` and submit what it held; ``True`` if it held anything."""
         batch = self._decoder.feed(chunk)
         if batch.requests or batch.rejections:
+            if len(chunk) < self._chunk_size and self._interval > 0:
+                # A short read (a trickle, maybe): how soon its acquires fall due.
+                self._lead = min(self._lead, shortest_lead(batch.requests))
             self._sink.submit(batch, self.name)
             return True
         return False
@@ -339,8 +384,6 @@ class _Reader:
             waiting.set_result(None)
 
     async def _run(self, loop: asyncio.AbstractEventLoop) -> None:
-        fd, chunk_size = self._fd, self._chunk_size
-        read = os.read
         while True:
             if self._backlog:
                 await asyncio.sleep(0)  # what anyio's checkpoint does on asyncio
@@ -350,21 +393,74 @@ class _Reader:
                     await waiting
                 finally:
                     self._waiting = None
-            for _ in range(MAX_READS_PER_WAKE):
-                if self._backlog:
-                    chunk = self._take(chunk_size)
+            if self._trickle(await self._read_available()):
+                await self._coalesce(loop)
+
+    def _trickle(self, read: int | None) -> bool:
+        """Whether a turn that read ``read`` bytes and emptied the pipe (``None``: it
+        did not) read a trickle, worth reading every interval instead: some input,
+        little enough that the pipe holds that much several times over, and no acquire
+        so close to its deadline that reading later could miss it."""
+        return (
+            read is not None
+            and 0 < read <= self._trickle_max
+            and trickle_interval(self._interval, self._lead) > 0
+        )
+
+    async def _read_available(self) -> int | None:
+        """Decode the backlog, then what the pipe holds, a chunk at a time, each handed
+        to the sink as one batch, up to ``MAX_READS_PER_WAKE`` chunks: the bytes read
+        if that emptied the pipe, else ``None``."""
+        fd, chunk_size, read = self._fd, self._chunk_size, os.read
+        total = 0
+        for _ in range(MAX_READS_PER_WAKE):
+            if self._backlog:
+                chunk = self._take(chunk_size)
+            else:
+                try:
+                    chunk = read(fd, chunk_size)
+                except BlockingIOError:
+                    return total
+                end = lines_end(chunk)
+                if end < len(chunk):  # garbage: the rest waits for the next step
+                    self._backlog, self._pos = chunk, end
+                    chunk = chunk[:end]
+            total += len(chunk)
+            emptied = len(chunk) < chunk_size and not self._backlog
+            if self._feed(chunk) and not emptied:
+                # One chunk at a time: the sink handles the deadlines that fell
+                # meanwhile, and the loop runs other work, before the next chunk.
+                await asyncio.sleep(0)
+            if emptied:
+                return total  # a short read emptied the pipe; skip the read that says EAGAIN
+        return None
+
+    async def _coalesce(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Input trickles in: read it every ``interval`` seconds rather than at each
+        line, until a read finds the pipe empty, or more than a trickle (see the
+        module docs)."""
+        fd = self._fd
+        loop.remove_reader(fd)
+        try:
+            empty = 0  # reads in a row that found nothing
+            while empty < EMPTY_READS:
+                await asyncio.sleep(trickle_interval(self._interval, self._lead))
+                read = await self._read_available()
+                if read == 0:
+                    empty += 1
+                elif self._trickle(read):
+                    empty = 0
                 else:
-                    try:
-                        chunk = read(fd, chunk_size)
-                    except BlockingIOError:
-                        break
-                    end = lines_end(chunk)
-                    if end < len(chunk):  # garbage: the rest waits for the next step
-                        self._backlog, self._pos = chunk, end
-                        chunk = chunk[:end]
-                if self._feed(chunk):
-                    # One chunk at a time: the sink handles the deadlines that fell
-                    # meanwhile, and the loop runs other work, before the next chunk.
-                    await asyncio.sleep(0)
-                if len(chunk) < chunk_size and not self._backlog:
-                    break  # a short read emptied the pipe; skip the read that says EAGAIN
+                    return
+        finally:
+            self._lead = math.inf
+            loop.add_reader(fd, self._wake_loop)
+
+
+def _capacity(fd: int) -> int:
+    """The capacity of pipe ``fd`` in bytes (Linux's default where it cannot tell)."""
+    get_size = getattr(fcntl, "F_GETPIPE_SZ", None)
+    if get_size is not None:
+        with contextlib.suppress(OSError):
+            return int(fcntl.fcntl(fd, get_size))
+    return 65536
