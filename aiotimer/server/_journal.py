@@ -17,7 +17,7 @@ The :meth:`Journal.run` task waits until something changed, encodes every entry 
 hands the bytes to a thread that writes a temporary file and renames it over the
 journal (:func:`~aiotimer._edges.files.write_atomic`: never through a symlink, never
 over anything but a regular file of this user; read back the same way, capped). Writes are at least
-``interval`` apart, so a busy server writes a few times a second, an idle one never; the
+``interval`` (a second) apart, so a busy server writes once a second, an idle one never; the
 loop's work per write is bounded by the number of workers (capped at ``max_workers``).
 
 Each entry carries the worker's start time (its identity) and the deadline on
@@ -167,7 +167,7 @@ class Journal:
         self,
         path: str | os.PathLike[str],
         *,
-        interval: float = 0.05,
+        interval: float = 1.0,
         max_workers: int = 65536,
         grace: float = 1.0,
     ) -> None:
