@@ -123,11 +123,14 @@ def _wait_for(check: Callable[[], bool], what: str, alive: Callable[[], bool]) -
         time.sleep(0.02)
 
 
-def start_server(spec: ServerSpec, workdir: str, log_path: str) -> RunningServer:
+def start_server(
+    spec: ServerSpec, workdir: str, log_path: str, *, profile: str | None = None
+) -> RunningServer:
     """Start ``spec`` in its own process, with its FIFO/queue under ``workdir`` (and
-    aiotimer's stderr in ``log_path``); it serves once ``wait_ready()`` returns."""
+    aiotimer's stderr in ``log_path``); it serves once ``wait_ready()`` returns.
+    ``profile``: run aiotimer's server under :mod:`cProfile`, writing to this file."""
     if spec.kind == "aiotimer":
-        return _start_aiotimer(os.path.join(workdir, "aiotimer.fifo"), log_path)
+        return _start_aiotimer(os.path.join(workdir, "aiotimer.fifo"), log_path, profile)
     if spec.kind == "torch-file":
         return _start_torch_file(os.path.join(workdir, "torch.fifo"), spec.max_interval)
     return _start_torch_local(spec.max_interval)
@@ -162,10 +165,12 @@ class _AiotimerSender:
         self._client.close()
 
 
-def _start_aiotimer(path: str, log_path: str) -> RunningServer:
+def _start_aiotimer(path: str, log_path: str, profile: str | None) -> RunningServer:
     log = open(log_path, "wb")  # noqa: SIM115
+    profiler = [] if profile is None else ["-m", "cProfile", "-o", profile]
+    serve = ["-m", "aiotimer", "serve", "--fifo", path, "--log-level", "WARNING"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "aiotimer", "serve", "--fifo", path, "--log-level", "WARNING"],
+        [sys.executable, *profiler, *serve],
         stdout=log,
         stderr=subprocess.STDOUT,
     )
