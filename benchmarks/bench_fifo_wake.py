@@ -5,7 +5,8 @@ Run from the repository root::
     python -m benchmarks.bench_fifo_wake            # 20k wake-ups, best of 5, both loops
     python -m benchmarks.bench_fifo_wake --quick
 
-A :class:`~aiotimer.sources.FifoSource` feeds a sink that only counts. The benchmark writes one
+A :class:`~aiotimer.sources.FifoSource` feeds a sink that only counts (reading at every
+line, ``read_interval=0``, not once per interval as a trickle). The benchmark writes one
 torch-format line to the FIFO, then waits (an ``asyncio.Event`` the sink sets) until
 the source has delivered it, and again: every line costs the reader one wake-up, one
 ``read(2)`` and one batch. The reference in the same run is the same round trip through
@@ -47,7 +48,7 @@ class _Sink:
 async def _source_round_trips(path: Path, n: int) -> float:
     sink = _Sink()
     async with anyio.create_task_group() as tg:
-        await tg.start(FifoSource(path).serve, sink)
+        await tg.start(FifoSource(path, read_interval=0).serve, sink)
         fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
         try:
             start = time.perf_counter()
