@@ -4,12 +4,14 @@ that must write every output file with the documented schema."""
 from __future__ import annotations
 
 import csv
+import html
 import importlib.util
 import json
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,6 +20,12 @@ sys.path.insert(0, str(ROOT))  # the benchmarks live beside the package, not in 
 
 from benchmarks.many_workers.measure import percentiles  # noqa: E402
 from benchmarks.many_workers.plan import PROBE_EVERY, Workload, plan_slots  # noqa: E402
+from benchmarks.many_workers.verdicts import (  # noqa: E402
+    headline,
+    reconciles,
+    verdicts,
+    warnings,
+)
 
 
 def test_plan_is_deterministic_and_places_every_hang() -> None:
@@ -167,3 +175,67 @@ def test_reduced_quick_run_writes_the_report(tmp_path: Path) -> None:
     page = (out / "report.html").read_text()
     assert page.count("data:image/png;base64,") == 3
     assert "aiotimer: 0 false kills and 0 missed reaps in every run" in done.stdout
+    for run in results["runs"]:
+        assert reconciles(run), run
+        assert run["hangs_met"] > 0
+    # The page opens with what the console says, in words.
+    assert html.escape(headline(results["runs"])) in page
+    assert "OK: counts reconcile in every run" in page
+    assert "<th>false kills</th>" in page and "<th>server CPU %</th>" in page
+    assert "Server CPU (% of one core)" in page
+
+
+def _run(server: str, workers: int, **fields: Any) -> dict[str, Any]:
+    """A run's entry in results.json with the fields the verdicts read."""
+    run: dict[str, Any] = {
+        "server": server,
+        "workers": workers,
+        "reap_latency_ms": {"p50": 0.5, "p99": 1.0, "n": 150},
+        "false_kills": 0,
+        "missed": 0,
+        "cpu_percent": 1.0,
+        "hangs_planned": 10,
+        "hangs_met": 8,
+        "hangs_skipped": 2,
+        "hangs_reaped": 8,
+        "missed_hangs": 0,
+        "early_kills": 0,
+    }
+    run.update(fields)
+    return run
+
+
+def test_verdicts_hold_cpu_and_counts_against_the_run() -> None:
+    runs = [
+        _run("aiotimer", 8, cpu_percent=0.2),
+        _run(
+            "torch-file-0.1", 8, cpu_percent=0.3, reap_latency_ms={"p50": 40, "p99": 90, "n": 150}
+        ),
+        _run("aiotimer", 64, cpu_percent=0.9, hangs_skipped=1),
+        _run("torch-file-0.1", 64, cpu_percent=0.8),
+    ]
+    said = dict(verdicts(runs))
+    assert said["8 workers: aiotimer server CPU 0.20 % <= torch-file-0.1 0.30 %"]
+    assert not said["64 workers: aiotimer server CPU 0.90 % <= torch-file-0.1 0.80 %"]
+    assert not reconciles(runs[2])  # 10 planned, 8 met + 1 skipped
+    assert not said[
+        "counts reconcile in every run: hangs planned = met + skipped, "
+        "met = reaped + missed + killed early"
+    ]
+    assert headline(runs) == (
+        "At 8, 64 workers, aiotimer: p99 reap latency at most 1.00 ms, 0 false kills or "
+        "missed reaps, server CPU 0.67-1.1x torch-file-0.1's."
+    )
+
+
+def test_warnings_flag_few_samples_and_missed_hangs() -> None:
+    runs = [
+        _run("aiotimer", 8),
+        _run("torch-local-0.1", 8, reap_latency_ms={"p50": 40, "p99": 90, "n": 12}),
+        _run("torch-file-0.1", 8, missed_hangs=3, hangs_reaped=5),
+    ]
+    notes = warnings(runs)
+    assert len(notes) == 2
+    assert "torch-local-0.1 x 8: its percentiles rest on 12 reaps" in notes[0]
+    assert "torch-file-0.1 x 8: 3 hangs were never reaped" in notes[1]
+    assert reconciles(runs[2])

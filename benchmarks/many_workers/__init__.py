@@ -2,7 +2,7 @@
 
 Run from the repository root (needs the ``bench`` extra: ``pip install -e ".[bench]"``)::
 
-    python -m benchmarks.many_workers                      # 8, 64, 256 workers
+    python -m benchmarks.many_workers                      # 8, 64, 256, 512 workers
     python -m benchmarks.many_workers --quick --out DIR    # under 2 minutes on 2 cores
     python -m benchmarks.many_workers --workers 8,512 --servers aiotimer,torch-file-0.1
 
@@ -46,8 +46,9 @@ torch 2.13's ``FileTimerServer`` at its default ``max_interval`` (10 s) and at 0
 at 0.1 s with ``LocalTimerClient``. torch's file server signals its own process after
 each reap; the harness suppresses that one call so the server survives the first hang.
 Without torch the harness says so and runs aiotimer alone. ``--server-nice N`` runs
-every server, alike, at nice ``N`` (default: unchanged). Server CPU comes from
-``/proc/PID/stat`` over the run, RSS is the peak of ``VmRSS`` sampled every 0.1 s.
+every server, alike, at nice ``N`` (default: unchanged). Server CPU is the run time of
+its threads over the run (``/proc/PID/task/*/schedstat``, to the nanosecond), RSS is the
+peak of ``VmRSS`` sampled every 0.1 s.
 
 **Output** (:mod:`.report`) in ``--out``: ``results.json`` (schema
 :data:`~benchmarks.many_workers.report.SCHEMA`), ``results.csv``, three PNG plots and a

@@ -8,13 +8,13 @@ import shlex
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from benchmarks._util import format_table
 from benchmarks.many_workers.measure import RunResult, run_one
 from benchmarks.many_workers.plan import Workload
 from benchmarks.many_workers.report import SCHEMA, environment, write_all
 from benchmarks.many_workers.servers import SPECS, ServerSpec, torch_version
+from benchmarks.many_workers.verdicts import headline, verdicts, warnings
 
 MISSING_EXTRA = (
     "python -m benchmarks.many_workers needs the bench extra (matplotlib, tqdm): "
@@ -29,7 +29,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         description=doc.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--workers", help="comma-separated worker counts (8,64,256; quick 8,64)")
+    parser.add_argument(
+        "--workers", help="comma-separated worker counts (8,64,256,512; quick 8,64)"
+    )
     parser.add_argument(
         "--servers",
         default=",".join(s.name for s in SPECS),
@@ -50,7 +52,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         "on a loaded host, the priority a timer server should have; default 0 (unchanged)",
     )
     args = parser.parse_args(argv)
-    args.workers = args.workers or ("8,64" if args.quick else "8,64,256")
+    args.workers = args.workers or ("8,64" if args.quick else "8,64,256,512")
     args.duration = args.duration or (3.0 if args.quick else 20.0)
     args.hangs = args.hangs if args.hangs is not None else (60 if args.quick else 200)
     return args
@@ -94,34 +96,6 @@ def _summary(runs: list[RunResult]) -> str:
     headers = ["server", "workers", "reaps", "p50 ms", "p99 ms", "max ms", "lag p50"]
     headers += ["false", "missed", "req/s", "failed", "CPU %", "RSS MB", "host lag max"]
     return format_table(headers, rows)
-
-
-def verdicts(runs: list[dict[str, Any]]) -> list[tuple[str, bool]]:
-    """The harness's claims, each with whether this run bears it out."""
-    ours = [r for r in runs if r["server"] == "aiotimer"]
-    out = [
-        (
-            "aiotimer: 0 false kills and 0 missed reaps in every run",
-            bool(ours) and all(r["false_kills"] == 0 and r["missed"] == 0 for r in ours),
-        )
-    ]
-    for r in ours:
-        torch_p50 = [
-            t["reap_latency_ms"]["p50"]
-            for t in runs
-            if t["server"] != "aiotimer" and t["workers"] == r["workers"]
-        ]
-        torch_p50 = [p for p in torch_p50 if p is not None]
-        if torch_p50 and r["reap_latency_ms"]["p99"] is not None:
-            p99 = r["reap_latency_ms"]["p99"]
-            out.append(
-                (
-                    f"{r['workers']} workers: aiotimer p99 {p99:.2f} ms < best torch p50 "
-                    f"{min(torch_p50):.2f} ms",
-                    p99 < min(torch_p50),
-                )
-            )
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -177,10 +151,13 @@ def main(argv: list[str] | None = None) -> int:
     for r in runs:
         for state in r.missed_states[:3]:
             print(f"missed ({r.server} x {r.workers}): {state}")
+    print(headline(results["runs"]))
     ok = True
     for claim, holds in verdicts(results["runs"]):
         print(f"{'OK    ' if holds else 'MISSED'} {claim}")
         ok = ok and holds
+    for warning in warnings(results["runs"]):
+        print(f"NOTE   {warning}")
     print(f"wrote {', '.join(str(p) for p in paths)} in {config['wall_s']} s")
     return 0 if ok else 1
 

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks._util import CpuMeter
 from benchmarks.many_workers import worker as w
 from benchmarks.many_workers.plan import Workload, plan_slots
 from benchmarks.many_workers.servers import RunningServer, ServerSpec, start_server
@@ -80,6 +81,10 @@ class RunResult:
     missed_states: list[str] = field(default_factory=list)  # each missed worker's /proc
     errors: int = 0
     hangs_planned: int = 0
+    hangs_met: int = 0  # hanging blocks a worker reached (reaped, missed or killed early)
+    hangs_skipped: int = 0  # the others: reached too late, or a reaped worker's
+    missed_hangs: int = 0  # missed reaps of hangs (the rest of ``missed``: stuck workers)
+    early_kills: int = 0  # false kills of a worker in a hang, before its deadline
     requests: int = 0
     failed_writes: int = 0
     skipped_blocks: int = 0
@@ -107,6 +112,11 @@ class RunResult:
             "missed_states": self.missed_states,
             "errors": self.errors,
             "hangs_planned": self.hangs_planned,
+            "hangs_met": self.hangs_met,
+            "hangs_skipped": self.hangs_skipped,
+            "hangs_reaped": len(self.reap_ms) + len(self.probe_ms),
+            "missed_hangs": self.missed_hangs,
+            "early_kills": self.early_kills,
             "requests": self.requests,
             "requests_per_s": self.requests / self.seconds if self.seconds else 0.0,
             "failed_writes": self.failed_writes,
@@ -119,12 +129,6 @@ class RunResult:
             "live_timers": self.live_timers,
             "samples_ms": {"reap": self.reap_ms, "exit": self.exit_ms, "probe": self.probe_ms},
         }
-
-
-def _cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        fields = f.read().rsplit(b")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _rss_mb(pid: int) -> float:
@@ -184,6 +188,7 @@ class _Run:
         self.result.live_timers = load.live_timers
 
     def fork(self, slot: int, first: int, initial: bool) -> None:
+        self.slots.set(slot, w.NEXT_BLOCK, first)  # a worker that dies at once got there
         self.conn.send((slot, first, initial))
         pid = self.conn.recv()
         try:
@@ -216,22 +221,28 @@ class _Run:
         r.requests += int(s.get(slot, w.REQUESTS))
         r.failed_writes += int(s.get(slot, w.FAILED))
         r.skipped_blocks += int(s.get(slot, w.SKIPPED))
+        r.hangs_skipped += int(s.get(slot, w.SKIPPED_HANGS))
+        reached = int(s.get(slot, w.NEXT_BLOCK))
         r.late_releases += int(s.get(slot, w.LATE))
         signal_time = s.get(slot, w.SIGNAL_TIME)
         signalled = not math.isnan(signal_time)
         t = signal_time if signalled else now
         hang_deadline = s.get(slot, w.HANG_DEADLINE)
         resume_after = int(s.get(slot, w.HANG_BLOCK))
+        in_hang = not math.isnan(hang_deadline)
+        r.hangs_met += in_hang
         if slot in self.missed_slots:
             self.missed_slots.discard(slot)
             r.missed += 1
+            r.missed_hangs += in_hang
         elif s.get(slot, w.CRASHED):
             r.errors += 1
         elif s.get(slot, w.DONE) and not signalled:
             return  # finished its blocks
-        elif not math.isnan(hang_deadline):
+        elif in_hang:
             if t < hang_deadline:
                 r.false_kills += 1
+                r.early_kills += 1
             else:
                 probe = s.get(slot, w.HANG_PROBE) == 1.0
                 r.realtime_observed += int(s.get(slot, w.REALTIME))
@@ -245,7 +256,13 @@ class _Run:
         # A fresh worker takes over the slot's remaining blocks.
         first = bisect.bisect_left(self.starts[slot], now - t0 + RESPAWN_MARGIN)
         first = max(first, resume_after + 1)
-        if first < len(self.plans[slot]):
+        # The blocks between where this worker got to and where the next one starts
+        # are skipped (all the rest, when none follows).
+        plan = self.plans[slot]
+        jumped = plan[max(reached, resume_after + 1) : min(first, len(plan))]
+        r.skipped_blocks += len(jumped)
+        r.hangs_skipped += sum(b.hang for b in jumped)
+        if first < len(plan):
             s.reset(slot)
             self.fork(slot, first, False)
 
@@ -311,7 +328,7 @@ def _drive(run: _Run, server_pid: int, on_tick: Callable[[], None] | None) -> No
             raise RuntimeError("workers did not start (see their tracebacks above)")
         time.sleep(0.01)
     r.rss_start_mb = _rss_mb(server_pid)
-    cpu0 = _cpu_seconds(server_pid)
+    cpu = CpuMeter(server_pid)
     t0 = time.monotonic() + 0.2
     run.slots.t0 = t0
     run.go()
@@ -339,5 +356,5 @@ def _drive(run: _Run, server_pid: int, on_tick: Callable[[], None] | None) -> No
             run.on_exit(pidfd, time.monotonic(), t0)
     end = time.monotonic()
     r.seconds = end - t0
-    r.cpu_percent = (_cpu_seconds(server_pid) - cpu0) / (end - t0 + 0.2) * 100
+    r.cpu_percent = cpu.seconds() / (end - t0 + 0.2) * 100
     r.rss_mb = max(r.rss_mb, _rss_mb(server_pid))

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks.many_workers.verdicts import headline, verdicts, warnings
+
 __all__ = ["SCHEMA", "environment", "write_all"]
 
 #: ``results.json``'s schema id; bump the number when a field changes meaning.
@@ -53,6 +55,42 @@ def environment(torch: str | None, loop: str) -> dict[str, Any]:
     }
 
 
+_COUNTS = ("hangs_planned", "hangs_met", "hangs_skipped", "hangs_reaped", "missed_hangs")
+#: ``results.csv``'s column names as ``report.html`` shows them.
+HUMAN = {
+    "server": "server",
+    "workers": "workers",
+    "latency_basis": "latency to",
+    "n": "reaps",
+    "reap_p50_ms": "p50 ms",
+    "reap_p90_ms": "p90 ms",
+    "reap_p99_ms": "p99 ms",
+    "reap_p99_9_ms": "p99.9 ms",
+    "reap_max_ms": "max ms",
+    "exit_p50_ms": "exit p50 ms",
+    "exit_p99_ms": "exit p99 ms",
+    "ingest_lag_p50_ms": "ingest lag p50 ms",
+    "ingest_lag_p99_ms": "ingest lag p99 ms",
+    "false_kills": "false kills",
+    "late_kills": "deserved late kills",
+    "missed": "missed reaps",
+    "errors": "worker errors",
+    "requests_per_s": "requests/s",
+    "failed_writes": "failed writes",
+    "cpu_percent": "server CPU %",
+    "rss_mb": "server RSS MB",
+    "live_timers": "live timers",
+    "host_lag_p99_ms": "host lag p99 ms",
+    "host_lag_max_ms": "host lag max ms",
+    "realtime_observed": "real-time waits",
+    "hangs_planned": "hangs planned",
+    "hangs_met": "hangs met",
+    "hangs_skipped": "hangs skipped",
+    "hangs_reaped": "hangs reaped",
+    "missed_hangs": "hangs missed",
+}
+
+
 def _csv_rows(runs: Sequence[dict[str, Any]]) -> list[list[object]]:
     header: list[object] = ["server", "workers", "latency_basis", "n"]
     header += [f"reap_{k}_ms" for k in ("p50", "p90", "p99", "p99_9", "max")]
@@ -60,6 +98,7 @@ def _csv_rows(runs: Sequence[dict[str, Any]]) -> list[list[object]]:
     header += ["false_kills", "late_kills", "missed", "errors", "requests_per_s"]
     header += ["failed_writes", "cpu_percent", "rss_mb", "live_timers"]
     header += ["host_lag_p99_ms", "host_lag_max_ms", "realtime_observed"]
+    header += ["hangs_planned", "hangs_met", "hangs_skipped", "hangs_reaped", "missed_hangs"]
     rows: list[list[object]] = [header]
     for run in runs:
         reap, ex, lag = run["reap_latency_ms"], run["exit_latency_ms"], run["ingest_lag_ms"]
@@ -71,6 +110,7 @@ def _csv_rows(runs: Sequence[dict[str, Any]]) -> list[list[object]]:
             + [round(run["requests_per_s"], 1), run["failed_writes"]]
             + [round(run["cpu_percent"], 2), round(run["rss_mb"], 1), run["live_timers"]]
             + [run["host_lag_ms"]["p99"], run["host_lag_ms"]["max"], run["realtime_observed"]]
+            + [run[k] for k in _COUNTS]
         )
     return rows
 
@@ -89,15 +129,18 @@ def _plot(runs: Sequence[dict[str, Any]], out: Path) -> None:
     for ax, size in zip(axes[0], sizes, strict=True):
         for run in (r for r in runs if r["workers"] == size):
             values = sorted(max(v, LOG_FLOOR_MS) for v in run["samples_ms"]["reap"])
+            missed = run["missed_hangs"]
             if not values:
                 continue
-            ys = [(i + 1) / len(values) for i in range(len(values))]
-            label = f"{run['server']} (n={len(values)})"
+            # A missed hang is a reap that never came: the curve stops short of 1.
+            ys = [(i + 1) / (len(values) + missed) for i in range(len(values))]
+            label = f"{run['server']} (n={len(values)}" + (f", {missed} missed)" if missed else ")")
             ax.step(values, ys, where="post", label=label, color=colours[run["server"]])
         ax.set_xscale("log")
         ax.set_title(f"{size} workers")
         ax.set_xlabel("reap latency after the deadline (ms, log)")
-        ax.set_ylabel("fraction of reaps")
+        ax.set_ylabel("fraction of hangs reaped")
+        ax.set_ylim(0, 1.02)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
@@ -145,13 +188,42 @@ def _fmt(value: object) -> str:
     return str(value)
 
 
+def _verdict_items(runs: list[dict[str, Any]]) -> str:
+    items = [
+        f'<li class="{"ok" if holds else "missed"}">{"OK" if holds else "MISSED"}: '
+        f"{html.escape(claim)}</li>"
+        for claim, holds in verdicts(runs)
+    ]
+    items += [f'<li class="note">NOTE: {html.escape(w)}</li>' for w in warnings(runs)]
+    return "".join(items)
+
+
+def _cpu_table(runs: list[dict[str, Any]]) -> str:
+    """Every server's CPU (% of one core) at every size, side by side."""
+    servers = list(dict.fromkeys(r["server"] for r in runs))
+    sizes = sorted({r["workers"] for r in runs})
+    cpu = {(r["server"], r["workers"]): r["cpu_percent"] for r in runs}
+    head = "".join(f"<th>{html.escape(s)}</th>" for s in servers)
+    body = "".join(
+        f"<tr><td>{n}</td>"
+        + "".join(f"<td>{cpu[s, n]:.2f}</td>" if (s, n) in cpu else "<td>—</td>" for s in servers)
+        + "</tr>"
+        for n in sizes
+    )
+    return (
+        "<h2>Server CPU (% of one core) over each run</h2>"
+        f"<table><tr><th>workers</th>{head}</tr>{body}</table>"
+    )
+
+
 def _html(results: dict[str, Any], rows: list[list[object]], out: Path) -> str:
     env = results["environment"]
     env_rows = "".join(
         f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>"
         for k, v in {**env, **results["config"]}.items()
     )
-    head = "".join(f"<th>{html.escape(str(h))}</th>" for h in rows[0])
+    runs = results["runs"]
+    head = "".join(f"<th>{html.escape(HUMAN.get(str(h), str(h)))}</th>" for h in rows[0])
     body = "".join(
         "<tr>" + "".join(f"<td>{html.escape(_fmt(c))}</td>" for c in row) + "</tr>"
         for row in rows[1:]
@@ -168,8 +240,13 @@ body {{ font-family: system-ui, sans-serif; margin: 2em; color: #222; }}
 table {{ border-collapse: collapse; font-size: 0.85em; margin-bottom: 1.5em; }}
 th, td {{ border: 1px solid #ccc; padding: 0.25em 0.5em; text-align: right; }}
 th {{ background: #f3f3f3; }} img {{ max-width: 100%; }}
+.headline {{ font-size: 1.2em; font-weight: 600; }}
+.ok {{ color: #17612a; }} .missed {{ color: #a01818; }} .note {{ color: #8a5a00; }}
 </style></head><body>
 <h1>Many workers: reap latency, false kills, missed reaps, server cost</h1>
+<p class="headline">{html.escape(headline(runs))}</p>
+<ul class="verdicts">{_verdict_items(runs)}</ul>
+{_cpu_table(runs)}
 <p>Command: <code>{html.escape(results["command"])}</code>. Latency is measured from each
 hanging block's planned deadline (open loop) to its first reap signal
 (<code>latency_basis</code> "exit": to the process exit, for servers that only

@@ -59,7 +59,9 @@ SKIPPED = 10  # blocks skipped because the worker reached them too late
 LATE = 11  # releases the worker itself sent after their deadline
 CRASHED = 12  # 1.0 when the worker died of an exception (traceback on stderr)
 REALTIME = 13  # 1.0 when the worker waited for its reap at a real-time priority
-FIELDS = 14
+NEXT_BLOCK = 14  # index in the slot's plan of the first block the worker has not reached
+SKIPPED_HANGS = 15  # hanging blocks among SKIPPED
+FIELDS = 16
 _HEADER = FIELDS  # the first row holds the run's start time (T0)
 T0 = 0
 
@@ -167,6 +169,7 @@ def run_worker(
             pass
         os.close(go_fd)
     t0 = slots.t0
+    slots.set(slot, NEXT_BLOCK, first)
     # (when, order, block index): releases (order 0) before acquires (order 1).
     events = [(t0 + blocks[k].start, 1, k) for k in range(first, len(blocks))]
     heapq.heapify(events)
@@ -198,6 +201,8 @@ def run_worker(
             continue
         if time.monotonic() > t0 + block.start + timeout / 2:
             slots.add(slot, SKIPPED)
+            slots.add(slot, SKIPPED_HANGS, block.hang)
+            slots.set(slot, NEXT_BLOCK, k + 1)
             continue
         if block.hang:
             for j in [j for j, d in open_deadlines.items() if d > -math.inf]:
@@ -206,11 +211,13 @@ def run_worker(
             slots.set(slot, HANG_PROBE, 1.0 if block.probe else 0.0)
             slots.set(slot, HANG_BLOCK, k)
             slots.set(slot, HANG_DEADLINE, deadline)
+            slots.set(slot, NEXT_BLOCK, k + 1)
             sent(sender.acquire(f"b{k}", deadline))
             # Only now: a client may retry or wait for room, never at real-time priority.
             slots.set(slot, REALTIME, 1.0 if wake_first() else 0.0)
             while True:  # hung: only a reap ends this
                 _sleep_until(slots, slot, None)
+        slots.set(slot, NEXT_BLOCK, k + 1)
         deadline = t0 + block.start + timeout
         open_deadlines[k] = deadline
         slots.set(slot, MIN_OPEN_DEADLINE, min(open_deadlines.values()))
