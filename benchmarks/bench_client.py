@@ -16,6 +16,8 @@ and closes per request, exactly as it must with torch's ``FileTimerServer``.
 Cases (each block is an acquire line plus a release line):
 
 * ``raw os.write x2`` — two ``os.write`` of pre-encoded lines: the physical floor;
+* the same two writes inside ``async with asyncio.timeout(60)``: the floor of an async
+  block with a deadline, which the async two-tier block is held to;
 * aiotimer ``with expires()`` sync and ``async with expires()`` (asyncio loop), with an
   explicit scope and with the default ``file:line#n`` scope;
 * the async default-scope block with ``kill_after=0`` (one tier: no task cancellation at
@@ -68,6 +70,9 @@ _now: Callable[[], float] = time.thread_time
 
 TARGET_US = 5.0
 FLOOR = "raw os.write x2 (floor)"
+ASYNC_FLOOR = "async with asyncio.timeout(60) + raw os.write x2"
+#: The sync default-scope block may cost at most this many times the two-write floor.
+SYNC_FLOOR_RATIO = 2.5
 VERDICTS = (
     "aiotimer: with expires(), default scope",
     "aiotimer: async with expires(), default scope",
@@ -172,6 +177,15 @@ def aiotimer_cases(fifo: Path, blocks: int, runner: asyncio.Runner) -> list[Case
             write(raw_fd, release_line)
         return _now() - start
 
+    async def timeout_raw(n: int) -> float:
+        write, timeout = os.write, asyncio.timeout
+        start = _now()
+        for _ in range(n):
+            async with timeout(60):
+                write(raw_fd, acquire_line)
+                write(raw_fd, release_line)
+        return _now() - start
+
     def sync_scoped(n: int) -> float:
         start = _now()
         for _ in range(n):
@@ -239,6 +253,7 @@ def aiotimer_cases(fifo: Path, blocks: int, runner: asyncio.Runner) -> list[Case
     few = max(1, blocks // 20)
     return [
         Case(FLOOR, blocks, raw),
+        Case(ASYNC_FLOOR, blocks, lambda n: runner.run(timeout_raw(n))),
         Case("aiotimer: with expires(), scope given", blocks, sync_scoped),
         Case("aiotimer: with expires(), default scope", blocks, sync_default),
         Case(
@@ -335,6 +350,20 @@ def report(cases: Sequence[Case]) -> str:
                 f"{torch_default.best_us() / best:.0f}x with its default scope"
             )
         lines.append(line)
+    sync = by_name[VERDICTS[0]].best_us()
+    verdict = "meets" if sync <= floor * SYNC_FLOOR_RATIO else "MISSES"
+    lines.append(
+        f"sync block: {sync:.2f} us best, {sync / floor:.2f}x two bare os.write ({verdict} "
+        f"the <= {SYNC_FLOOR_RATIO:g}x target)"
+    )
+    async_floor = by_name[ASYNC_FLOOR].best_us()
+    two_tier = by_name[VERDICTS[1]].best_us()
+    verdict = "meets" if two_tier <= async_floor else "MISSES"
+    lines.append(
+        f"async two-tier block: {two_tier:.2f} us best, {two_tier / async_floor:.2f}x "
+        f"asyncio.timeout() + two bare os.write, {async_floor:.2f} us ({verdict} the <= 1x "
+        "target)"
+    )
     one_tier = by_name[ONE_TIER].best_us()
     two_tiers = by_name["aiotimer: async with expires(), default scope"].best_us()
     verdict = "meets" if two_tiers <= one_tier * TIERS_SLACK else "MISSES"

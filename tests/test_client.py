@@ -943,6 +943,8 @@ def test_bench_client_quick_runs(
     out = capsys.readouterr().out
     assert "aiotimer: async with expires(), default scope" in out
     assert "target" in out and "no reference measured" in out
+    assert "x two bare os.write (" in out  # the sync block against its floor
+    assert "x asyncio.timeout() + two bare os.write" in out  # the async one against its
 
 
 def test_errno_of_no_reader_is_enxio(fifo: Path) -> None:
