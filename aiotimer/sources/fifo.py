@@ -438,14 +438,19 @@ class _Reader:
     async def _coalesce(self, loop: asyncio.AbstractEventLoop) -> None:
         """Input trickles in: read it every ``interval`` seconds rather than at each
         line, until a read finds the pipe empty, or more than a trickle (see the
-        module docs)."""
-        fd = self._fd
+        module docs); sooner when the input's rate would fill a sixteenth of the pipe
+        (writers keep room for a burst)."""
+        fd, room = self._fd, self._trickle_max // 4
         loop.remove_reader(fd)
         try:
             empty = 0  # reads in a row that found nothing
+            pace = math.inf  # the interval at which the input rate fills ``room``
             while empty < EMPTY_READS:
-                await asyncio.sleep(trickle_interval(self._interval, self._lead))
+                slept = loop.time()
+                await asyncio.sleep(min(trickle_interval(self._interval, self._lead), pace))
                 read = await self._read_available()
+                if read:
+                    pace = (loop.time() - slept) * room / read
                 if read == 0:
                     empty += 1
                 elif self._trickle(read):
