@@ -139,3 +139,13 @@ async def test_fake_clock_alarm_wakes_at_the_deadline_last_set() -> None:
             assert woke == [] and clock.next_wakeup() == 7.0
             clock.advance(1.0)
         assert woke == [7.0]
+
+
+@pytest.mark.asyncio
+async def test_monotonic_alarm_takes_any_deadline() -> None:
+    # A deadline beyond the kernel's range (a far-off acquire) is armed as never.
+    with open_alarm(MonotonicClock()) as alarm:
+        for deadline in (1e12, 1e300, -5.0, time.monotonic() + 0.01):
+            alarm.set(deadline)
+        with anyio.fail_after(5):
+            await alarm.wait()

@@ -24,6 +24,9 @@ _TFD_TIMER_ABSTIME: Final = 1
 #: Armed this much after the deadline: ``time.monotonic()`` rounds nanoseconds to a
 #: float, so the instant the kernel fires must be past the deadline in that float too.
 _SLACK_NS: Final = 1_000
+#: Deadlines further off (~146 years of uptime) are armed at this: the kernel's and
+#: ``c_long``'s range, never reached.
+_MAX_NS: Final = 2**62
 
 
 class _Timespec(ctypes.Structure):
@@ -45,7 +48,7 @@ class TimerFd:
 
     def arm(self, deadline: float) -> None:
         """Fire once ``time.monotonic() >= deadline`` (``math.inf``: never; a past
-        deadline fires at once); replaces the previous arming.
+        deadline fires at once; one centuries off, never); replaces the previous arming.
 
         Raises:
             OSError: the kernel refused (a deadline beyond its range).
@@ -53,7 +56,8 @@ class TimerFd:
         if deadline == math.inf:
             _settime(self.fd, 0, self._spec)
         else:
-            _settime(self.fd, max(math.ceil(deadline * 1e9) + _SLACK_NS, 1), self._spec)
+            ns = math.ceil(min(deadline, _MAX_NS / 1e9) * 1e9) + _SLACK_NS
+            _settime(self.fd, min(max(ns, 1), _MAX_NS), self._spec)
 
     def clear(self) -> None:
         """Consume a firing (the descriptor is readable until then)."""
