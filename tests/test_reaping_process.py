@@ -47,6 +47,7 @@ from aiotimer.reapers import NoDump, SignalReaper
 from aiotimer.reapers._identity import PinnedProcess
 from aiotimer.reapers._policy import Escalation, ReapPolicy
 from aiotimer.server import TimerServer
+from aiotimer.sources.fifo import READ_INTERVAL
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(30)]
 
@@ -480,8 +481,9 @@ def test_shadow_mode_signals_nothing_and_reports_the_would_be_kill_and_statistic
     [site] = records[-1]["scopes"]
     assert (site["site"], site["count"], site["expirations"]) == ("job.py:7", 3, 1)
     # The overrunning 0.6 s block, measured at its late release: less the difference of
-    # the two lines' transit to the server (a few ms under load).
-    assert site["max"] >= 0.58
+    # the two lines' transit to the server: a few ms under load, plus up to one read
+    # interval when its acquire came in a trickle (aiotimer.sources._trickle).
+    assert site["max"] >= 0.58 - READ_INTERVAL
     # The block that expired is reported as long as it really ran (not the 0.2 s it had
     # run when it expired), and no timeout is suggested from 3 durations.
     assert site["longest_expired"] == site["max"]

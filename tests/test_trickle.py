@@ -7,8 +7,10 @@ import time
 
 from aiotimer.sources._trickle import (
     LEAD_SHARE,
+    LEAD_WINDOW,
     MIN_INTERVAL,
     READ_INTERVAL,
+    Leads,
     shortest_lead,
     trickle_interval,
 )
@@ -41,3 +43,15 @@ def test_shortest_lead_counts_acquires_not_yet_due() -> None:
     requests = [_acquire("a", 30.0), _release("a"), _acquire("b", 2.0), _acquire("late", -1.0)]
     assert 1.5 < shortest_lead(requests) <= 2.0
     assert shortest_lead([_release("a"), _acquire("late", -1.0)]) == math.inf
+
+
+def test_leads_are_remembered_for_one_to_two_windows() -> None:
+    leads = Leads()
+    assert leads.shortest(0.0) == math.inf
+    leads.note(0.3)
+    leads.note(2.0)
+    assert leads.shortest(1.0) == 0.3
+    assert leads.shortest(LEAD_WINDOW + 1.0) == 0.3  # the previous window's
+    leads.note(0.5)
+    assert leads.shortest(2 * LEAD_WINDOW + 1.0) == 0.5  # 0.3 has aged out
+    assert leads.shortest(5 * LEAD_WINDOW) == math.inf  # nothing read for a window

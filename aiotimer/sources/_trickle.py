@@ -15,9 +15,13 @@ What that interval may cost:
   time to its deadline of an acquire read since the reader last waited for input (its
   *lead*), and at most :data:`READ_INTERVAL`. An acquire is therefore applied with at
   least ``1 - LEAD_SHARE`` of its lead left, unless its lead is shorter than every
-  other one read in the trickle: that one is applied up to the interval late, and
-  shortens the intervals that follow. An acquire already due when read says nothing
-  about the others (a late write) and is left out.
+  other one read in the last one to two :data:`LEAD_WINDOW` (:class:`Leads`: a job's
+  blocks tend to keep their timeouts): that one is applied up to the interval late,
+  and shortens the intervals that follow. An acquire already due when read says
+  nothing about the others (a late write) and is left out.
+* **Durations** (the scope statistics) are timed by when the server applies the
+  acquire and the release, so while input trickles in each is off by up to an
+  interval.
 """
 
 from __future__ import annotations
@@ -32,8 +36,10 @@ from aiotimer.wire import Request
 __all__ = [
     "EMPTY_READS",
     "LEAD_SHARE",
+    "LEAD_WINDOW",
     "MIN_INTERVAL",
     "READ_INTERVAL",
+    "Leads",
     "shortest_lead",
     "trickle_interval",
 ]
@@ -46,6 +52,34 @@ LEAD_SHARE: Final[float] = 0.5
 MIN_INTERVAL: Final[float] = 0.002
 #: Reads in a row that find the pipe empty before the reader waits for input again.
 EMPTY_READS: Final[int] = 2
+#: Seconds a lead is remembered: :class:`Leads` holds the shortest of the last one to
+#: two such windows.
+LEAD_WINDOW: Final[float] = 60.0
+
+
+class Leads:
+    """The shortest lead of the acquires read in the current and the previous
+    :data:`LEAD_WINDOW` (``math.inf``: none)."""
+
+    __slots__ = ("_current", "_previous", "_until")
+
+    def __init__(self) -> None:
+        self._current = self._previous = math.inf
+        self._until = -math.inf
+
+    def note(self, lead: float) -> None:
+        """An acquire read now had ``lead`` seconds to its deadline."""
+        self._current = min(self._current, lead)
+
+    def shortest(self, now: float) -> float:
+        """The shortest lead noted in the window of ``now`` (monotonic) and the one
+        before it."""
+        if now >= self._until:
+            recent = now < self._until + LEAD_WINDOW
+            self._previous = self._current if recent else math.inf
+            self._current = math.inf
+            self._until = now + LEAD_WINDOW
+        return min(self._current, self._previous)
 
 
 def trickle_interval(limit: float, lead: float) -> float:

@@ -45,6 +45,7 @@ import logging
 import math
 import os
 import pathlib
+import time
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from typing import Final
@@ -56,7 +57,13 @@ from aiotimer.sources._base import RequestSink, draining
 from aiotimer.sources._budget import lines_end
 from aiotimer.sources._fifo_path import PIPE_SIZE, FifoPath, OpenFifo, grow_pipe
 from aiotimer.sources._pipepeek import open_peek, read_exactly
-from aiotimer.sources._trickle import EMPTY_READS, READ_INTERVAL, shortest_lead, trickle_interval
+from aiotimer.sources._trickle import (
+    EMPTY_READS,
+    READ_INTERVAL,
+    Leads,
+    shortest_lead,
+    trickle_interval,
+)
 from aiotimer.wire import MAX_LINE_BYTES, Decoded, LineDecoder
 from aiotimer.wire._mentions import mentions_end
 
@@ -230,7 +237,7 @@ class _Reader:
         "_due",
         "_fd",
         "_interval",
-        "_lead",
+        "_leads",
         "_peek",
         "_pos",
         "_sink",
@@ -253,9 +260,9 @@ class _Reader:
         self._interval = interval
         # Read every interval, the pipe holds at most a quarter of its capacity.
         self._trickle_max = _capacity(fd) // 4
-        # The shortest time to its deadline of an acquire read since the reader last
-        # waited for input (see aiotimer.sources._trickle).
-        self._lead = math.inf
+        # The shortest times to their deadlines of the acquires read lately (see
+        # aiotimer.sources._trickle).
+        self._leads = Leads()
         self._sink = sink
         self.name = name  # the source's, which its batches are applied under
         self._chunk_size = chunk_size
@@ -358,7 +365,7 @@ class _Reader:
         if batch.requests or batch.rejections:
             if len(chunk) < self._chunk_size and self._interval > 0:
                 # A short read (a trickle, maybe): how soon its acquires fall due.
-                self._lead = min(self._lead, shortest_lead(batch.requests))
+                self._leads.note(shortest_lead(batch.requests))
             self._sink.submit(batch, self.name)
             return True
         return False
@@ -401,11 +408,7 @@ class _Reader:
         did not) read a trickle, worth reading every interval instead: some input,
         little enough that the pipe holds that much several times over, and no acquire
         so close to its deadline that reading later could miss it."""
-        return (
-            read is not None
-            and 0 < read <= self._trickle_max
-            and trickle_interval(self._interval, self._lead) > 0
-        )
+        return read is not None and 0 < read <= self._trickle_max and self._next_interval() > 0
 
     async def _read_available(self) -> int | None:
         """Decode the backlog, then what the pipe holds, a chunk at a time, each handed
@@ -447,7 +450,7 @@ class _Reader:
             pace = math.inf  # the interval at which the input rate fills ``room``
             while empty < EMPTY_READS:
                 slept = loop.time()
-                await asyncio.sleep(min(trickle_interval(self._interval, self._lead), pace))
+                await asyncio.sleep(min(self._next_interval(), pace))
                 read = await self._read_available()
                 if read:
                     pace = (loop.time() - slept) * room / read
@@ -458,8 +461,10 @@ class _Reader:
                 else:
                     return
         finally:
-            self._lead = math.inf
             loop.add_reader(fd, self._wake_loop)
+
+    def _next_interval(self) -> float:
+        return trickle_interval(self._interval, self._leads.shortest(time.monotonic()))
 
 
 def _capacity(fd: int) -> int:
