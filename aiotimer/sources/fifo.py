@@ -413,9 +413,10 @@ class _Reader:
     async def _read_available(self) -> int | None:
         """Decode the backlog, then what the pipe holds, a chunk at a time, each handed
         to the sink as one batch, up to ``MAX_READS_PER_WAKE`` chunks: the bytes read
-        if that emptied the pipe, else ``None``."""
+        from the pipe if that emptied it, else ``None``."""
         fd, chunk_size, read = self._fd, self._chunk_size, os.read
         total = 0
+        short = False  # the last read(2) found less than a chunk: it emptied the pipe
         for _ in range(MAX_READS_PER_WAKE):
             if self._backlog:
                 chunk = self._take(chunk_size)
@@ -424,12 +425,13 @@ class _Reader:
                     chunk = read(fd, chunk_size)
                 except BlockingIOError:
                     return total
+                total += len(chunk)
+                short = len(chunk) < chunk_size
                 end = lines_end(chunk)
                 if end < len(chunk):  # garbage: the rest waits for the next step
                     self._backlog, self._pos = chunk, end
                     chunk = chunk[:end]
-            total += len(chunk)
-            emptied = len(chunk) < chunk_size and not self._backlog
+            emptied = short and not self._backlog
             if self._feed(chunk) and not emptied:
                 # One chunk at a time: the sink handles the deadlines that fell
                 # meanwhile, and the loop runs other work, before the next chunk.
