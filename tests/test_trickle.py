@@ -11,6 +11,7 @@ from aiotimer.sources._trickle import (
     MIN_INTERVAL,
     READ_INTERVAL,
     Leads,
+    paced,
     shortest_lead,
     trickle_interval,
 )
@@ -55,3 +56,9 @@ def test_leads_are_remembered_for_one_to_two_windows() -> None:
     leads.note(0.5)
     assert leads.shortest(2 * LEAD_WINDOW + 1.0) == 0.5  # 0.3 has aged out
     assert leads.shortest(5 * LEAD_WINDOW) == math.inf  # nothing read for a window
+
+
+def test_reads_are_paced_to_leave_writers_room() -> None:
+    # 64 KiB in 0.25 s fills 16 KiB of room in a quarter of that.
+    assert paced(0.25, 65536, 16384) == 0.0625
+    assert paced(0.25, 0, 16384) == math.inf

@@ -40,6 +40,7 @@ __all__ = [
     "MIN_INTERVAL",
     "READ_INTERVAL",
     "Leads",
+    "paced",
     "shortest_lead",
     "trickle_interval",
 ]
@@ -88,6 +89,13 @@ def trickle_interval(limit: float, lead: float) -> float:
     :data:`MIN_INTERVAL`."""
     interval = min(limit, lead * LEAD_SHARE)
     return interval if interval >= MIN_INTERVAL else 0.0
+
+
+def paced(elapsed: float, read: int, room: int) -> float:
+    """The interval after which input that brought ``read`` bytes in ``elapsed``
+    seconds fills ``room`` bytes of the pipe (the next read comes no later: writers
+    keep room for a burst)."""
+    return elapsed * room / read if read > 0 else math.inf
 
 
 def shortest_lead(requests: Iterable[Request]) -> float:

@@ -61,6 +61,7 @@ from aiotimer.sources._trickle import (
     EMPTY_READS,
     READ_INTERVAL,
     Leads,
+    paced,
     shortest_lead,
     trickle_interval,
 )
@@ -455,7 +456,7 @@ class _Reader:
                 await asyncio.sleep(min(self._next_interval(), pace))
                 read = await self._read_available()
                 if read:
-                    pace = (loop.time() - slept) * room / read
+                    pace = paced(loop.time() - slept, read, room)
                 if read == 0:
                     empty += 1
                 elif self._trickle(read):
