@@ -181,9 +181,18 @@ def test_status_shows_both_deadlines_of_a_two_tier_block_and_which_passed(
     worker = spawn(fifo, STUBBORN, "asyncio")
     try:
         assert worker.stdout is not None and worker.stdout.readline() == "entered\n"
-        # Before the block's deadline (2 s): read in-process, within milliseconds.
-        before = ControlClient.for_fifo(fifo).state()
-        [timer] = [t for t in before.timers if t.pid == worker.pid]
+        # Before the block's deadline (2 s), once the server has read the acquire (a
+        # trickle of input is read once per interval: aiotimer.sources._trickle).
+        client = ControlClient.for_fifo(fifo)
+        deadline = time.monotonic() + BOUND
+        while True:
+            before = client.state()
+            mine = [t for t in before.timers if t.pid == worker.pid]
+            if mine:
+                break
+            assert time.monotonic() < deadline, "the server did not read the acquire"
+            time.sleep(0.02)
+        [timer] = mine
         assert (timer.passed, timer.kill_after) == ("none", 60.0)
         assert timer.block_seconds_left is not None and 0 < timer.block_seconds_left <= 2.0
         assert timer.seconds_left == pytest.approx(timer.block_seconds_left + 60, abs=0.01)

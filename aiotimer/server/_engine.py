@@ -181,7 +181,10 @@ class Engine:
         self._watchlist.close()
 
     def _gone(self, pid: int, reason: str) -> None:
-        """Worker ``pid`` has gone (the watchlist has forgotten it): clear its timers."""
+        """Worker ``pid`` has gone (the watchlist has forgotten it): apply what it wrote
+        that the sources still hold, then clear its timers."""
+        if not self.busy:  # not inside the work that found it gone
+            self._expiry.drain_for({pid})
         self.counts.workers_exited += 1
         count, cleared = self.table.drop_worker(pid, sample=MAX_REPORTED_SCOPES)
         self._ingest.forget(pid)

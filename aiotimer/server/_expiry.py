@@ -281,6 +281,26 @@ class Expiry:
             if lag > self.lag_threshold:
                 self._emit(LoopLagged(time=self._clock.time(), lag=lag, expired=len(expired)))
 
+    def drain_for(self, pids: set[int]) -> None:
+        """Apply what the drains hold that may concern ``pids`` (workers that have gone:
+        the lines they wrote come before their exit, however late a trickle is read),
+        within the drain's budget (see :meth:`_drain`)."""
+        stop_at = time.thread_time() + DRAIN_BUDGET
+        calls = 0
+        self.handling = True
+        try:
+            pending = [drain for drain in self._drains if _look(drain, pids)]
+            while pending and calls < MAX_DRAIN_CALLS and time.thread_time() < stop_at:
+                for drain in tuple(pending):
+                    calls += 1
+                    batch = _step(drain)
+                    if batch is None:
+                        pending.remove(drain)
+                    elif batch.requests or batch.rejections:
+                        self._ingest.apply(batch, drain.name)
+        finally:
+            self.handling = False
+
     def _drain(self, now: float) -> None:
         """Apply what the drains return that may concern the workers due at ``now`` (see
         the module docs), the drains a step at a time in turn, for at most
