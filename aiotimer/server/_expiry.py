@@ -285,21 +285,29 @@ class Expiry:
         """Apply what the drains hold that may concern ``pids`` (workers that have gone:
         the lines they wrote come before their exit, however late a trickle is read),
         within the drain's budget (see :meth:`_drain`)."""
-        stop_at = time.thread_time() + DRAIN_BUDGET
-        calls = 0
         self.handling = True
         try:
-            pending = [drain for drain in self._drains if _look(drain, pids)]
-            while pending and calls < MAX_DRAIN_CALLS and time.thread_time() < stop_at:
-                for drain in tuple(pending):
-                    calls += 1
-                    batch = _step(drain)
-                    if batch is None:
-                        pending.remove(drain)
-                    elif batch.requests or batch.rejections:
-                        self._ingest.apply(batch, drain.name)
+            self._apply_looked(pids, 0, time.thread_time() + DRAIN_BUDGET)
         finally:
             self.handling = False
+
+    def _apply_looked(self, pids: set[int] | None, calls: int, stop_at: float) -> int | None:
+        """Ask each drain about ``pids`` and apply what they return, a step of each in
+        turn, until they are done, ``MAX_DRAIN_CALLS`` steps were taken in all (counting
+        ``calls`` already taken) or this thread's CPU clock reaches ``stop_at``: the
+        steps taken, or ``None`` when the time ran out."""
+        pending = [drain for drain in self._drains if _look(drain, pids)]
+        while pending and calls < MAX_DRAIN_CALLS:
+            for drain in tuple(pending):
+                calls += 1
+                batch = _step(drain)
+                if batch is None:
+                    pending.remove(drain)
+                elif batch.requests or batch.rejections:
+                    self._ingest.apply(batch, drain.name)
+            if time.thread_time() >= stop_at:
+                return None
+        return calls
 
     def _drain(self, now: float) -> None:
         """Apply what the drains return that may concern the workers due at ``now`` (see
@@ -319,17 +327,10 @@ class Expiry:
                 if not due:
                     return
                 looked |= due
-            pending = [drain for drain in self._drains if _look(drain, due)]
-            while pending and calls < MAX_DRAIN_CALLS:
-                for drain in tuple(pending):
-                    calls += 1
-                    batch = _step(drain)
-                    if batch is None:
-                        pending.remove(drain)
-                    elif batch.requests or batch.rejections:
-                        self._ingest.apply(batch, drain.name)
-                if time.thread_time() >= stop_at:
-                    return
+            taken = self._apply_looked(due, calls, stop_at)
+            if taken is None:
+                return
+            calls = taken
 
     def _expire(self, timer: Timer, now: float) -> Reap | None:
         """Report ``timer``'s expiry; the reap it begins, if it begins one."""
