@@ -364,7 +364,9 @@ def test_the_next_hang_restarts_the_job_after_etcd_lost_its_data(
 
 def test_a_late_node_starts_at_the_job_generation(job: Job) -> None:
     job.start("a", "--restart-scope", "job")
-    job.wait_status(lambda v: len(running_workers(v, "a")) == 2, timeout=30)
+    # Both ranks running their script, not only spawned: a bump before then stops them
+    # before they write their start.
+    job.wait_started({"a-0-0", "a-1-0"}, timeout=30)
 
     async def bump() -> None:  # as if the job had restarted twice before b joined
         store = connect(job.etcd.endpoint)

@@ -23,6 +23,7 @@ from aiotimer.supervisor._runfile import (
     RunFile,
     RunRecord,
     _boot_id,
+    _pid_namespace,
     leftovers,
     runs_dir,
     sweep,
@@ -102,6 +103,7 @@ def test_a_dead_runs_leftovers_are_stopped_and_nothing_else(
         supervisor=ProcessId(fake_pid(1), 1),  # dead
         fifo=fifo,
         workers=(ours.id, scrubbed.id, alive.id),
+        pid_ns=_pid_namespace(),
     )
     ours.kill_leader()
     scrubbed.kill_leader()
@@ -133,6 +135,31 @@ def test_a_live_runs_file_is_left_alone(tmp_path: Path) -> None:
     assert run.path.exists()
     run.remove()
     assert not run.path.exists()
+
+
+def test_a_run_of_another_pid_namespace_is_left_alone(tmp_path: Path) -> None:
+    # Another container sharing the directory: its supervisor's pid is nobody here, but
+    # its run is not proven dead, so neither its run file nor its FIFO's directory goes.
+    runtime = tmp_path / "aiotimer-elsewhere"
+    runtime.mkdir(mode=0o700)
+    (runtime / "timer.fifo").touch()
+    record = RunRecord(
+        boot_id=_boot_id(),
+        supervisor=ProcessId(fake_pid(1), 1),
+        fifo=str(runtime / "timer.fifo"),
+        pid_ns="pid:[1]",
+    )
+    runs = runs_dir(tmp_path)
+    (runs / "run-1-1.json").write_bytes(msgspec.json.encode(record))
+    assert sweep(runs) == []
+    assert (runs / "run-1-1.json").exists()
+    assert (runtime / "timer.fifo").exists()
+    # The same record from this namespace is a dead run: its directory is removed.
+    here = msgspec.structs.replace(record, pid_ns=_pid_namespace())
+    (runs / "run-1-1.json").write_bytes(msgspec.json.encode(here))
+    assert sweep(runs) == []
+    assert not runtime.exists()
+    assert os.listdir(runs) == []
 
 
 def test_an_unreadable_run_file_is_said_and_removed(tmp_path: Path) -> None:

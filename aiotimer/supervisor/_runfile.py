@@ -8,7 +8,8 @@ A supervisor killed with SIGKILL cannot stop its workers. Three things make up f
 - the supervisor keeps a **run file** in a private per-user directory
   (:func:`runs_dir`: ``aiotimer-runs-<uid>`` beside its runtime directory): its own
   identity, the boot it runs in, the FIFO path every worker finds in ``AIOTIMER_FIFO``
-  (unique to the run), and each running worker's pid and start time. Worker ``w`` leads
+  (unique to the run), the PID namespace its pids belong to, and each running worker's
+  pid and start time. Worker ``w`` leads
   session and process group ``w.pid``; its children stay there unless they leave;
 - a **guard** (:func:`start_guard`), a small process forked before the supervisor starts
   anything, waits for the supervisor's end; if the run file is still there (the
@@ -23,7 +24,9 @@ recorded worker's session or process group ``S`` and either the worker itself is
 worker and its environment names the run's FIFO. A session id is never reused while
 any process is in the session, so a live member of a session whose leader was proven
 stays proven. Everything else is left alone: a process that scrubbed its environment
-after its leader died is not stopped.
+after its leader died is not stopped, and neither is anything of a run recorded in
+another PID namespace (another container sharing the directory): its pids mean other
+processes here, so its supervisor cannot be proven dead.
 """
 
 from __future__ import annotations
@@ -92,6 +95,8 @@ class RunRecord(msgspec.Struct, frozen=True, kw_only=True):
     supervisor: ProcessId
     fifo: str
     workers: tuple[ProcessId, ...] = ()
+    #: The PID namespace of the pids (``/proc/self/ns/pid``'s link); empty if unknown.
+    pid_ns: str = ""
 
 
 def runtime_parent(chosen: str | os.PathLike[str] | None = None) -> str | None:
@@ -119,6 +124,13 @@ def _boot_id() -> str:
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _pid_namespace() -> str:
+    try:
+        return os.readlink("/proc/self/ns/pid")
     except OSError:
         return ""
 
@@ -151,7 +163,9 @@ class RunFile:
     def __init__(self, directory: Path, fifo: str) -> None:
         self.me = this_process()
         self.path = directory / _file_name(self.me)
-        self._record = RunRecord(boot_id=_boot_id(), supervisor=self.me, fifo=fifo)
+        self._record = RunRecord(
+            boot_id=_boot_id(), supervisor=self.me, fifo=fifo, pid_ns=_pid_namespace()
+        )
         self._failed = False
 
     def record(self, workers: Iterable[int]) -> None:
@@ -259,7 +273,7 @@ def sweep(directory: Path) -> list[str]:
     """Stop the leftovers of every run recorded in ``directory`` whose supervisor is
     dead, and remove its run file. Returns one line per run that left something."""
     report = []
-    boot = _boot_id()
+    boot, namespace = _boot_id(), _pid_namespace()
     try:
         names = sorted(n for n in os.listdir(directory) if n.startswith("run-"))
     except OSError as exc:
@@ -273,6 +287,8 @@ def sweep(directory: Path) -> list[str]:
                 with contextlib.suppress(OSError):
                     remove_owned(path, what="run file")
             continue
+        if record.pid_ns != namespace:
+            continue  # another PID namespace's run: its pids name other processes here
         if record.boot_id == boot and _alive(record.supervisor):
             continue  # a live run
         killed = stop_leftovers(record) if record.boot_id == boot else []
