@@ -1,0 +1,171 @@
+"""The hang report's pure core: dumps read into frames, ranks grouped by place."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from aiotimer.core._hang import MAX_REPORT_TEXT, RankStacks, build_report
+from aiotimer.core._hang_parse import Frame, parse_stacks
+
+FAULTHANDLER = """\
+Thread 0x00007f0000000001 (most recent call first):
+  File "/usr/lib/python3.12/threading.py", line 355 in wait
+  File "/srv/aux.py", line 5 in helper
+
+Thread 0x00007f0000000002 (most recent call first):
+  File "/srv/data.py", line 88 in load_batch
+  File "/srv/train.py", line 30 in main
+=== aiotimer asyncio tasks: pid 1, now ===
+no asyncio event loop is running in the main thread
+"""
+
+COLLECTIVE = """\
+Current thread 0x00007f0000000002 (most recent call first):
+  File "/venv/lib/python3.12/site-packages/torch/distributed/distributed_c10d.py", \
+line 2501 in all_reduce
+  File "/venv/lib/python3.12/site-packages/torch/distributed/c10d_logger.py", line 83 in wrapper
+  File "/srv/train.py", line 120 in main
+"""
+
+ASYNCIO = """\
+=== aiotimer asyncio tasks: pid 1, now ===
+2 task(s) in <loop>
+The loop is held by task 'Task-1', in aiotimer block(s) step
+Task 'Task-1' (running):
+    open aiotimer block(s): step
+    main at /srv/t.py:10
+    inner at /srv/t.py:20
+    (running: interrupted in the innermost frame above)
+Task 'Task-2' (pending):
+    other at /srv/t.py:5
+"""
+
+PY_SPY = """\
+Process 42: python t.py
+Python v3.12.3 (/usr/bin/python3.12)
+
+Thread 42 (idle): "MainThread"
+    load_batch (data.py:88)
+    main (train.py:10)
+Thread 43 (idle): "Thread-1"
+    run (threading.py:1)
+"""
+
+
+def test_faulthandler_main_thread_is_the_last_block() -> None:
+    parsed = parse_stacks(FAULTHANDLER)
+    assert parsed.main[0] == Frame("load_batch", "/srv/data.py", 88)
+    assert [f.function for f in parsed.main] == ["load_batch", "main"]
+    assert parsed.task == ()
+
+
+def test_asyncio_section_gives_the_holding_task_innermost_first() -> None:
+    parsed = parse_stacks(ASYNCIO)
+    assert parsed.task_name == "Task-1"
+    assert [f.function for f in parsed.task] == ["inner", "main"]
+    assert parsed.blocks == ("step",)
+
+
+def test_py_spy_main_thread_by_name() -> None:
+    parsed = parse_stacks(PY_SPY)
+    assert parsed.main[0].where == "load_batch (data.py:88)"
+
+
+def test_unknown_text_gives_no_frames() -> None:
+    assert parse_stacks("garbage\n\n  File nothing") == parse_stacks("")
+
+
+def test_the_odd_rank_leads_and_names_the_users_line() -> None:
+    ranks = [
+        RankStacks.from_dump(r, 100 + r, FAULTHANDLER if r == 2 else COLLECTIVE, blocks=["step"])
+        for r in range(4)
+    ]
+    report = build_report(ranks, cause="timer step of rank 0 expired")
+    assert report.odd == (2,)
+    assert report.summary() == (
+        "rank 2 of 4 differs: in `load_batch` (data.py:88) inside block `step`; "
+        "3 ranks in `all_reduce` (train.py:120) inside block `step`"
+    )
+    text = report.to_text()
+    assert text.index("rank 2 (pid 102) dump") < text.index("rank 0 (pid 100) dump")
+    data = json.loads(json.dumps(report.to_dict()))
+    assert data["odd"] == [2]
+    assert [[r["rank"] for r in g["ranks"]] for g in data["groups"]] == [[2], [0, 1, 3]]
+    back = [RankStacks.from_dict(r) for g in data["groups"] for r in g["ranks"]]
+    assert build_report(back).summary() == report.summary()
+
+
+def test_a_rank_without_answer_is_reported_as_such() -> None:
+    ranks = [RankStacks.from_dump(r, 100 + r, COLLECTIVE) for r in range(3)]
+    ranks.append(RankStacks(rank=3, pid=103, missing="stopped (SIGSTOP)"))
+    report = build_report(ranks)
+    assert report.summary().startswith("rank 3 of 4 differs: no answer (stopped (SIGSTOP))")
+
+
+def test_ties_are_said_as_ties() -> None:
+    ranks = [RankStacks.from_dump(r, 1, COLLECTIVE if r < 2 else FAULTHANDLER) for r in range(4)]
+    report = build_report(ranks)
+    assert report.odd == ()
+    assert report.summary().startswith("no single odd one out (2 groups of 2 tie): ranks 0, 1")
+
+
+def test_a_rank_twice_is_refused() -> None:
+    with pytest.raises(ValueError, match="twice"):
+        build_report([RankStacks(rank=1), RankStacks(rank=1)])
+
+
+def test_the_text_is_bounded() -> None:
+    big = COLLECTIVE + "x" * 100_000
+    report = build_report([RankStacks.from_dump(r, r, big) for r in range(100)])
+    assert len(report.to_text()) <= MAX_REPORT_TEXT
+
+
+PLACES = [
+    Frame("all_reduce", "/srv/train.py", 120),
+    Frame("load_batch", "/srv/data.py", 88),
+    Frame("barrier", "/srv/train.py", 140),
+]
+
+
+@st.composite
+def rank_sets(draw: st.DrawFn) -> list[RankStacks]:
+    n = draw(st.integers(1, 24))
+    out = []
+    for rank in draw(st.permutations(list(range(n)))):
+        kind = draw(st.integers(0, len(PLACES)))
+        if kind == len(PLACES):
+            out.append(RankStacks(rank=rank, missing="no hook"))
+        else:
+            out.append(RankStacks(rank=rank, main=(PLACES[kind],)))
+    return out
+
+
+@given(rank_sets())
+def test_grouping_against_a_naive_model(ranks: list[RankStacks]) -> None:
+    report = build_report(ranks)
+    listed = [r.rank for g in report.groups for r in g.ranks]
+    assert sorted(listed) == sorted(r.rank for r in ranks)  # every rank exactly once
+    naive: dict[object, set[int]] = {}
+    for r in ranks:
+        naive.setdefault(r.key, set()).add(r.rank)
+    assert sorted(sorted(g) for g in naive.values()) == sorted(
+        sorted(r.rank for r in g.ranks) for g in report.groups
+    )
+    sizes = [len(g) for g in naive.values()]
+    smallest = min(sizes)
+    unique = sizes.count(smallest) == 1 and len(sizes) > 1
+    summary = report.summary()
+    if unique:
+        minority = next(g for g in naive.values() if len(g) == smallest)
+        assert set(report.odd) == minority
+        assert {r.rank for r in report.groups[0].ranks} == minority
+        assert " differ" in summary.split(":")[0]
+    else:
+        assert report.odd == ()
+        if len(sizes) > 1:
+            assert summary.startswith(f"no single odd one out ({sizes.count(smallest)} groups")
+    assert [len(g.ranks) for g in report.groups] == sorted(sizes)
