@@ -66,6 +66,16 @@ SAMPLES: list[ev.Event] = [
         task="Task-7",
     ),
     ev.RestartScheduled(time=1.0, ranks=(0, 1), delay=0.5, restarts=(1, 1), attempt=1, budget=3),
+    ev.HangReported(
+        time=1.0,
+        summary="rank 2 of 4 differs: in `load_batch` (data.py:88)",
+        ranks=4,
+        odd=(2,),
+        missing=(),
+        seconds=0.5,
+        files=("/x/events.jsonl.hang.txt",),
+        report="hang report: ...",
+    ),
     ev.SupervisorGaveUp(time=1.0, reason="restart budget exhausted"),
     ev.SupervisorStopped(
         time=1.0,

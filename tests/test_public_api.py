@@ -265,6 +265,7 @@ PUBLIC_ALL: dict[str, set[str]] = {
         "ControlRefused",
         "Event",
         "EventsLost",
+        "HangReported",
         "LoopLagged",
         "RankStatus",
         "ReapAbandoned",

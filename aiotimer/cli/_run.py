@@ -38,6 +38,7 @@ from aiotimer.control import ControlPlane
 from aiotimer.errors import AiotimerError
 from aiotimer.reapers._signal import SignalReaper
 from aiotimer.server._thread import loop_factory
+from aiotimer.supervisor._hang import DEFAULT_HANG_REPORT_TIMEOUT
 from aiotimer.supervisor._restart import (
     DEFAULT_NO_RESTART_EXIT_CODES,
     Backoff,
@@ -64,6 +65,14 @@ def _window(text: str) -> float:
 
 
 _count = whole_number(0)
+
+
+def positive_seconds(text: str) -> float:
+    """A finite number of seconds > 0."""
+    value = seconds(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"need a number of seconds > 0, got {text!r}")
+    return value
 
 
 def _backoff(text: str) -> Backoff:
@@ -156,6 +165,18 @@ def configure_run(parser: argparse.ArgumentParser) -> None:
         "`aiotimer status --control PATH` shows the workers, and restarts or stops one",
     )
     add_metrics_port_argument(parser)
+    parser.add_argument(
+        "--hang-report-timeout",
+        type=positive_seconds,
+        default=DEFAULT_HANG_REPORT_TIMEOUT,
+        metavar="SECONDS",
+        help="under --restart-scope group/job, when a timer expires, take every rank's "
+        "stacks before anything is killed and report which rank differs; the reap and "
+        f"the restart wait at most this long for it (default {DEFAULT_HANG_REPORT_TIMEOUT:g})",
+    )
+    parser.add_argument(
+        "--no-hang-report", action="store_true", help="take no hang report (see above)"
+    )
     add_reap_arguments(parser)
     add_kill_policy_arguments(parser, descendants_only=True)
     add_node_arguments(parser)
@@ -196,6 +217,8 @@ async def _supervise(
         event_log=args.event_log,
         subreaper=True,
         run_file=True,
+        hang_report=None if args.no_hang_report else args.hang_report_timeout,
+        dump_dir=args.dump_dir,
         coordinator=cluster.coordinator,
         restart_count=cluster.restart_count,
         on_event=cluster.on_event,

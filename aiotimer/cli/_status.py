@@ -11,6 +11,7 @@ bounds the whole exchange, so a busy or stalled server never hangs it.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 import time
@@ -50,6 +51,11 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     where.add_argument("--control", help="the server's control socket")
     add_job_status_arguments(parser, where)
     parser.add_argument("--json", action="store_true", help="print the state as JSON")
+    parser.add_argument(
+        "--hang-report",
+        action="store_true",
+        help="print the last hang report of an `aiotimer run` whole (with --json: as JSON)",
+    )
     parser.add_argument(
         "--watch",
         nargs="?",
@@ -94,6 +100,11 @@ def run_status(args: argparse.Namespace) -> int:
             if args.fifo is not None
             else ControlClient(args.control, timeout=args.timeout)
         )
+        if args.hang_report:
+            report = client.hang_report()
+            text = json.dumps(report, indent=1) + "\n" if args.json else str(report["text"])
+            sys.stdout.write(text)
+            return 0
         while True:
             snap = client.state(limit=args.limit)
             text = (

@@ -99,6 +99,8 @@ def format_status(snap: StatusSnapshot) -> str:
             f"{sup.restarts} restart{'' if sup.restarts == 1 else 's'} "
             f"({sup.restarts_in_window} in the window): " + " ".join(sup.command)
         )
+        if sup.hang_report:
+            lines.append(f"  last hang report: {sup.hang_report}")
     timers: dict[tuple[int | None, str], TimerInfo] = {(t.pid, t.scope_id): t for t in snap.timers}
     ranked = any(w.rank is not None for w in snap.workers)
     header = ("RANK", "PID", "STATE", "TIMERS") if ranked else ("PID", "STATE", "TIMERS")

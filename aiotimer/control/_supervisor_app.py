@@ -7,7 +7,9 @@ embedded server's own:
   (one per rank: its state, restarts, current pid) and a ``supervisor`` section;
 * ``GET /metrics`` counts workers by the supervisor's states and reports its restarts;
 * ``POST /v1/ranks/<rank>/restart`` restarts a worker now (outside the restart budget);
-* ``POST /v1/ranks/<rank>/stop`` stops a worker for good.
+* ``POST /v1/ranks/<rank>/stop`` stops a worker for good;
+* ``GET /v1/hang-report`` is the last hang report (its text, summary and every rank's
+  stacks; 404 when none was taken).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ SUPERVISOR_ENDPOINTS = {
     **ENDPOINTS,
     "POST /v1/ranks/<rank>/restart": "restart a worker now (outside the restart budget)",
     "POST /v1/ranks/<rank>/stop": "stop a worker for good",
+    "GET /v1/hang-report": "the last hang report: which rank differs, every rank's stacks",
 }
 
 
@@ -76,6 +79,7 @@ def supervised(snap: StatusSnapshot, sup: SupervisorState) -> StatusSnapshot:
         restarts_in_window=sup.restarts_in_window,
         outcome=None if sup.outcome is None else sup.outcome.name.lower(),
         gave_up=sup.gave_up,
+        hang_report=sup.hang_report,
     )
     others = snap.workers_total - (len(snap.workers) - len(by_pid))
     ranks = sup.ranks_by_pid
@@ -126,6 +130,12 @@ def supervisor_routes(sup: Supervisor, *, control: str | None = None) -> list[Ro
             return error_response(503, "the supervisor's timer server is not running")
         return HttpResponse(200, rendered.body(), CONTENT_TYPE)
 
+    async def hang_report(request: HttpRequest) -> HttpResponse:
+        report = sup.hang_report
+        if report is None:
+            return error_response(404, "no hang report was taken in this run")
+        return json_response({"text": report.to_text(), **report.to_dict()})
+
     async def restart(request: HttpRequest, rank: str) -> HttpResponse:
         return await act(int(rank), "restart")
 
@@ -151,6 +161,7 @@ def supervisor_routes(sup: Supervisor, *, control: str | None = None) -> list[Ro
         Route("GET", r"/", index),
         Route("GET", r"/v1/state", state),
         Route("GET", r"/metrics", metrics),
+        Route("GET", r"/v1/hang-report", hang_report),
         Route("POST", r"/v1/ranks/(?P<rank>[0-9]{1,6})/restart", restart),
         Route("POST", r"/v1/ranks/(?P<rank>[0-9]{1,6})/stop", stop),
     ]

@@ -126,6 +126,11 @@ class ControlClient:
         text = json.loads(body).get("stacks")
         return text if isinstance(text, str) else None
 
+    def hang_report(self) -> dict[str, object]:
+        """``GET /v1/hang-report`` (under a supervisor): the last hang report, with its
+        ``text``; raises :class:`~aiotimer.errors.ControlError` when none was taken."""
+        return self._json(self.get("/v1/hang-report"))
+
     def restart(self, rank: int) -> dict[str, object]:
         """``POST /v1/ranks/<rank>/restart`` (under a supervisor): restart worker
         ``rank`` now; its new ``state``, ``pid`` and ``restarts``."""

@@ -154,7 +154,8 @@ class SupervisorInfo(msgspec.Struct, frozen=True, kw_only=True):
 
     ``state`` is its lifecycle state, ``command`` the workers' argv, ``restarts`` the
     restarts of all slots, ``restarts_in_window`` those counted against the budget now,
-    ``outcome`` how the run ended (``None`` while it runs), ``gave_up`` why it gave up.
+    ``outcome`` how the run ended (``None`` while it runs), ``gave_up`` why it gave up,
+    ``hang_report`` the last hang report's summary line.
     """
 
     run_id: str
@@ -165,6 +166,7 @@ class SupervisorInfo(msgspec.Struct, frozen=True, kw_only=True):
     restarts_in_window: int
     outcome: str | None = None
     gave_up: str | None = None
+    hang_report: str | None = None
 
 
 class StatusSnapshot(msgspec.Struct, frozen=True, kw_only=True):

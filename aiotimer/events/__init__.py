@@ -49,6 +49,7 @@ from aiotimer.events._server import (
     SourceFailed,
 )
 from aiotimer.events._supervisor import (
+    HangReported,
     RankStatus,
     RestartScheduled,
     SupervisorGaveUp,
@@ -77,6 +78,7 @@ __all__ = [
     "ControlRefused",
     "Event",
     "EventsLost",
+    "HangReported",
     "LoopLagged",
     "RankStatus",
     "ReapAbandoned",

@@ -22,6 +22,7 @@ import msgspec
 from aiotimer.events._base import Event, clip, clip_scope, signal_name
 
 __all__ = [
+    "HangReported",
     "RankStatus",
     "RestartScheduled",
     "SupervisorGaveUp",
@@ -247,6 +248,29 @@ class RestartScheduled(Event):
         else:
             why = ""
         return f"restarting worker(s) {which} {when}{why}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HangReported(Event):
+    """Before a group or job restart, the stacks of every rank in its scope were taken:
+    ``summary`` names the odd one out (``odd``: its ranks, empty when none stands out),
+    ``missing`` the ranks that gave no stacks, ``files`` where the whole report was
+    written (text, JSON), ``report`` the report's text (cut in the event log)."""
+
+    kind: ClassVar[str] = "hang_report"
+    level: ClassVar[int] = logging.WARNING
+    summary: str
+    ranks: int
+    odd: tuple[int, ...]
+    missing: tuple[int, ...]
+    seconds: float
+    files: tuple[str, ...]
+    report: str
+
+    def describe(self) -> str:
+        """One line: the summary, then where the report is."""
+        where = f" (report: {self.files[0]})" if self.files else ""
+        return f"hang report in {self.seconds:.2f}s: {clip(self.summary, 400)}{where}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -46,10 +46,12 @@ __all__ = [
     "collect_dump",
     "collect_dump_or_why",
     "hook_info",
+    "prepare_dump",
     "py_spy_dump",
     "py_spy_dump_or_why",
     "py_spy_executable",
     "read_dump",
+    "read_dump_or_why",
 ]
 
 
@@ -174,15 +176,18 @@ async def read_dump(
 
     Polls the file (``poll_interval``, doubling up to 0.1 s). Returns the dump up to and
     including :data:`END_MARKER`; on timeout, what was written (typically the thread
-    stacks alone) plus a note that the dump is incomplete; ``None`` if nothing was.
+    stacks alone, kept even if the worker removed its file meanwhile) plus a note that
+    the dump is incomplete; ``None`` if nothing was.
     """
     if not (math.isfinite(timeout) and timeout >= 0):
         raise ValueError(f"timeout must be a finite number >= 0, got {timeout!r}")
     target = Path(path)
     deadline = anyio.current_time() + timeout
     delay = poll_interval
+    text = ""
     while True:
-        text = await anyio.to_thread.run_sync(_read_tail, target, offset)
+        # The longest read wins: a worker that exits meanwhile removes its file.
+        text = max(text, await anyio.to_thread.run_sync(_read_tail, target, offset), key=len)
         end = text.find(END_MARKER)
         if end != -1:
             return text[: end + len(END_MARKER)] + "\n"
@@ -237,7 +242,21 @@ async def collect_dump_or_why(
     timeout: float = 2.0,
 ) -> str | NoDump:
     """:func:`collect_dump`, with the reason instead of ``None`` when no dump came."""
-    info = await anyio.to_thread.run_sync(hook_info, pid, dump_dir)
+    prepared = await anyio.to_thread.run_sync(prepare_dump, pid, signum, dump_dir)
+    if isinstance(prepared, NoDump):
+        return prepared
+    send_signal(signum)
+    return await read_dump_or_why(prepared, timeout=timeout)
+
+
+def prepare_dump(
+    pid: int, signum: int = DEFAULT_DUMP_SIGNAL, dump_dir: str | os.PathLike[str] | None = None
+) -> tuple[Path, int] | NoDump:
+    """Before signalling worker ``pid`` for a dump: its dump file and the offset its
+    next dump starts at, or why it must not be signalled (no hook of its own, a hook
+    listening to another signal). Reads two small files: call it in a worker thread, or
+    where a short blocking read is acceptable."""
+    info = hook_info(pid, dump_dir)
     if info is None:
         where = dump_path_for(pid, dump_dir)
         return NoDump(f"no dump hook in the worker (no valid {where}; {_HOOK_HINT})")
@@ -246,11 +265,15 @@ async def collect_dump_or_why(
             f"the worker's dump hook listens to signal {info.signum}, not {signum}: "
             "it is not signalled"
         )
-    offset = await anyio.to_thread.run_sync(_size, info.path)
+    offset = _size(info.path)
     if offset is None:
         return NoDump(f"the worker's dump file {info.path} vanished")
-    send_signal(signum)
-    text = await read_dump(info.path, offset=offset, timeout=timeout)
+    return info.path, offset
+
+
+async def read_dump_or_why(prepared: tuple[Path, int], *, timeout: float) -> str | NoDump:
+    """:func:`read_dump` of a dump asked for after :func:`prepare_dump`, or why none came."""
+    text = await read_dump(prepared[0], offset=prepared[1], timeout=timeout)
     if text is None:
         return NoDump(f"the worker's dump hook wrote nothing within {timeout:g}s")
     return text

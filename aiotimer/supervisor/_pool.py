@@ -132,11 +132,21 @@ class Attempt:
 
 
 class ObservedReaper:
-    """Wraps the server's reaper to learn when a process first registers a timer."""
+    """Wraps the server's reaper to learn when a process first registers a timer, and
+    when a reap begins (``before_reap(pid, dumping)``, before its first signal or dump;
+    ``dumped(pid, result)`` once a dump step is done)."""
 
-    def __init__(self, inner: Reaper, on_attach: Callable[[int], None]) -> None:
+    def __init__(
+        self,
+        inner: Reaper,
+        on_attach: Callable[[int], None],
+        before_reap: Callable[[int, bool], None] = lambda pid, dumping: None,
+        dumped: Callable[[int, str | NoDump | None], None] = lambda pid, result: None,
+    ) -> None:
         self.inner = inner
         self._on_attach = on_attach
+        self._before_reap = before_reap
+        self._dumped = dumped
 
     def attach(self, pid: int, *, start_time: int | None = None) -> bool:
         """Attach through the inner reaper; tell ``on_attach`` if the pid is live."""
@@ -153,12 +163,16 @@ class ObservedReaper:
         await self.inner.wait_exit(pid)
 
     def signal(self, pid: int, signum: int, *, group: bool = False) -> None:
-        """The inner reaper's."""
+        """The inner reaper's, after ``before_reap``."""
+        self._before_reap(pid, False)
         self.inner.signal(pid, signum, group=group)
 
     async def dump_stacks(self, pid: int, timeout: float) -> str | NoDump | None:
-        """The inner reaper's."""
-        return await self.inner.dump_stacks(pid, timeout)
+        """The inner reaper's, between ``before_reap`` and ``dumped``."""
+        self._before_reap(pid, True)
+        result = await self.inner.dump_stacks(pid, timeout)
+        self._dumped(pid, result)
+        return result
 
     def detach(self, pid: int) -> None:
         """The inner reaper's."""

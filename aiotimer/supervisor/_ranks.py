@@ -12,8 +12,10 @@ The :class:`~aiotimer.supervisor.Supervisor` owns it and its lifecycle.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TypeAlias
 
 import anyio.abc
 
@@ -28,8 +30,16 @@ from aiotimer.events import (
     WorkerRunning,
     WorkerStarted,
 )
+from aiotimer.reapers._signal import NoDump, Reaper
 from aiotimer.supervisor._exits import ExitReason, classify_exit
-from aiotimer.supervisor._pool import Attempt, WorkerPool, free_port, worker_env
+from aiotimer.supervisor._hang import HangReporter
+from aiotimer.supervisor._pool import (
+    Attempt,
+    ObservedReaper,
+    WorkerPool,
+    free_port,
+    worker_env,
+)
 from aiotimer.supervisor._records import (
     RestartCoordinator,
     RunOutcome,
@@ -42,10 +52,13 @@ from aiotimer.supervisor._restart import (
     Restart,
     RestartPlanner,
     RestartPolicy,
+    RestartScope,
     WorkerState,
 )
 
 __all__ = ["PIDS_KEPT", "Ranks"]
+
+StrPath: TypeAlias = "str | os.PathLike[str]"
 
 logger = logging.getLogger("aiotimer")
 
@@ -57,7 +70,10 @@ class Ranks:
     """The ``nproc`` worker slots of one run (see the module docs).
 
     ``emit`` reports the supervisor's events; ``request_stop`` ends the run and
-    ``stopping`` says whether it is ending; ``owner`` is what a coordinator is given.
+    ``stopping`` says whether it is ending; ``owner`` is what a coordinator is given;
+    ``hang`` (its timeout, or ``None``; the dump directory; the event log) makes the
+    :attr:`hang` reporter, which takes a hang report when a reap begins under the group
+    scope (or a job restart comes); ``scopes`` reads the open timers by pid for it.
     """
 
     def __init__(
@@ -75,6 +91,8 @@ class Ranks:
         emit: Callable[[Event], None],
         request_stop: Callable[[], None],
         stopping: Callable[[], bool],
+        hang: tuple[float | None, StrPath | None, StrPath | None] = (None, None, None),
+        scopes: Callable[[], Mapping[int, tuple[str, ...]]] = dict,
     ) -> None:
         self._planner = planner
         self._pool = pool
@@ -88,6 +106,13 @@ class Ranks:
         self._emit = emit
         self._request_stop = request_stop
         self._stopping = stopping
+        timeout, dump_dir, event_log = hang
+        self.hang = None
+        if timeout is not None:
+            self.hang = HangReporter(
+                timeout, dump_dir=dump_dir, event_log=event_log, clock=clock, emit=emit
+            )
+        self._scopes = scopes
         self.outcome: RunOutcome | None = None
         #: The rank of every process launched lately (the last :data:`PIDS_KEPT`), so
         #: what happened to a process that has ended still names its rank.
@@ -99,12 +124,16 @@ class Ranks:
     def begin(self, tg: anyio.abc.TaskGroup, fifo: Path) -> None:
         """Launch every rank; their watchers run in ``tg``; they talk to ``fifo``."""
         self._tg, self._fifo, self._master_port = tg, fifo, free_port()
+        if self.hang is not None:
+            self.hang.place(fifo.parent)
         for rank in range(self._nproc):
             self.launch(rank)
 
     def expired(self, event: TimerExpired | WorkerReaped) -> None:
         """A worker's timer expired (or it was reaped): the planner hears of it."""
         att = self._pool.note(event)
+        if self.hang is not None and att is not None and isinstance(event, TimerExpired):
+            self.hang.expired(att.pid, event.scope_id)
         if att is not None and self._planner.slot(att.rank).state.alive:
             self._planner.expired(att.rank)
 
@@ -221,8 +250,42 @@ class Ranks:
         elif isinstance(decision, GiveUp):
             self._owner.give_up(decision.reason)
 
+    def observe(self, reaper: Reaper) -> ObservedReaper:
+        """``reaper`` for the run's server, telling these ranks what it does."""
+        return ObservedReaper(reaper, self.timer_registered, self.before_reap, self._dumped)
+
+    def _dumped(self, pid: int, result: str | NoDump | None) -> None:
+        if self.hang is not None:
+            self.hang.reap_dumped(pid, result)
+
+    def before_reap(self, pid: int, dumping: bool) -> None:
+        """A reap of ``pid`` begins (``dumping``: with a dump step): under the group
+        scope, the hang report of every rank is begun first."""
+        att = self._pool.owner(pid)
+        if self.hang is None or att is None or att.stop_requested or self._stopping():
+            return
+        if self._policy.scope is RestartScope.GROUP:
+            cause = f"the timer of rank {att.rank} expired"
+            assert self._tg is not None
+            self.hang.begin(
+                self._tg,
+                self._pool.attempts,
+                self._scopes(),
+                cause=cause,
+                reaped=att,
+                dumping=dumping,
+            )
+
     async def carry_out(self, decision: Restart) -> None:
-        """Stop the ranks of ``decision``, wait its delay, launch them again."""
+        """Stop the ranks of ``decision``, wait its delay, launch them again; first wait
+        for the hang report in progress (a job restart begins one if none is)."""
+        if self.hang is not None:
+            if decision.cause == "job" and not self._stopping():
+                assert self._tg is not None
+                self.hang.begin(
+                    self._tg, self._pool.attempts, self._scopes(), cause="a job-wide restart"
+                )
+            await self.hang.settle()
         self._emit(
             RestartScheduled(
                 time=self._clock.time(),
@@ -235,6 +298,8 @@ class Ranks:
             )
         )
         await self._pool.stop(decision.ranks)
+        if self.hang is not None:
+            self.hang.rearm()  # the ranks it covered are gone
         if decision.delay > 0:
             await self._clock.sleep_until(self._clock.monotonic() + decision.delay)
         if self._stopping() or self._planner.gave_up is not None:

@@ -57,7 +57,8 @@ class RunOutcome(enum.IntEnum):
 class SupervisorState:
     """A snapshot of a supervisor: plain typed data (see :meth:`Supervisor.get_state`);
     ``workers`` has one :class:`~aiotimer.events.RankStatus` per rank; ``ranks_by_pid``
-    the rank of each process it launched lately (the last 1,000), ended ones too."""
+    the rank of each process it launched lately (the last 1,000), ended ones too;
+    ``hang_report`` the summary line of the last hang report, if any."""
 
     state: LifecycleState
     run_id: str
@@ -70,6 +71,7 @@ class SupervisorState:
     gave_up: str | None
     server: ServerState | None
     ranks_by_pid: Mapping[int, int] = field(default_factory=dict)
+    hang_report: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,29 +1,21 @@
 """The supervisor: launch workers under a timer server, restart them under a policy.
 
 A :class:`Supervisor` runs ``nproc`` copies of a command ("workers", ranks
-``0 .. nproc-1``) next to an embedded :class:`~aiotimer.TimerServer` whose FIFO lives
-in a private ``0700`` runtime directory. Each worker gets its own session and process
-group and the environment a torch-style worker reads (see :data:`WORKER_ENV`). The
-supervisor watches every worker through a pidfd, classifies each exit (reaped by the
-timer, crashed, killed by a signal, succeeded, stopped) and lets the pure
-:class:`~aiotimer.supervisor._restart.RestartPlanner` decide: restart the worker, restart the
-group, finish, or give up. Restarts and give-ups go through a
-:class:`RestartCoordinator` (the local default carries out the planner's proposal; a
-job-wide coordinator may replace or defer it).
+``0 .. nproc-1``), each in its own session with a torch-style environment
+(:data:`WORKER_ENV`), next to an embedded :class:`~aiotimer.TimerServer` whose FIFO lives
+in a private ``0700`` runtime directory. It watches every worker through a pidfd,
+classifies each exit and lets the pure :class:`~aiotimer.supervisor._restart.RestartPlanner`
+decide (restart the worker or the group, finish, give up), through a
+:class:`RestartCoordinator` (a job-wide one may replace or defer the proposal).
 
-Embedding, like :class:`~aiotimer.TimerServer`::
+Embedding: ``async with Supervisor(["python", "train.py"], nproc=4) as sup: await
+sup.wait()``, or ``await sup.start()`` ... ``await sup.aclose()``. Stopping sends SIGTERM
+to every worker's process tree, SIGKILL after ``stop_timeout``, and returns only when
+none of their processes is left. A killed supervisor leaves nothing running either: each
+worker gets a parent-death signal, and with ``run_file`` its leftovers are recorded for
+the run's guard and the next run (:mod:`aiotimer.supervisor._runfile`).
 
-    async with Supervisor(["python", "train.py"], nproc=4) as sup:
-        outcome = await sup.wait()
-
-or ``await sup.start()`` ... ``await sup.aclose()``. Stopping sends SIGTERM to every
-worker's process tree, SIGKILL after ``stop_timeout``, and returns only when none of
-their processes is left. A supervisor that is killed instead leaves nothing running
-either: each worker gets a parent-death signal, and with ``run_file`` its leftovers are
-recorded for the run's guard and the next run (:mod:`aiotimer.supervisor._runfile`).
-
-Lifecycle: ``created -> starting -> running -> stopping -> stopped`` (one run per
-object).
+Lifecycle: ``created -> starting -> running -> stopping -> stopped`` (one run per object).
 """
 
 from __future__ import annotations
@@ -45,6 +37,7 @@ import anyio
 from aiotimer._edges.clock import Clock, MonotonicClock
 from aiotimer._edges.eventlog import EventLog
 from aiotimer._edges.lifecycle import LifecycleState, OwnedTask, TaskOwner
+from aiotimer.core._hang import HangReport
 from aiotimer.errors import LaunchError, ServerStateError
 from aiotimer.events import (
     Event,
@@ -59,7 +52,8 @@ from aiotimer.reapers._policy import ReapPolicy
 from aiotimer.reapers._signal import Reaper, SignalReaper
 from aiotimer.server._server import TimerServer
 from aiotimer.supervisor import _proctree
-from aiotimer.supervisor._pool import WORKER_ENV, ObservedReaper, WorkerPool
+from aiotimer.supervisor._hang import open_scopes
+from aiotimer.supervisor._pool import WORKER_ENV, WorkerPool
 from aiotimer.supervisor._ranks import Ranks
 from aiotimer.supervisor._records import (
     Decision,
@@ -97,11 +91,9 @@ class Supervisor(TaskOwner):
     Args:
         command: the worker's argv (``command[0]`` is looked up on ``PATH``).
         nproc: how many workers (ranks ``0 .. nproc-1``).
-        policy: the restart policy (scope, budget, back-off, min uptime, no-restart
-            exit codes).
+        policy: the restart policy (scope, budget, back-off, min uptime, exit codes).
         stop_timeout: seconds between SIGTERM and SIGKILL when stopping a worker.
-        run_id: exported as ``AIOTIMER_RUN_ID`` and ``TORCHELASTIC_RUN_ID`` (default: a
-            random id).
+        run_id: exported as ``AIOTIMER_RUN_ID`` and ``TORCHELASTIC_RUN_ID`` (or random).
         env: the workers' base environment (default: this process's).
         cwd: the workers' working directory.
         reap_policy: the embedded server's escalation policy.
@@ -114,16 +106,15 @@ class Supervisor(TaskOwner):
         restart_count: the restart count every worker starts with (a job-wide restart
             generation that a node joining late catches up with).
         subreaper: make this process a child subreaper, so descendants that escape a
-            worker's session are still found and stopped (process-wide: ``aiotimer run``
-            turns it on; an embedding agent decides).
+            worker's session are still stopped (process-wide: ``aiotimer run`` does).
         parent_death_signal: the signal every worker gets from the kernel when the
-            thread that runs the supervisor's loop ends (``None``: none). The default,
-            SIGKILL, ends even a hung worker: once its supervisor is gone nobody watches
-            it.
-        run_file: record the running workers in a run file, beside the runtime
-            directory, and first stop what the runs recorded there left behind if
-            their supervisors died without stopping their workers (see
-            :mod:`aiotimer.supervisor._runfile`; ``aiotimer run`` turns it on).
+            thread that runs the supervisor's loop ends (``None``: none); SIGKILL ends
+            even a hung worker, whom nobody watches once its supervisor is gone.
+        run_file: record the running workers in a run file beside the runtime
+            directory, and first stop what dead runs recorded there left behind
+            (:mod:`aiotimer.supervisor._runfile`; ``aiotimer run`` turns it on).
+        hang_report: under the group scope, take every rank's stacks (hooks in
+            ``dump_dir``) within this many seconds before a reap (``None``: none).
         clock: the time source (monotonic seconds).
         rng: uniform ``[0, 1)`` floats for the back-off jitter.
 
@@ -151,6 +142,8 @@ class Supervisor(TaskOwner):
         subreaper: bool = False,
         parent_death_signal: int | None = signal.SIGKILL,
         run_file: bool = False,
+        hang_report: float | None = None,
+        dump_dir: str | os.PathLike[str] | None = None,
         clock: Clock | None = None,
         rng: Callable[[], float] | None = None,
     ) -> None:
@@ -203,6 +196,8 @@ class Supervisor(TaskOwner):
             emit=self._emit,
             request_stop=self._life.request_stop,
             stopping=lambda: self._life.stop_requested,
+            hang=(hang_report, dump_dir, event_log),
+            scopes=lambda: open_scopes(self._server, nproc),
         )
         self._summary: tuple[RankStatus, ...] = ()
         self._interrupted: int | None = None  # the signal that stopped the run
@@ -346,7 +341,7 @@ class Supervisor(TaskOwner):
             self._pool.run_file.record(())
         self._server = TimerServer(
             fifo=self._fifo,
-            reaper=ObservedReaper(self._reaper, self._ranks.timer_registered),
+            reaper=self._ranks.observe(self._reaper),
             policy=self._reap_policy,
             clock=self._clock,
             on_event=self._server_event,
@@ -488,7 +483,13 @@ class Supervisor(TaskOwner):
             gave_up=None if self._planner.gave_up is None else self._planner.gave_up.reason,
             server=None if self._server is None or not server else self._server.get_state(),
             ranks_by_pid=dict(self._ranks.launched),
+            hang_report=None if self.hang_report is None else self.hang_report.summary(),
         )
+
+    @property
+    def hang_report(self) -> HangReport | None:
+        """The last hang report, if any."""
+        return None if self._ranks.hang is None else self._ranks.hang.last
 
     def __repr__(self) -> str:
         running = sum(1 for s in self._planner.slots if s.state.alive)

@@ -1,0 +1,273 @@
+"""Hang reports: every rank's stacks, taken before anything of a group restart is killed.
+
+When a worker's timer expires under a group (or job) restart scope, the server's reap of
+it is about to begin: the kill of one rank wakes the others out of their collective with
+an error, and their stacks are lost. So the supervisor's reaper hands the reap's first
+action to :meth:`HangReporter.begin` *first*: it signals every other live rank's dump
+hook at once (a short blocking read of each dump file's header, then the signal), and
+only then does the reap proceed. A task reads the dumps (``py-spy`` for a worker without
+the hook), waits for the reaped rank's own dump if the reap takes one (``--dump``), all
+within ``timeout`` seconds, and groups them with the pure
+:func:`~aiotimer.core._hang.build_report`. A worker that does not answer in time
+(stopped, stuck in C code before the dump hook ran, no hook and no py-spy) is reported as
+such. The restart waits for the report, never past the bound (:meth:`settle`). A job
+restart that no local expiry began (another node's) takes its report when it starts.
+
+The report goes to a ``hang_report`` event, to ``<event log>.hang.txt`` and
+``.hang.json`` beside the event log (else ``hang-report.txt``/``.json`` in the run's
+private runtime directory, removed with it), and stays as :attr:`HangReporter.last` for
+``aiotimer status`` and the control API.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import signal
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+import anyio
+import anyio.abc
+import anyio.to_thread
+
+from aiotimer._edges.clock import Clock
+from aiotimer._edges.files import write_atomic
+from aiotimer.core._hang import HangReport, RankStacks, build_report
+from aiotimer.events import Event, HangReported
+from aiotimer.reapers._dumps import NoDump, prepare_dump, py_spy_dump_or_why, read_dump_or_why
+from aiotimer.server._server import TimerServer
+from aiotimer.supervisor._pool import Attempt
+from aiotimer.wire._dumpfile import DEFAULT_DUMP_SIGNAL
+
+__all__ = ["DEFAULT_HANG_REPORT_TIMEOUT", "HangReporter", "open_scopes"]
+
+logger = logging.getLogger("aiotimer")
+
+#: Seconds a restart may wait for the ranks' stacks. A restart of a training job costs
+#: minutes (relaunch, rendezvous, reload a checkpoint); ten more seconds buy the one
+#: record that says which rank hung, and give a dump hook time to finish even when the
+#: worker's main thread is busy (py-spy takes about a second on a large process).
+DEFAULT_HANG_REPORT_TIMEOUT: Final[float] = 10.0
+#: The share of the bound a dump may take; the rest assembles and writes the report.
+_READ_SHARE: Final[float] = 0.9
+
+
+@dataclass(slots=True)
+class _Ask:
+    rank: int
+    pid: int
+    blocks: tuple[str, ...]
+    asked: tuple[Path, int] | NoDump
+    reaped: bool = False  # the rank whose reap began the report
+
+
+class HangReporter:
+    """Takes and keeps the hang reports of one supervised run (see the module docs).
+
+    Args:
+        timeout: the most seconds one report may take.
+        event_log: the run's event log (the reports are written beside it), if any.
+        dump_dir: the workers' dump directory (see :func:`aiotimer.diagnostics.dump_path_for`).
+        py_spy: fall back to ``py-spy dump`` for a worker without the dump hook.
+        clock: the time source.
+        emit: reports the ``hang_report`` event.
+
+    Raises:
+        ValueError: ``timeout`` is not a positive finite number.
+    """
+
+    def __init__(
+        self,
+        timeout: float = DEFAULT_HANG_REPORT_TIMEOUT,
+        *,
+        event_log: str | os.PathLike[str] | None = None,
+        dump_dir: str | os.PathLike[str] | None = None,
+        py_spy: bool = True,
+        clock: Clock,
+        emit: Callable[[Event], None],
+    ) -> None:
+        if not (math.isfinite(timeout) and timeout > 0):
+            raise ValueError(f"the hang report timeout must be > 0 seconds, got {timeout!r}")
+        self.timeout = timeout
+        self._dump_dir = dump_dir
+        self._py_spy = py_spy
+        self._clock = clock
+        self._emit = emit
+        self._event_log = event_log
+        self._out: tuple[Path, str] | None = None
+        self._armed = True  # no report taken for the running attempts yet
+        self._done: anyio.Event | None = None  # set when the report in progress is out
+        self._reaped: dict[int, str | NoDump | None] = {}  # pid -> its reap's dump
+        self._reaped_in = anyio.Event()
+        self._asks: list[_Ask] = []  # the report in progress's
+        #: The last report, if any.
+        self.last: HangReport | None = None
+
+    def place(self, runtime_dir: Path) -> None:
+        """Write reports beside the event log, else into ``runtime_dir``."""
+        if self._event_log is not None:
+            log = Path(self._event_log)
+            self._out = (log.parent, f"{log.name}.hang")
+        else:
+            self._out = (runtime_dir, "hang-report")
+
+    def begin(
+        self,
+        tg: anyio.abc.TaskGroup,
+        live: Mapping[int, Attempt],
+        scopes: Mapping[int, tuple[str, ...]],
+        *,
+        cause: str,
+        reaped: Attempt | None = None,
+        dumping: bool = False,
+    ) -> None:
+        """Signal the dump hook of every ``live`` worker but ``reaped`` (whose reap is
+        about to begin; ``dumping``: with a dump that :meth:`reap_dumped` hands over),
+        now, and read the dumps in a task of ``tg``; once per restart (:meth:`rearm`).
+        ``scopes`` are the open timers by pid (the ranks' open blocks)."""
+        if not self._armed:
+            return
+        self._armed = False
+        self._done = anyio.Event()
+        asks = []
+        for rank, att in sorted(live.items()):
+            if att.popen.poll() is not None:
+                continue
+            open_ = (s for p in (att.pid, *att.timer_pids) for s in scopes.get(p, ()))
+            blocks = tuple(dict.fromkeys((*att.expired, *open_)))
+            if att is reaped:
+                why = "its timer's reap killed it first (reap with --dump to keep its stacks)"
+                asks.append(_Ask(rank, att.pid, blocks, NoDump(why), reaped=dumping))
+                continue
+            asks.append(_Ask(rank, att.pid, blocks, self._signal(att)))
+        self._asks = asks
+        tg.start_soon(self._finish, asks, cause, self._clock.monotonic())
+
+    def expired(self, pid: int, scope: str) -> None:
+        """Worker ``pid``'s timer ``scope`` expired: an open block of its rank, which
+        the server's table no longer lists."""
+        for ask in self._asks:
+            if ask.pid == pid and scope not in ask.blocks:
+                ask.blocks = (scope, *ask.blocks)
+
+    def _signal(self, att: Attempt) -> tuple[Path, int] | NoDump:
+        try:
+            prepared = prepare_dump(att.pid, DEFAULT_DUMP_SIGNAL, self._dump_dir)
+            if not isinstance(prepared, NoDump):
+                if att.pidfd is not None:
+                    signal.pidfd_send_signal(att.pidfd, DEFAULT_DUMP_SIGNAL)
+                else:  # pragma: no cover - no pidfds: our own unreaped child, pid not reused
+                    os.kill(att.pid, DEFAULT_DUMP_SIGNAL)
+        except OSError as exc:
+            return NoDump(f"the dump signal failed: {exc}")
+        return prepared
+
+    def reap_dumped(self, pid: int, result: str | NoDump | None) -> None:
+        """The reap that began the report took ``pid``'s dump: ``result``."""
+        self._reaped[pid] = result
+        self._reaped_in.set()
+
+    async def settle(self) -> None:
+        """Wait for the report in progress, if any (it ends within the bound)."""
+        if self._done is not None:
+            with anyio.move_on_after(self.timeout + 1):
+                await self._done.wait()
+
+    def rearm(self) -> None:
+        """The restart is carried out: the next expiry takes a new report."""
+        self._armed = True
+        self._reaped.clear()
+
+    async def _finish(self, asks: list[_Ask], cause: str, started: float) -> None:
+        got: dict[int, RankStacks] = {}
+        budget = self.timeout * _READ_SHARE
+        try:
+            with anyio.move_on_after(self.timeout):
+                async with anyio.create_task_group() as tg:
+                    for ask in asks:
+                        tg.start_soon(self._read, ask, budget, got)
+            for ask in asks:
+                got.setdefault(
+                    ask.rank,
+                    RankStacks(
+                        rank=ask.rank,
+                        pid=ask.pid,
+                        blocks=ask.blocks,
+                        missing=f"no answer within {self.timeout:g}s",
+                    ),
+                )
+            report = build_report(list(got.values()), cause=cause)
+            self.last = report
+            files = await anyio.to_thread.run_sync(self._write, report)
+            missing = tuple(sorted(r.rank for r in got.values() if r.missing is not None))
+            self._emit(
+                HangReported(
+                    time=self._clock.time(),
+                    summary=report.summary(),
+                    ranks=report.size,
+                    odd=report.odd,
+                    missing=missing,
+                    seconds=round(self._clock.monotonic() - started, 3),
+                    files=files,
+                    report=report.to_text(),
+                )
+            )
+        finally:
+            assert self._done is not None
+            self._done.set()
+
+    async def _read(self, ask: _Ask, budget: float, got: dict[int, RankStacks]) -> None:
+        started = anyio.current_time()
+        result: str | NoDump | None
+        if ask.reaped:
+            while ask.pid not in self._reaped:
+                self._reaped_in = anyio.Event()
+                await self._reaped_in.wait()
+            result = self._reaped[ask.pid]
+            if result is None:
+                result = NoDump("its reap's dump gave no reason")
+        elif isinstance(ask.asked, NoDump):
+            result = ask.asked
+            left = budget - (anyio.current_time() - started)
+            if self._py_spy and not ask.asked.reason.startswith("its timer's reap"):
+                spied = await py_spy_dump_or_why(ask.pid, timeout=left)
+                result = (
+                    spied
+                    if isinstance(spied, str)
+                    else NoDump(f"{ask.asked.reason}; {spied.reason}")
+                )
+        else:
+            result = await read_dump_or_why(ask.asked, timeout=budget)
+        if isinstance(result, str):
+            got[ask.rank] = RankStacks.from_dump(ask.rank, ask.pid, result, blocks=ask.blocks)
+        else:
+            got[ask.rank] = RankStacks(
+                rank=ask.rank, pid=ask.pid, blocks=ask.blocks, missing=result.reason
+            )
+
+    def _write(self, report: HangReport) -> tuple[str, ...]:
+        if self._out is None:
+            return ()
+        folder, stem = self._out
+        text_path, json_path = folder / f"{stem}.txt", folder / f"{stem}.json"
+        text = report.to_text()
+        data = json.dumps({"text": text, **report.to_dict()}, indent=1)
+        try:
+            for path, body in ((text_path, text), (json_path, data)):
+                write_atomic(path, body.encode(), 0o644, durable=False, what="hang report")
+        except OSError as exc:
+            logger.error("the hang report could not be written to %s: %s", folder, exc)
+            return ()
+        return (str(text_path), str(json_path))
+
+
+def open_scopes(server: TimerServer | None, nproc: int) -> dict[int, tuple[str, ...]]:
+    """The open timers' scopes by pid of ``server``'s workers (a bounded snapshot)."""
+    if server is None:
+        return {}
+    return {w.pid: w.scopes for w in server.snapshot(4 * nproc + 8, sites=0).workers}
