@@ -289,7 +289,8 @@ def py_spy_executable() -> str | None:
 
 
 async def py_spy_dump(pid: int, *, timeout: float = 10.0) -> str | None:
-    """``py-spy dump --pid <pid>`` output, or ``None`` (not installed, failed, timed out).
+    """``py-spy dump --full-filenames --pid <pid>`` output, or ``None`` (not installed,
+    failed, timed out).
 
     py-spy reads the process from outside (ptrace), so it needs no hook in the worker,
     but it needs the permission to trace it (same user and ``ptrace_scope`` 0, or
@@ -305,7 +306,8 @@ async def py_spy_dump_or_why(pid: int, *, timeout: float = 10.0) -> str | NoDump
     if exe is None:
         return NoDump("py-spy is not installed")
     with anyio.move_on_after(timeout):
-        result = await anyio.run_process([exe, "dump", "--pid", str(pid)], check=False)
+        argv = [exe, "dump", "--full-filenames", "--pid", str(pid)]
+        result = await anyio.run_process(argv, check=False)
         if result.returncode == 0:
             return result.stdout.decode("utf-8", "replace")
         err = result.stderr.decode("utf-8", "replace").strip().splitlines()
