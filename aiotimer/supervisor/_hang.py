@@ -55,6 +55,8 @@ logger = logging.getLogger("aiotimer")
 DEFAULT_HANG_REPORT_TIMEOUT: Final[float] = 10.0
 #: The share of the bound a dump may take; the rest assembles and writes the report.
 _READ_SHARE: Final[float] = 0.9
+#: Seconds to wait for a dump's end marker once it began.
+_GRACE: Final[float] = 1.0
 
 
 @dataclass(slots=True)
@@ -242,7 +244,15 @@ class HangReporter:
                     else NoDump(f"{ask.asked.reason}; {spied.reason}")
                 )
         else:
-            result = await read_dump_or_why(ask.asked, timeout=budget)
+            # The thread stacks come from the signal handler at once; the asyncio tasks
+            # and the end marker only once the main thread runs Python again, which a
+            # rank waiting in C code (a collective) does not: after _GRACE, take what
+            # came, unless nothing did.
+            result = await read_dump_or_why(ask.asked, timeout=min(_GRACE, budget))
+            if isinstance(result, NoDump) and budget > _GRACE:
+                result = await read_dump_or_why(ask.asked, timeout=budget - _GRACE)
+                if isinstance(result, NoDump):
+                    result = NoDump(f"the worker's dump hook wrote nothing within {budget:g}s")
         if isinstance(result, str):
             got[ask.rank] = RankStacks.from_dump(ask.rank, ask.pid, result, blocks=ask.blocks)
         else:
