@@ -114,6 +114,17 @@ class Job:
     def log(self, node: str) -> str:
         return (self.tmp / f"{node}.log").read_text(errors="replace")
 
+    def hang_report(self) -> tuple[int, dict[str, Any]]:
+        """``aiotimer status --etcd ... --hang-report --json``: exit code and report."""
+        done = subprocess.run(
+            [sys.executable, "-m", "aiotimer", "status", "--etcd", self.etcd.endpoint,
+             "--job", self.name, "--hang-report", "--json"],
+            capture_output=True, text=True, timeout=30, check=False,
+        )  # fmt: skip
+        return done.returncode, json.loads(done.stdout) if done.returncode == 0 else {
+            "stderr": done.stderr
+        }
+
     def status(self) -> tuple[int, dict[str, Any]]:
         """``aiotimer status --etcd ... --json``: its exit code and its JSON view."""
         done = subprocess.run(
@@ -209,7 +220,10 @@ def running_workers(view: dict[str, Any], node: str) -> list[int]:
 
 def test_a_hang_on_one_node_restarts_every_node_with_one_job_wide_count(job: Job) -> None:
     for node in ("a", "b"):
-        job.start(node, "--restart-scope", "job", TEST_HANG_NODE="b", TEST_SLEEP="60")
+        job.start(
+            node, "--restart-scope", "job", "--dump", "--hang-report-timeout", "3",
+            TEST_HANG_NODE="b", TEST_SLEEP="60", AIOTIMER_DUMP_HOOK="1",
+        )  # fmt: skip
     view = job.wait_status(lambda v: all(len(running_workers(v, n)) == 2 for n in "ab"), timeout=30)
     assert sorted(nodes(view)) == ["a", "b"]
     assert [nodes(view)[n]["generation"] for n in "ab"] == [0, 0]
@@ -231,6 +245,18 @@ def test_a_hang_on_one_node_restarts_every_node_with_one_job_wide_count(job: Job
     assert [(r["node"], r["rank"], r["scopes"]) for r in view["recent_reaps"]] == [
         ("b", 0, ["step"])
     ]
+    # Both nodes took their ranks' stacks before restarting: one report of the job,
+    # read from etcd, names node b's rank 0 (its dump taken by its reap, --dump).
+    code, report = job.hang_report()
+    assert code == 0, report
+    assert report["generation"] == 0 and report["odd"] == [0], report["summary"]
+    assert report["summary"].startswith("rank 0 on b of 4 differs: in `<module>` (worker.py:"), (
+        report["summary"]
+    )
+    assert "inside block `step`; 3 ranks in `<module>`" in report["summary"]
+    ranks = sorted((r["node"], r["rank"]) for g in report["groups"] for r in g["ranks"])
+    assert ranks == [("a", 0), ("a", 1), ("b", 0), ("b", 1)]
+    assert all(r["main"] for g in report["groups"] for r in g["ranks"]), report["text"]
 
 
 def test_the_restart_budget_is_job_wide(job: Job) -> None:

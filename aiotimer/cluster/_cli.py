@@ -19,6 +19,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from aiotimer.cluster import connect, format_view, read_view
+from aiotimer.cluster._hang import read_job_report
 from aiotimer.cluster._publisher import NodePublisher, NodeStatus
 from aiotimer.cluster._record import WorkerRecord
 from aiotimer.errors import AiotimerError, ClusterError, StoreUnavailableError
@@ -187,6 +188,8 @@ def run_job_status(args: argparse.Namespace) -> int:
         print("aiotimer status: --watch needs a positive number of seconds", file=sys.stderr)
         return EXIT_USAGE
     try:
+        if getattr(args, "hang_report", False):
+            return asyncio.run(_job_hang_report(args.etcd, args.job, args.json, args.timeout))
         return asyncio.run(_job_status(args.etcd, args.job, args.json, watch, args.timeout))
     except StoreUnavailableError as exc:
         print(f"aiotimer status: {exc}", file=sys.stderr)
@@ -196,6 +199,22 @@ def run_job_status(args: argparse.Namespace) -> int:
         return 1
     except KeyboardInterrupt:
         return 0
+
+
+async def _job_hang_report(endpoints: str, job: str, as_json: bool, timeout: float) -> int:
+    """Print the job's last hang report, assembled from every node's part (1: none)."""
+    store = connect(endpoints, timeout=timeout)
+    try:
+        report = await read_job_report(store, job)
+    finally:
+        await store.aclose()
+    if report is None:
+        print(f"aiotimer status: job {job} has no hang report", file=sys.stderr)
+        return 1
+    text = report.to_text()
+    data = {"text": text, **report.to_dict()}
+    sys.stdout.write(json.dumps(data, indent=1) + "\n" if as_json else text)
+    return 0
 
 
 async def _job_status(

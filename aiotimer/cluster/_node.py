@@ -29,11 +29,12 @@ from aiotimer._edges.lifecycle import LifecycleState
 from aiotimer.cluster import connect
 from aiotimer.cluster._cli import MAX_RECORD_WORKERS, NodeConfig, worker_records
 from aiotimer.cluster._generation import GenerationRecord
+from aiotimer.cluster._hang import publish_part
 from aiotimer.cluster._job import JobRestarts
 from aiotimer.cluster._publisher import NodePublisher, NodeStatus
 from aiotimer.cluster._store import Store
 from aiotimer.errors import ClusterError, ServerStateError
-from aiotimer.events import Event, SupervisorGaveUp, WorkerStarted
+from aiotimer.events import Event, HangReported, SupervisorGaveUp, WorkerStarted
 from aiotimer.supervisor._records import SupervisorActions
 from aiotimer.supervisor._restart import RestartPolicy
 from aiotimer.supervisor._supervisor import Decision, Supervisor, WorkerFailure
@@ -79,6 +80,8 @@ class JobCoordinator:
     generation: int = field(init=False)
     _rank_generation: dict[int, int] = field(default_factory=dict)
     _gave_up: str | None = None
+    _hang_generation: int | None = None  # the hung generation of a report to publish
+    _hang_taken: anyio.Event = field(default_factory=anyio.Event)
 
     def __post_init__(self) -> None:
         self.generation = self.start.generation
@@ -107,6 +110,22 @@ class JobCoordinator:
             self._rank_generation[event.rank] = event.restarts
         elif isinstance(event, SupervisorGaveUp) and self._gave_up is None:
             self._gave_up = event.reason
+        elif isinstance(event, HangReported):
+            # Taken before the restart: the ranks still run the generation that hung.
+            self._hang_generation = max(self._rank_generation.values(), default=self.generation)
+            self._hang_taken.set()
+
+    async def publish_hang_reports(self, supervisor: Supervisor) -> None:
+        """Write each hang report of this node as its part of the job's report."""
+        while True:
+            await self._hang_taken.wait()
+            self._hang_taken = anyio.Event()
+            report, generation = supervisor.hang_report, self._hang_generation
+            if report is not None and generation is not None:
+                await publish_part(
+                    self.job.store, job=self.job.job, node=self.job.node,
+                    generation=generation, report=report,
+                )  # fmt: skip
 
     async def follow(self, supervisor: Supervisor) -> None:
         """Restart the node's workers at each new generation; give up when the job does."""
@@ -203,6 +222,7 @@ class ClusterSession:
             return
         async with anyio.create_task_group() as tg:
             tg.start_soon(self.coordinator.follow, supervisor)
+            tg.start_soon(self.coordinator.publish_hang_reports, supervisor)
             try:
                 yield
             finally:
