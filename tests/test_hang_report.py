@@ -3,13 +3,25 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
+import anyio
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from aiotimer._edges.clock import MonotonicClock
+from aiotimer.cluster._hang import MAX_PART_BYTES, encode_part, publish_part, read_job_report
+from aiotimer.cluster._memory import MemoryStore
 from aiotimer.core._hang import MAX_REPORT_TEXT, RankStacks, build_report
 from aiotimer.core._hang_parse import Frame, parse_stacks
+from aiotimer.events import Event, HangReported
+from aiotimer.supervisor._hang import HangReporter
+from aiotimer.supervisor._pool import Attempt, pidfd
+from aiotimer.testing import FakeClock
 
 FAULTHANDLER = """\
 Thread 0x00007f0000000001 (most recent call first):
@@ -169,3 +181,84 @@ def test_grouping_against_a_naive_model(ranks: list[RankStacks]) -> None:
         if len(sizes) > 1:
             assert summary.startswith(f"no single odd one out ({sizes.count(smallest)} groups")
     assert [len(g.ranks) for g in report.groups] == sorted(sizes)
+
+
+# -- the job-level report: each node's part in the store ---------------------------------
+
+
+@pytest.mark.asyncio
+async def test_parts_of_two_nodes_make_one_job_report() -> None:
+    store = MemoryStore(FakeClock())
+    assert await read_job_report(store, "j") is None
+    a = build_report([RankStacks.from_dump(r, 1, COLLECTIVE) for r in range(2)], cause="x")
+    b = build_report(
+        [RankStacks.from_dump(0, 2, FAULTHANDLER), RankStacks.from_dump(1, 3, COLLECTIVE)]
+    )
+    old = build_report([RankStacks(rank=0, missing="gone")])
+    assert await publish_part(store, job="j", node="a", generation=0, report=old)
+    assert await publish_part(store, job="j", node="a", generation=1, report=a)
+    assert await publish_part(store, job="j", node="b", generation=1, report=b)
+    await store.put("/aiotimer/v1/j/hang/00000001/c", b"garbage")  # logged, ignored
+    report = await read_job_report(store, "j")
+    assert report is not None and report.generation == 1
+    assert report.summary().startswith("rank 0 on b of 4 differs: in `load_batch`")
+    big = build_report([RankStacks.from_dump(r, r, COLLECTIVE + "x" * 8000) for r in range(200)])
+    assert len(encode_part(big, node="a", generation=2)) <= MAX_PART_BYTES
+
+
+# -- the supervisor's collection, on real child processes ----------------------------------
+
+CHILD = """
+import sys, time
+from aiotimer.diagnostics import install_dump_handler
+if sys.argv[1] == "hook":
+    install_dump_handler(dump_dir=sys.argv[2])
+def hang():
+    print("ready", flush=True)
+    time.sleep(60)
+hang()
+"""
+
+
+@pytest.mark.process
+@pytest.mark.asyncio
+async def test_the_reporter_reads_each_rank_and_names_one_without_answer(tmp_path: Path) -> None:
+    dumps = tmp_path / "dumps"
+    dumps.mkdir(mode=0o700)
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    live = {}
+    for rank, kind in enumerate(("hook", "none")):
+        popen = subprocess.Popen(
+            [sys.executable, str(script), kind, str(dumps)], env=env, stdout=subprocess.PIPE
+        )
+        assert popen.stdout is not None and popen.stdout.readline() == b"ready\n"
+        live[rank] = Attempt(rank, 1, popen, pidfd(popen.pid), 0.0)
+    events: list[Event] = []
+    reporter = HangReporter(
+        3.0, dump_dir=dumps, py_spy=False, clock=MonotonicClock(), emit=events.append
+    )
+    reporter.place(tmp_path)
+    try:
+        async with anyio.create_task_group() as tg:
+            reporter.begin(tg, live, {live[0].pid: ("step",)}, cause="test")
+            reporter.begin(tg, live, {}, cause="again")  # one report per restart
+            with anyio.fail_after(5):
+                await reporter.settle()
+    finally:
+        for att in live.values():
+            att.popen.kill()
+            att.popen.wait()
+            assert att.popen.stdout is not None
+            att.popen.stdout.close()
+            if att.pidfd is not None:
+                os.close(att.pidfd)
+    (event,) = events
+    assert isinstance(event, HangReported)
+    assert event.missing == (1,) and event.seconds < 3.0
+    assert reporter.last is not None
+    assert reporter.last.summary().startswith("no single odd one out (2 groups of 1 tie)")
+    assert "rank 0 in `hang` (child.py:8) inside block `step`" in event.summary
+    assert "rank 1 no answer (no dump hook in the worker" in event.summary
+    assert (tmp_path / "hang-report.txt").read_text() == reporter.last.to_text()
