@@ -242,8 +242,8 @@ async def test_the_reporter_reads_each_rank_and_names_one_without_answer(tmp_pat
     reporter.place(tmp_path)
     try:
         async with anyio.create_task_group() as tg:
-            reporter.begin(tg, live, {live[0].pid: ("step",)}, cause="test")
-            reporter.begin(tg, live, {}, cause="again")  # one report per restart
+            reporter.begin(tg, live, lambda: {live[0].pid: ("step",)}, cause="test")
+            reporter.begin(tg, live, dict, cause="again")  # one report per restart
             with anyio.fail_after(5):
                 await reporter.settle()
     finally:

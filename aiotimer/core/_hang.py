@@ -178,7 +178,8 @@ class HangReport:
         if not self.groups:
             return "no rank to report"
         if len(self.groups) == 1:
-            return f"all {n} ranks alike: {self.groups[0].where}"
+            only = self.groups[0]
+            return f"all {n} ranks alike: {only.where}" if n > 1 else f"{_names(only)} {only.where}"
         rest = "; ".join(f"{_count(g)} {g.where}" for g in self.groups[1:])
         first = self.groups[0]
         if self.odd:

@@ -122,7 +122,7 @@ class HangReporter:
         self,
         tg: anyio.abc.TaskGroup,
         live: Mapping[int, Attempt],
-        scopes: Mapping[int, tuple[str, ...]],
+        scopes: Callable[[], Mapping[int, tuple[str, ...]]],
         *,
         cause: str,
         reaped: Attempt | None = None,
@@ -131,16 +131,17 @@ class HangReporter:
         """Signal the dump hook of every ``live`` worker but ``reaped`` (whose reap is
         about to begin; ``dumping``: with a dump that :meth:`reap_dumped` hands over),
         now, and read the dumps in a task of ``tg``; once per restart (:meth:`rearm`).
-        ``scopes`` are the open timers by pid (the ranks' open blocks)."""
+        ``scopes`` reads the open timers by pid (the ranks' open blocks)."""
         if not self._armed:
             return
+        open_timers = scopes()
         self._armed = False
         self._done = anyio.Event()
         asks = []
         for rank, att in sorted(live.items()):
             if att.popen.poll() is not None:
                 continue
-            open_ = (s for p in (att.pid, *att.timer_pids) for s in scopes.get(p, ()))
+            open_ = (s for p in (att.pid, *att.timer_pids) for s in open_timers.get(p, ()))
             blocks = tuple(dict.fromkeys((*att.expired, *open_)))
             if att is reaped:
                 why = "its timer's reap killed it first (reap with --dump to keep its stacks)"

@@ -270,7 +270,7 @@ class Ranks:
             self.hang.begin(
                 self._tg,
                 self._pool.attempts,
-                self._scopes(),
+                self._scopes,
                 cause=cause,
                 reaped=att,
                 dumping=dumping,
@@ -283,7 +283,7 @@ class Ranks:
             if decision.cause == "job" and not self._stopping():
                 assert self._tg is not None
                 self.hang.begin(
-                    self._tg, self._pool.attempts, self._scopes(), cause="a job-wide restart"
+                    self._tg, self._pool.attempts, self._scopes, cause="a job-wide restart"
                 )
             await self.hang.settle()
         self._emit(
