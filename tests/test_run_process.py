@@ -101,12 +101,17 @@ def pinned() -> Iterator[list[int]]:
 
 
 def tree(
-    tmp_path: Path, worker: list[str], pinned: list[int], stderr: int = subprocess.PIPE
+    tmp_path: Path,
+    worker: list[str],
+    pinned: list[int],
+    stderr: int = subprocess.PIPE,
+    env: dict[str, str] | None = None,
 ) -> tuple[subprocess.Popen[bytes], list[int]]:
     """``aiotimer run --nproc 2`` in tree mode, once both workers wrote their pids: the
     run, and the workers' pids (each worker's, then its grandchild's), all pinned."""
     pids_file = tmp_path / "pids"
-    sup = run(worker, "tree", "--nproc", "2", stderr=stderr, env={"TEST_PIDS": str(pids_file)})
+    env = {**(env or {}), "TEST_PIDS": str(pids_file)}
+    sup = run(worker, "tree", "--nproc", "2", stderr=stderr, env=env)
     wait_for(
         lambda: pids_file.exists() and len(pids_file.read_text().splitlines()) == 2,
         "both workers started their grandchildren",
@@ -168,8 +173,12 @@ def test_sigkill_of_run_leaves_no_worker_nor_process_of_their_groups(
 def test_the_next_run_stops_what_a_run_killed_with_its_guard_left(
     worker: list[str], tmp_path: Path, pinned: list[int]
 ) -> None:
+    # Run files of their own: another test's run would sweep the dead run first.
+    runtime = tmp_path / "runtime"
+    runtime.mkdir(mode=0o700)
+    private = {"XDG_RUNTIME_DIR": str(runtime)}
     # stderr: the grandchildren that survive hold a pipe open
-    sup, _ = tree(tmp_path, worker, pinned, stderr=subprocess.DEVNULL)
+    sup, _ = tree(tmp_path, worker, pinned, stderr=subprocess.DEVNULL, env=private)
     argv = Path(f"/proc/{sup.pid}/cmdline").read_bytes()
     (guard,) = [
         int(name)
@@ -183,7 +192,7 @@ def test_the_next_run_stops_what_a_run_killed_with_its_guard_left(
     assert running(pinned[1::2]) == 2, "nobody stopped the grandchildren"
     nxt = subprocess.run(
         [sys.executable, "-m", "aiotimer", "run", "--", "true"],
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), **private},
         capture_output=True,
         timeout=BOUND,
         check=False,
