@@ -51,6 +51,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         help="run every server at this nice value (e.g. -10, needs root or CAP_SYS_NICE): "
         "on a loaded host, the priority a timer server should have; default 0 (unchanged)",
     )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="run aiotimer's server under cProfile, writing DIR/aiotimer-WORKERS.prof",
+    )
     args = parser.parse_args(argv)
     args.workers = args.workers or ("8,64" if args.quick else "8,64,256,512")
     args.duration = args.duration or (3.0 if args.quick else 20.0)
@@ -123,7 +128,17 @@ def main(argv: list[str] | None = None) -> int:
             load = Workload(size, args.duration, args.rate, args.timeout, args.hangs, args.seed)
             for spec in specs:
                 bar.set_description(f"{spec.name} x {size} workers")
-                runs.append(run_one(spec, load, Path(args.out), bar.refresh, args.server_nice))
+                out = Path(args.out)
+                runs.append(
+                    run_one(
+                        spec,
+                        load,
+                        out,
+                        bar.refresh,
+                        server_nice=args.server_nice,
+                        profile=args.profile,
+                    )
+                )
                 bar.update()
     config = {
         "workers": sizes,

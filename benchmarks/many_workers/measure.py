@@ -291,15 +291,22 @@ def run_one(
     load: Workload,
     out: Path,
     on_tick: Callable[[], None] | None = None,
+    *,
     server_nice: int = 0,
+    profile: Path | None = None,
 ) -> RunResult:
     """Run ``load`` against a fresh ``spec`` server (at nice ``server_nice`` when not 0,
     the same for every server); return what it measured. The server's log goes to
-    ``out/logs/`` (kept only when not empty)."""
+    ``out/logs/`` (kept only when not empty). ``profile``: a directory where an aiotimer
+    server runs under :mod:`cProfile` (``aiotimer-WORKERS.prof``)."""
     log = out / "logs" / f"{spec.name}-{load.workers}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="aiotimer-many-") as workdir:
-        server = start_server(spec, workdir, str(log))
+        prof = None
+        if profile is not None and spec.kind == "aiotimer":
+            profile.mkdir(parents=True, exist_ok=True)
+            prof = str(profile / f"{spec.name}-{load.workers}.prof")
+        server = start_server(spec, workdir, str(log), profile=prof)
         try:
             run = _Run(spec, load, server, workdir)  # its zygote starts meanwhile
             try:
