@@ -33,6 +33,7 @@ from aiotimer.diagnostics import (
     read_dump,
     uninstall_dump_handler,
 )
+from aiotimer.reapers._dumps import NoDump, py_spy_dump_or_why
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -458,6 +459,42 @@ def test_py_spy_dump_of_a_real_worker(tmp_path: Path) -> None:
         stop(proc)
     assert text is not None
     assert "<module>" in text
+
+
+FAKE_PY_SPY = """#!/bin/sh
+n=$(cat "$0.count" 2>/dev/null || echo 0); echo $((n + 1)) > "$0.count"
+case "$FAKE_PY_SPY" in
+  crash-once) [ "$n" = 0 ] && kill -SEGV $$; echo "Thread 1 (idle): MainThread" ;;
+  crash) kill -SEGV $$ ;;
+  refuse) echo "Permission denied (os error 13)" >&2; exit 1 ;;
+esac
+"""
+
+
+@pytest.mark.process
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    ("mode", "runs", "why"),
+    [
+        ("crash-once", 2, None),
+        ("crash", 3, "py-spy failed (exit status -11, 3 attempts)"),
+        ("refuse", 1, "py-spy failed (exit status 1: Permission denied (os error 13))"),
+    ],
+)
+def test_a_crashed_py_spy_is_run_again_and_a_refusal_is_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, runs: int, why: str | None
+) -> None:
+    exe = tmp_path / "py-spy"
+    exe.write_text(FAKE_PY_SPY)
+    exe.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_PY_SPY", mode)
+    result = anyio.run(lambda: py_spy_dump_or_why(os.getpid(), timeout=20))
+    assert int((tmp_path / "py-spy.count").read_text()) == runs
+    if why is None:
+        assert result == "Thread 1 (idle): MainThread\n"
+    else:
+        assert isinstance(result, NoDump) and result.reason == why
 
 
 def test_module_surface() -> None:

@@ -23,6 +23,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
 import anyio
 import anyio.to_thread
@@ -288,6 +289,10 @@ def py_spy_executable() -> str | None:
     return str(beside) if os.access(beside, os.X_OK) else None
 
 
+#: How many times :func:`py_spy_dump_or_why` runs a py-spy that keeps crashing.
+PY_SPY_ATTEMPTS: Final[int] = 3
+
+
 async def py_spy_dump(pid: int, *, timeout: float = 10.0) -> str | None:
     """``py-spy dump --full-filenames --pid <pid>`` output, or ``None`` (not installed,
     failed, timed out).
@@ -301,18 +306,28 @@ async def py_spy_dump(pid: int, *, timeout: float = 10.0) -> str | None:
 
 
 async def py_spy_dump_or_why(pid: int, *, timeout: float = 10.0) -> str | NoDump:
-    """:func:`py_spy_dump`, with the reason instead of ``None`` when no dump came."""
+    """:func:`py_spy_dump`, with the reason instead of ``None`` when no dump came.
+
+    A py-spy that dies of a signal (it reads a live process's memory, and can crash
+    when the process changes under it) is run again while ``timeout`` lasts, at most
+    :data:`PY_SPY_ATTEMPTS` times in all; a refusal (exit status > 0) is not retried.
+    """
     exe = py_spy_executable()
     if exe is None:
         return NoDump("py-spy is not installed")
+    argv = [exe, "dump", "--full-filenames", "--pid", str(pid)]
+    why = NoDump(f"py-spy timed out after {timeout:g}s")
     with anyio.move_on_after(timeout):
-        argv = [exe, "dump", "--full-filenames", "--pid", str(pid)]
-        result = await anyio.run_process(argv, check=False)
-        if result.returncode == 0:
-            return result.stdout.decode("utf-8", "replace")
-        err = result.stderr.decode("utf-8", "replace").strip().splitlines()
-        return NoDump(
-            f"py-spy failed (exit status {result.returncode}"
-            + (f": {err[-1][:200]})" if err else ")")
-        )
-    return NoDump(f"py-spy timed out after {timeout:g}s")
+        for attempt in range(1, PY_SPY_ATTEMPTS + 1):
+            result = await anyio.run_process(argv, check=False)
+            if result.returncode == 0:
+                return result.stdout.decode("utf-8", "replace")
+            err = result.stderr.decode("utf-8", "replace").strip().splitlines()
+            tries = f", {attempt} attempts" if attempt > 1 else ""
+            why = NoDump(
+                f"py-spy failed (exit status {result.returncode}{tries}"
+                + (f": {err[-1][:200]})" if err else ")")
+            )
+            if result.returncode > 0:
+                break
+    return why
