@@ -3,12 +3,13 @@ from __future__ import annotations
 import math
 import random
 import time
+from collections.abc import Awaitable
 
 import anyio
 import pytest
 
 from aiotimer import Clock, MonotonicClock
-from aiotimer._edges.clock import open_alarm
+from aiotimer._edges.clock import open_alarm, run_until
 from aiotimer.testing import FakeClock, settle
 
 
@@ -149,3 +150,50 @@ async def test_monotonic_alarm_takes_any_deadline() -> None:
             alarm.set(deadline)
         with anyio.fail_after(5):
             await alarm.wait()
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.asyncio
+async def test_run_until_gives_up_at_the_deadline_never_before() -> None:
+    clock = MonotonicClock()
+    for delay in (0.0, 0.0004, 0.003, 0.0125):
+        deadline = time.monotonic() + delay
+        assert not await run_until(clock, deadline, anyio.sleep_forever)
+        assert time.monotonic() >= deadline
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.asyncio
+async def test_run_until_returns_when_the_work_ends_first_and_leaves_no_timer() -> None:
+    clock = MonotonicClock()
+    ran: list[str] = []
+
+    async def work() -> None:
+        await anyio.sleep(0.001)
+        ran.append("done")
+
+    assert await run_until(clock, time.monotonic() + 60, work)
+    assert ran == ["done"]
+    # The loop's timer went with it: a later sleep in the same scope is not cancelled.
+    with anyio.CancelScope() as scope:
+        await anyio.sleep(0.01)
+    assert not scope.cancelled_caught
+
+
+@pytest.mark.asyncio
+async def test_run_until_on_an_injected_clock_waits_for_that_clock() -> None:
+    clock = FakeClock()
+    results: list[bool] = []
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: _record(results, run_until(clock, 5.0, anyio.sleep_forever)))
+        await settle()
+        clock.advance(4.9)
+        await settle()
+        assert results == []
+        clock.advance(0.1)
+        await settle()
+        assert results == [False]
+
+
+async def _record(results: list[bool], result: Awaitable[bool]) -> None:
+    results.append(await result)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Protocol, runtime_checkable
 
@@ -27,7 +28,7 @@ import anyio.lowlevel
 
 from aiotimer._edges.timerfd import TimerFd, open_timerfd
 
-__all__ = ["SLEEP_MARGIN", "Alarm", "Clock", "MonotonicClock", "open_alarm"]
+__all__ = ["SLEEP_MARGIN", "Alarm", "Clock", "MonotonicClock", "open_alarm", "run_until"]
 
 
 @runtime_checkable
@@ -142,10 +143,7 @@ def open_alarm(clock: Clock) -> Alarm:
 
 
 def _monotonic_alarm(clock: MonotonicClock) -> Alarm:
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:  # not asyncio (trio through anyio)
-        loop = None
+    loop = _running_asyncio_loop()
     timerfd = open_timerfd() if loop is not None else None
     if loop is not None and timerfd is not None:
         return _TimerfdAlarm(loop, timerfd)
@@ -225,6 +223,59 @@ class _SleepAlarm:
 
     def __exit__(self, *exc: object) -> None:
         pass
+
+
+async def run_until(clock: Clock, deadline: float, work: Callable[[], Awaitable[object]]) -> bool:
+    """Run ``work()`` until it returns (``True``) or ``clock`` reaches ``deadline``
+    (``False``: ``work()`` was cancelled there, never before).
+
+    For a :class:`MonotonicClock` under asyncio this is one loop timer, set
+    :data:`SLEEP_MARGIN` past the deadline and set again if the loop fires it early: no
+    task and no descriptor, where a reap waits for its worker's exit. Other clocks (and
+    trio) race ``work()`` against ``clock.sleep_until`` in a task group.
+    """
+    loop = _running_asyncio_loop() if type(clock) is MonotonicClock else None
+    if loop is None:
+        return await _race_sleep(clock, deadline, work)
+    with anyio.CancelScope() as scope:
+        timer: list[asyncio.TimerHandle] = []
+
+        def fire() -> None:
+            left = deadline - time.monotonic()
+            if left > 0:  # the loop's timer fired early (uvloop rounds to whole ms)
+                timer[0] = loop.call_later(left + SLEEP_MARGIN, fire)
+            else:
+                scope.cancel()
+
+        timer.append(loop.call_later(max(deadline - time.monotonic(), 0.0) + SLEEP_MARGIN, fire))
+        try:
+            await work()
+            return True
+        finally:
+            timer[0].cancel()
+    return False
+
+
+def _running_asyncio_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:  # not asyncio (trio through anyio)
+        return None
+
+
+async def _race_sleep(clock: Clock, deadline: float, work: Callable[[], Awaitable[object]]) -> bool:
+    finished = False
+    async with anyio.create_task_group() as tg:
+
+        async def time_out() -> None:
+            await clock.sleep_until(deadline)
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(time_out)
+        await work()
+        finished = True
+        tg.cancel_scope.cancel()
+    return finished
 
 
 class _SleepUntil(Protocol):

@@ -54,6 +54,8 @@ _NOISE: Final[tuple[type[Event], ...]] = (
 )
 #: The most records waiting for a slow stream before new ones are dropped.
 MAX_QUEUED_RECORDS: Final[int] = 10_000
+#: Seconds the log writer lets records gather once one arrives (see :class:`_Writer`).
+GATHER_SECONDS: Final[float] = 0.02
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,13 +216,19 @@ class _DroppingQueueHandler(logging.handlers.QueueHandler):
 
 
 class _Writer(threading.Thread):
-    """Writes queued records to the real handler; reports the records dropped."""
+    """Writes queued records to the real handler; reports the records dropped.
+
+    Woken by a record, it first sleeps :data:`GATHER_SECONDS`, then writes what has
+    queued up meanwhile in one go: a reap logs a few lines at once, and a writer that
+    woke at each would contend with the loop for the interpreter lock at each. Nothing
+    queued, it sleeps without a timeout (no idle wake-ups).
+    """
 
     def __init__(
         self,
         records: queue.Queue[logging.LogRecord | None],
         front: _DroppingQueueHandler,
-        handler: logging.Handler,
+        handler: logging.StreamHandler[IO[str]],
     ) -> None:
         super().__init__(name="aiotimer-log-writer", daemon=True)
         self._records = records
@@ -229,22 +237,49 @@ class _Writer(threading.Thread):
         self._reported = 0
 
     def run(self) -> None:
-        while (record := self._records.get()) is not None:
-            dropped = self._front.dropped
-            if dropped != self._reported:
-                note = logging.LogRecord(
-                    "aiotimer",
-                    logging.WARNING,
-                    __file__,
-                    0,
-                    "%d log record(s) were dropped: the log stream was not read fast enough",
-                    (dropped - self._reported,),
-                    None,
-                )
-                self._reported = dropped
-                self._handler.handle(note)
-            if record.levelno >= self._handler.level:
-                self._handler.handle(record)
+        stopping = False
+        while not stopping:
+            batch = [self._records.get()]
+            if batch[0] is not None:
+                time.sleep(GATHER_SECONDS)
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    batch.append(self._records.get_nowait())
+            if None in batch:
+                stopping = True
+                batch = batch[: batch.index(None)]
+            self._write([r for r in batch if r is not None])
+
+    def _write(self, records: list[logging.LogRecord]) -> None:
+        dropped = self._front.dropped
+        if dropped != self._reported:
+            note = logging.LogRecord(
+                "aiotimer",
+                logging.WARNING,
+                __file__,
+                0,
+                "%d log record(s) were dropped: the log stream was not read fast enough",
+                (dropped - self._reported,),
+                None,
+            )
+            self._reported = dropped
+            records.insert(0, note)
+        handler = self._handler
+        lines = []
+        for record in records:
+            if record.levelno >= handler.level:
+                try:
+                    lines.append(handler.format(record) + handler.terminator)
+                except Exception:
+                    handler.handleError(record)
+        if not lines:
+            return
+        with handler.lock or contextlib.nullcontext():
+            try:
+                handler.stream.write("".join(lines))
+                handler.flush()
+            except Exception:
+                handler.handleError(records[-1])
 
 
 @contextlib.contextmanager

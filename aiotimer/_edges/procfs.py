@@ -63,8 +63,16 @@ def _read_proc(pid: int, name: str) -> bytes | None:
         FileNotFoundError: the system has no ``/proc``.
     """
     try:
-        with open(f"{_PROC}/{pid}/{name}", "rb") as f:
-            return f.read()
+        # os.open/os.read: four system calls where open() makes eight (fstat, ioctl,
+        # lseek): the reap path reads these files.
+        fd = os.open(f"{_PROC}/{pid}/{name}", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            chunks = []
+            while chunk := os.read(fd, 8192):
+                chunks.append(chunk)
+            return b"".join(chunks)
+        finally:
+            os.close(fd)
     except (FileNotFoundError, ProcessLookupError):
         if not os.path.isdir(_PROC):
             raise
@@ -117,12 +125,14 @@ def read_status(pid: int) -> ProcStatus | None:
     data = _read_proc(pid, "status")
     if data is None:
         return None
-    fields: dict[bytes, bytes] = {}
-    for line in data.splitlines():
-        key, _, value = line.partition(b":")
-        if key in {b"Tgid", b"PPid", b"Uid"}:
-            fields[key] = value.split()[0]
-    return ProcStatus(int(fields[b"Tgid"]), int(fields[b"PPid"]), int(fields[b"Uid"]))
+    return ProcStatus(_field(data, b"\nTgid:"), _field(data, b"\nPPid:"), _field(data, b"\nUid:"))
+
+
+def _field(status: bytes, key: bytes) -> int:
+    """The first number after ``key`` (a newline and a field name) in ``status``."""
+    start = status.index(key) + len(key)
+    end = status.find(b"\n", start)
+    return int(status[start : end if end != -1 else len(status)].split()[0])
 
 
 def ancestors(pid: int) -> tuple[int, ...]:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import anyio
 import anyio.abc
 
-from aiotimer._edges.clock import Clock
+from aiotimer._edges.clock import Clock, run_until
 from aiotimer.core._latency import LatencyHistogram
 from aiotimer.errors import ProcessGoneError, RefusedTargetError
 from aiotimer.events import (
@@ -289,18 +289,7 @@ class Reaps:
     async def _until(self, deadline: float, work: Callable[[], Awaitable[object]]) -> bool:
         """Run ``work()`` until it returns or the injected clock reaches ``deadline``;
         ``True`` if it returned."""
-        finished = False
-        async with anyio.create_task_group() as tg:
-
-            async def time_out() -> None:
-                await self._clock.sleep_until(deadline)
-                tg.cancel_scope.cancel()
-
-            tg.start_soon(time_out)
-            await work()
-            finished = True
-            tg.cancel_scope.cancel()
-        return finished
+        return await run_until(self._clock, deadline, work)
 
     async def _dump(
         self, worker: WatchedWorker, step: DumpStacks, number: int, steps: int
