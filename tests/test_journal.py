@@ -12,9 +12,9 @@ from pathlib import Path
 import anyio
 import pytest
 
-from aiotimer._edges.procfs import read_start_time
+from aiotimer._edges.procfs import boot_id, read_start_time
 from aiotimer.core._table import ReapOptions, Timer, TimerTable
-from aiotimer.server._journal import Journal, boot_id
+from aiotimer.server._journal import Journal
 from aiotimer.testing import wait_until
 
 pytestmark = pytest.mark.skipif(boot_id() is None, reason="needs Linux's boot id")

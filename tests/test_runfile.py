@@ -16,13 +16,13 @@ import msgspec
 import pytest
 from _pids import fake_pid
 
+from aiotimer._edges.procfs import boot_id
 from aiotimer.errors import UnsafePathError
 from aiotimer.supervisor._proctree import with_parent_death_signal
 from aiotimer.supervisor._runfile import (
     ProcessId,
     RunFile,
     RunRecord,
-    _boot_id,
     _pid_namespace,
     leftovers,
     runs_dir,
@@ -99,7 +99,7 @@ def test_a_dead_runs_leftovers_are_stopped_and_nothing_else(
     other = Session(f"AIOTIMER_FIFO={fifo}")  # the run's marker, but in no recorded session
     sessions += [ours, scrubbed, alive, other]
     record = RunRecord(
-        boot_id=_boot_id(),
+        boot_id=boot_id() or "",
         supervisor=ProcessId(fake_pid(1), 1),  # dead
         fifo=fifo,
         workers=(ours.id, scrubbed.id, alive.id),
@@ -144,7 +144,7 @@ def test_a_run_of_another_pid_namespace_is_left_alone(tmp_path: Path) -> None:
     runtime.mkdir(mode=0o700)
     (runtime / "timer.fifo").touch()
     record = RunRecord(
-        boot_id=_boot_id(),
+        boot_id=boot_id() or "",
         supervisor=ProcessId(fake_pid(1), 1),
         fifo=str(runtime / "timer.fifo"),
         pid_ns="pid:[1]",

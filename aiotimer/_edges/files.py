@@ -278,12 +278,15 @@ def write_atomic(
     tmp = f"{os.fspath(path)}.{secrets.token_hex(8)}.tmp"
     fd = os.open(tmp, _CREATE_NEW, 0o600)
     try:
-        with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), mode)
-            f.write(data)
-            f.flush()
+        try:
+            os.fchmod(fd, mode)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
             if durable:
-                os.fsync(f.fileno())
+                os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

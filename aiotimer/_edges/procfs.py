@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Final, NamedTuple
 
@@ -12,6 +13,7 @@ __all__ = [
     "EXITED_STATES",
     "ProcStatus",
     "ancestors",
+    "boot_id",
     "is_descendant",
     "own_start_time",
     "parse_stat",
@@ -24,6 +26,7 @@ __all__ = [
 #: 1-based index of ``starttime`` in ``/proc/<pid>/stat``.
 _START_TIME_FIELD: Final[int] = 22
 _PROC: Final[str] = "/proc"
+_BOOT_ID: Final[str] = "/proc/sys/kernel/random/boot_id"
 #: Process states that mean "has exited" (zombie, dead).
 EXITED_STATES: Final = frozenset({"Z", "X", "x"})
 
@@ -52,6 +55,17 @@ def own_start_time() -> int | None:
     try:
         with open("/proc/self/stat", "rb") as f:
             return parse_stat(f.read())[1]
+    except OSError:
+        return None
+
+
+@functools.cache
+def boot_id() -> str | None:
+    """This boot's id (Linux), or ``None``: monotonic times and start times are per boot.
+    Read once per process (it never changes while the process lives)."""
+    try:
+        with open(_BOOT_ID) as f:
+            return f.read().strip() or None
     except OSError:
         return None
 

@@ -14,11 +14,13 @@ The engine tells the journal what happens to timers (:meth:`Journal.acquired`,
 entry becomes its entry at once; only when the entry's own timer goes is the worker's
 earliest timer looked up again, at the next write (one pass over that worker's timers).
 The :meth:`Journal.run` task waits until something changed, encodes every entry and
-hands the bytes to a thread that writes a temporary file and renames it over the
-journal (:func:`~aiotimer._edges.files.write_atomic`: never through a symlink, never
-over anything but a regular file of this user; read back the same way, capped). Writes are at least
-``interval`` (a second) apart, so a busy server writes once a second, an idle one never; the
-loop's work per write is bounded by the number of workers (capped at ``max_workers``).
+hands the bytes to its writer thread (:mod:`aiotimer.server._journal_writer`: the loop
+does not wait for it), which writes a temporary file and renames it over the journal
+(:func:`~aiotimer._edges.files.write_atomic`: never through a symlink, never over
+anything but a regular file of this user; read back the same way, capped). Writes are
+at least ``interval`` (a second) apart, so a busy server writes once a second, an idle
+one never; the loop's work per write is bounded by the number of workers (capped at
+``max_workers``).
 
 Each entry carries the worker's start time (its identity) and the deadline on
 ``CLOCK_MONOTONIC``; the file carries the boot id. :meth:`Journal.load`, at the next
@@ -49,13 +51,13 @@ from typing import Final
 
 import anyio
 import anyio.abc
-import anyio.to_thread
 import msgspec
 
 from aiotimer._edges.files import read_owned, remove_owned, write_atomic
-from aiotimer._edges.procfs import read_start_time
+from aiotimer._edges.procfs import boot_id, read_start_time
 from aiotimer.core._table import ReapOptions, Timer, TimerTable
 from aiotimer.errors import ProcessGoneError
+from aiotimer.server._journal_writer import JournalWriter
 from aiotimer.server._restore import JournalEntry, Restored, restore_entries
 
 __all__ = [
@@ -65,7 +67,6 @@ __all__ = [
     "Journal",
     "JournalEntry",
     "JournalKept",
-    "boot_id",
     "journal_path",
 ]
 
@@ -74,7 +75,6 @@ logger = logging.getLogger("aiotimer")
 #: The journal of the FIFO ``P`` is ``P + JOURNAL_SUFFIX``.
 JOURNAL_SUFFIX: Final[str] = ".journal"
 _FORMAT: Final[str] = "aiotimer-journal-1"
-_BOOT_ID: Final[str] = "/proc/sys/kernel/random/boot_id"
 #: A worker with more timers than this is left out of the journal when its earliest
 #: timer goes (finding the next one would scan them all in the loop), until its next
 #: acquire.
@@ -129,15 +129,6 @@ _decoder: Final = msgspec.json.Decoder(_File)
 _encode: Final = msgspec.json.Encoder().encode
 
 
-def boot_id() -> str | None:
-    """This boot's id (Linux), or ``None``: monotonic times and start times are per boot."""
-    try:
-        with open(_BOOT_ID) as f:
-            return f.read().strip() or None
-    except OSError:
-        return None
-
-
 def _entry(timer: Timer, start_time: int | None, mono_to_wall: float) -> JournalEntry:
     options = timer.options if timer.options is not None else ReapOptions()
     return JournalEntry(
@@ -180,7 +171,6 @@ class Journal:
         self._earliest: dict[int, Timer] = {}  # new earliest timers, not yet written
         self._recompute: set[int] = set()  # workers whose earliest timer must be looked up
         self._wakeup = anyio.Event()
-        self._failing = False
         self._omitted_reported = False
         #: Workers left out because ``max_workers`` were journaled already.
         self.omitted = 0
@@ -279,30 +269,17 @@ class Journal:
 
         ``mono_to_wall()`` is the offset from the server's monotonic clock to epoch time.
         """
+        writer = JournalWriter(self.path, self._write, retry=RETRY_INTERVAL)
         task_status.started()
-        while True:
-            await self._wakeup.wait()
-            self._wakeup = anyio.Event()
-            self._update(table, mono_to_wall())
-            data = self._encode()
-            try:
-                await anyio.to_thread.run_sync(self._write, data)
-            except OSError as exc:
-                if not self._failing:
-                    logger.error(
-                        "cannot write journal %s (%s); a restarted server may not learn "
-                        "the open timers; retrying every %g s",
-                        self.path,
-                        exc,
-                        RETRY_INTERVAL,
-                    )
-                self._failing = True
-                self._wakeup.set()  # try again after the retry interval
-            else:
-                if self._failing:
-                    logger.warning("journal %s is written again", self.path)
-                self._failing = False
-            await anyio.sleep(max(self._interval, RETRY_INTERVAL if self._failing else 0.0))
+        try:
+            while True:
+                await self._wakeup.wait()
+                self._wakeup = anyio.Event()
+                self._update(table, mono_to_wall())
+                writer.offer(self._encode())
+                await anyio.sleep(self._interval)
+        finally:
+            writer.close()
 
     def _update(self, table: TimerTable, mono_to_wall: float) -> None:
         earliest, self._earliest = self._earliest, {}

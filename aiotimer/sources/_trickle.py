@@ -48,7 +48,7 @@ __all__ = [
 #: The longest interval between two reads of a trickle, in seconds.
 READ_INTERVAL: Final[float] = 0.25
 #: The interval is at most this share of the shortest lead read in the trickle.
-LEAD_SHARE: Final[float] = 0.5
+LEAD_SHARE: Final[float] = 0.8
 #: An interval shorter than this is not worth a timer: read at every line instead.
 MIN_INTERVAL: Final[float] = 0.002
 #: Reads in a row that find the pipe empty before the reader waits for input again.

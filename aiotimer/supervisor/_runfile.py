@@ -53,7 +53,7 @@ from aiotimer._edges.files import (
     remove_owned,
     write_atomic,
 )
-from aiotimer._edges.procfs import EXITED_STATES, own_start_time, read_stat
+from aiotimer._edges.procfs import EXITED_STATES, boot_id, own_start_time, read_stat
 from aiotimer.errors import ProcessGoneError, ReapError, RefusedTargetError
 from aiotimer.reapers._identity import PinnedProcess
 from aiotimer.supervisor._proctree import processes
@@ -120,14 +120,6 @@ def runs_dir(parent: str | os.PathLike[str] | None) -> Path:
     return path
 
 
-def _boot_id() -> str:
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
-
-
 def _pid_namespace() -> str:
     try:
         return os.readlink("/proc/self/ns/pid")
@@ -164,7 +156,7 @@ class RunFile:
         self.me = this_process()
         self.path = directory / _file_name(self.me)
         self._record = RunRecord(
-            boot_id=_boot_id(), supervisor=self.me, fifo=fifo, pid_ns=_pid_namespace()
+            boot_id=(boot_id() or ""), supervisor=self.me, fifo=fifo, pid_ns=_pid_namespace()
         )
         self._failed = False
 
@@ -273,7 +265,7 @@ def sweep(directory: Path) -> list[str]:
     """Stop the leftovers of every run recorded in ``directory`` whose supervisor is
     dead, and remove its run file. Returns one line per run that left something."""
     report = []
-    boot, namespace = _boot_id(), _pid_namespace()
+    boot, namespace = (boot_id() or ""), _pid_namespace()
     try:
         names = sorted(n for n in os.listdir(directory) if n.startswith("run-"))
     except OSError as exc:
