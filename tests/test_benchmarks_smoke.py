@@ -108,3 +108,14 @@ def test_bench_ingest_writers_make_their_lines_from_the_template() -> None:
     assert len(lines) == 301 and all(line.endswith(b"\n") for line in lines)
     for mine, theirs in zip(lines, template.splitlines(keepends=True), strict=True):
         assert json.loads(mine) == {**json.loads(theirs), "pid": 4321}
+
+
+@pytest.mark.process
+@pytest.mark.timeout(60)
+def test_bench_reap_cpu_quick_reaps_every_hung_worker(capsys: pytest.CaptureFixture[str]) -> None:
+    bench_reap_cpu = importlib.import_module("benchmarks.bench_reap_cpu")
+    # A worker the server does not reap would hang the round: it ends only when all were.
+    assert bench_reap_cpu.main(["--reaps", "3", "--batch", "2", "--no-torch"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("aiotimer"))
+    assert row.split()[1] == "3"
+    assert float(row.split()[-1]) > 0  # CPU per reap was measured
