@@ -114,6 +114,14 @@ class Job:
     def log(self, node: str) -> str:
         return (self.tmp / f"{node}.log").read_text(errors="replace")
 
+    def wait_log(self, node: str, text: str, timeout: float = 10.0) -> None:
+        """Wait until ``text`` is in node's log (a running node's log writer writes a
+        moment after the event it logs); fails after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while text not in self.log(node):
+            assert time.monotonic() < deadline, f"{text!r} never logged: {self.log(node)}"
+            time.sleep(0.02)
+
     def hang_report(self) -> tuple[int, dict[str, Any]]:
         """``aiotimer status --etcd ... --hang-report --json``: exit code and report."""
         done = subprocess.run(
@@ -367,7 +375,7 @@ def test_publishers_recover_from_an_etcd_restart_without_restarting_workers(
         assert [w["restarts"] for w in nodes(view)["a"]["workers"]] == [0, 0]
         assert job.nodes["a"].poll() is None
         assert job.started() == {"a-0-0", "a-1-0"}
-        assert "cluster store reachable again" in job.log("a")
+        job.wait_log("a", "cluster store reachable again")
 
 
 def test_the_next_hang_restarts_the_job_after_etcd_lost_its_data(
