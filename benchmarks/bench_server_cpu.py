@@ -18,9 +18,10 @@ signalled (``reaped``: it lost a release).
 aiotimer's row also gives its expiry wake-ups per second (``ServerCounters.wakeups``,
 read from its control socket).
 
-``--profile DIR`` runs the aiotimer server under :mod:`cProfile` (its loop thread) and
-writes ``DIR/aiotimer-RATE.prof`` per rate; it prints the functions that cost most while
-serving (``python -m pstats`` reads the files).
+``--aiotimer-args '--no-journal'`` passes more options to ``aiotimer serve`` (what one
+part of the server costs). ``--profile DIR`` runs the aiotimer server under
+:mod:`cProfile` (its loop thread) and writes ``DIR/aiotimer-RATE.prof`` per rate; it
+prints the functions that cost most while serving (``python -m pstats`` reads them).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import argparse
 import json
 import os
 import random
+import shlex
 import signal
 import struct
 import subprocess
@@ -36,6 +38,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -173,13 +176,24 @@ def _wakeups(fifo: str) -> int | None:
 
 
 def run_round(
-    spec: ServerSpec, rate: float, seconds: float, feeders: int, profile: Path | None
+    spec: ServerSpec,
+    rate: float,
+    seconds: float,
+    feeders: int,
+    profile: Path | None,
+    *,
+    aiotimer_args: Sequence[str] = (),
 ) -> Round:
-    """Measure ``spec``'s server at ``rate`` requests/s for ``seconds``."""
+    """Measure ``spec``'s server at ``rate`` requests/s for ``seconds`` (``aiotimer_args``:
+    more ``aiotimer serve`` options)."""
     with tempfile.TemporaryDirectory(prefix="aiotimer-cpu-") as workdir:
         prof = None if profile is None else str(profile / f"{spec.name}-{rate:g}.prof")
         server: RunningServer = start_server(
-            spec, workdir, os.path.join(workdir, "server.log"), profile=prof
+            spec,
+            workdir,
+            os.path.join(workdir, "server.log"),
+            profile=prof,
+            aiotimer_args=aiotimer_args,
         )
         try:
             server.wait_ready()
@@ -239,6 +253,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--feeders", type=int, default=8, help="feeder processes (8)")
     parser.add_argument("--no-torch", action="store_true", help="skip torch's server")
     parser.add_argument("--profile", type=Path, help="cProfile the aiotimer server into DIR")
+    parser.add_argument(
+        "--aiotimer-args",
+        default="",
+        help="more `aiotimer serve` options, e.g. '--no-journal' (what one part costs)",
+    )
     args = parser.parse_args(argv)
     by_name = {s.name: s for s in SPECS}
     specs = [by_name["aiotimer"]]
@@ -250,7 +269,12 @@ def main(argv: list[str] | None = None) -> int:
     for rate in (float(r) for r in args.rates.split(",")):
         rounds = [
             run_round(
-                s, rate, args.seconds, args.feeders, args.profile if s.kind == "aiotimer" else None
+                s,
+                rate,
+                args.seconds,
+                args.feeders,
+                args.profile if s.kind == "aiotimer" else None,
+                aiotimer_args=shlex.split(args.aiotimer_args),
             )
             for s in specs
         ]

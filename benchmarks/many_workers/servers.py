@@ -30,7 +30,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -124,13 +124,20 @@ def _wait_for(check: Callable[[], bool], what: str, alive: Callable[[], bool]) -
 
 
 def start_server(
-    spec: ServerSpec, workdir: str, log_path: str, *, profile: str | None = None
+    spec: ServerSpec,
+    workdir: str,
+    log_path: str,
+    *,
+    profile: str | None = None,
+    aiotimer_args: Sequence[str] = (),
 ) -> RunningServer:
     """Start ``spec`` in its own process, with its FIFO/queue under ``workdir`` (and
     aiotimer's stderr in ``log_path``); it serves once ``wait_ready()`` returns.
-    ``profile``: run aiotimer's server under :mod:`cProfile`, writing to this file."""
+    ``profile``: run aiotimer's server under :mod:`cProfile`, writing to this file;
+    ``aiotimer_args``: more ``aiotimer serve`` options (e.g. ``--no-journal``)."""
     if spec.kind == "aiotimer":
-        return _start_aiotimer(os.path.join(workdir, "aiotimer.fifo"), log_path, profile)
+        fifo = os.path.join(workdir, "aiotimer.fifo")
+        return _start_aiotimer(fifo, log_path, profile, aiotimer_args)
     if spec.kind == "torch-file":
         return _start_torch_file(os.path.join(workdir, "torch.fifo"), spec.max_interval)
     return _start_torch_local(spec.max_interval)
@@ -165,10 +172,12 @@ class _AiotimerSender:
         self._client.close()
 
 
-def _start_aiotimer(path: str, log_path: str, profile: str | None) -> RunningServer:
+def _start_aiotimer(
+    path: str, log_path: str, profile: str | None, extra: Sequence[str]
+) -> RunningServer:
     log = open(log_path, "wb")  # noqa: SIM115
     profiler = [] if profile is None else ["-m", "cProfile", "-o", profile]
-    serve = ["-m", "aiotimer", "serve", "--fifo", path, "--log-level", "WARNING"]
+    serve = ["-m", "aiotimer", "serve", "--fifo", path, "--log-level", "WARNING", *extra]
     proc = subprocess.Popen(
         [sys.executable, *profiler, *serve],
         stdout=log,
