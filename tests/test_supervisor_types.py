@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from aiotimer.supervisor._exits import ExitKind, ExitReason
-from aiotimer.supervisor._records import RunOutcome, rank_status, run_outcome
+from aiotimer.supervisor._records import RunOutcome, format_summary, rank_status, run_outcome
 from aiotimer.supervisor._restart import Attempt, SlotRecord, WorkerState
 
 S = WorkerState
@@ -49,3 +51,20 @@ def test_status_of_a_slot_running_and_between_attempts() -> None:
         None,
         1,
     )
+
+
+def test_the_summary_says_its_uptime_is_summed_over_attempts() -> None:
+    crash = ExitReason(ExitKind.CRASHED, exit_code=1)
+    done = ExitReason(ExitKind.SUCCEEDED, exit_code=0)
+    slot = SlotRecord(
+        1,
+        S.SUCCEEDED,
+        restarts=1,
+        attempts=(
+            Attempt(crash, uptime=1.25, start_failure=False),
+            Attempt(done, uptime=2.0, start_failure=False),
+        ),
+    )
+    header, row = format_summary([rank_status(slot, None)]).splitlines()
+    assert re.split(r"\s{2,}", header)[4] == "total uptime"
+    assert "3.2s" in row.split() and "(+1 earlier)" in row

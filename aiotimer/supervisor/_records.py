@@ -164,10 +164,11 @@ SUMMARY_EXIT_WIDTH: Final[int] = 120
 
 
 def format_summary(ranks: Sequence[RankStatus]) -> str:
-    """The final summary as a table: one row per rank, one screen wide: its last
-    column says why the rank's last attempt ended (how many ended before it), cut at
-    :data:`SUMMARY_EXIT_WIDTH` characters; every reason is in the event log."""
-    rows = [("rank", "state", "attempts", "start failures", "uptime", "last exit")]
+    """The final summary as a table: one row per rank, one screen wide (its uptime is
+    the sum over its attempts); its last column says why the rank's last attempt ended
+    (how many ended before it), cut at :data:`SUMMARY_EXIT_WIDTH` characters; every
+    reason is in the event log."""
+    rows = [("rank", "state", "attempts", "start failures", "total uptime", "last exit")]
     for w in ranks:
         exits = "-"
         if w.reasons:
