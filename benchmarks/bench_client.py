@@ -25,6 +25,10 @@ Cases (each block is an acquire line plus a release line):
 * the same sync default-scope block with no ``client=``: through the process-wide client
   (``configure()``) and through env discovery (``AIOTIMER_FIFO``, no setup at all);
 * ``default_scope()`` alone (``sys._getframe``; torch uses ``inspect.stack()``);
+* where the rest goes, under the block: the client's fast path alone
+  (``FifoClient.send_nowait`` of an acquire and its release: the encoding, the lock, the
+  open-block map and the two writes, no ``Expires``), and the block encoder alone (both
+  lines, no write);
 * when torch is importable: ``torch.distributed.elastic.timer.expires`` with its
   ``FileTimerClient``, explicit and default scope — the reference of the ratios.
 
@@ -59,7 +63,7 @@ from typing import Any
 from aiotimer import client as client_module
 from aiotimer.client import FifoClient, configure, expires
 from aiotimer.core._scope import default_scope
-from aiotimer.wire import ENV_FIFO, MARKER_SUFFIX, Request, encode
+from aiotimer.wire import ENV_FIFO, MARKER_SUFFIX, Request, block_encoder, encode
 from benchmarks._util import format_table, gc_paused
 
 #: The clock every case is timed with (``--clock``): by default the measuring thread's CPU
@@ -86,6 +90,9 @@ DISCOVERED = "aiotimer: with expires(), default scope, env discovery"
 #: The zero-setup path (the client found through the environment) may cost at most this
 #: much more than the same block after ``configure()``.
 DISCOVERY_SLACK = 1.10
+#: Under the block: the client's fast path alone, and the encoder of both lines alone.
+NOWAIT_ONLY = "aiotimer: FifoClient.send_nowait() acquire + release alone"
+ENCODER_ONLY = "aiotimer: block encoder alone (both lines, no write)"
 
 _READER = r"""
 import fcntl, os, sys, time
@@ -241,6 +248,28 @@ def aiotimer_cases(fifo: Path, blocks: int, runner: asyncio.Runner) -> list[Case
             default_scope()
         return _now() - start
 
+    def nowait_only(n: int) -> float:
+        nowait = client.send_nowait
+        with expires(after=30, scope="bench", client=client):
+            pass  # connected: the fast path below never falls back to send()
+        start = _now()
+        for _ in range(n):
+            mono = time.monotonic() + 30
+            if not (
+                nowait("bench", time.time() + 30, None, mono, False)
+                and nowait("bench", -1, 0, None, False)
+            ):
+                raise RuntimeError("the fast path fell back to send(): the pipe is full")
+        return _now() - start
+
+    encode_block = block_encoder(pid, client.signal)
+
+    def encoder_only(n: int) -> float:
+        start = _now()
+        for _ in range(n):
+            encode_block("x.py:1#1", time.time() + 30, time.monotonic() + 30)
+        return _now() - start
+
     def sync_torch_server(n: int) -> float:
         with marker_hidden(fifo):
             torch_mode.close()
@@ -270,6 +299,8 @@ def aiotimer_cases(fifo: Path, blocks: int, runner: asyncio.Runner) -> list[Case
         Case(CONFIGURED, blocks, sync_configured),
         Case(DISCOVERED, blocks, sync_discovered),
         Case("aiotimer: default_scope() alone", blocks, scope_only),
+        Case(NOWAIT_ONLY, blocks, nowait_only),
+        Case(ENCODER_ONLY, blocks, encoder_only),
         Case("aiotimer: with expires(), torch server (no marker)", few, sync_torch_server),
     ]
 
@@ -378,9 +409,25 @@ def report(cases: Sequence[Case]) -> str:
         f"env discovery: {discovered:.2f} us best, {discovered / configured:.2f}x the "
         f"configure() block ({verdict} the <= {DISCOVERY_SLACK:.2f}x target)"
     )
+    lines.append(_breakdown(by_name, floor))
     if reference is None:
         lines.append("no reference measured (torch is not importable, or --no-torch)")
     return "\n".join(lines)
+
+
+def _breakdown(by_name: dict[str, Case], floor: float) -> str:
+    """Where the sync default-scope block's microseconds go, from the cases under it
+    (best rounds, so the parts only roughly add up)."""
+    block = by_name[VERDICTS[0]].best_us()
+    nowait = by_name[NOWAIT_ONLY].best_us()
+    encoder = by_name[ENCODER_ONLY].best_us()
+    scope = by_name["aiotimer: default_scope() alone"].best_us()
+    return (
+        f"sync block, where the {block:.2f} us go: two writes {floor:.2f}, encoding both "
+        f"lines {encoder:.2f}, the rest of the client's fast path (lock, open-block map, "
+        f"clock, calls) {nowait - floor - encoder:.2f}, default_scope() {scope:.2f}, the "
+        f"block around them (Expires, enter/exit, clocks) {block - nowait - scope:.2f}"
+    )
 
 
 def _load() -> str:

@@ -945,6 +945,7 @@ def test_bench_client_quick_runs(
     assert "target" in out and "no reference measured" in out
     assert "x two bare os.write (" in out  # the sync block against its floor
     assert "x asyncio.timeout() + two bare os.write" in out  # the async one against its
+    assert "sync block, where the " in out and "encoding both lines" in out
 
 
 def test_errno_of_no_reader_is_enxio(fifo: Path) -> None:
