@@ -620,3 +620,40 @@ def test_default_scopes_are_valid_by_construction(file_name: str, task_name: str
     assert scope_id_problem(scope) is None
     assert scope_id_problem(with_task(scope, task_name)) is None
     assert scope_id_problem(scope_at_site(scope_site(scope))) is None
+
+
+class NoRoomClient(RecordingClient):
+    """A client with a fast path that never delivers: every request falls back to send()."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.nowait_calls: list[tuple[object, ...]] = []
+
+    def send_nowait(self, *args: object) -> bool:
+        self.nowait_calls.append(args)
+        return False
+
+
+def test_sync_block_whose_fast_path_declines_sends_the_same_requests() -> None:
+    # The sync face tries the fast path inline; what it could not deliver goes to send()
+    # as the very request the fast path was given.
+    client = NoRoomClient()
+    with expires(after=5, client=client, signal=signal.SIGTERM) as block:
+        assert block.deadline is not None
+        (fast_acquire,) = client.nowait_calls
+        (acquire,) = client.requests
+    scope, expiration_time, sig, mono, dump = fast_acquire
+    assert (scope, sig, mono, dump) == (block.scope, signal.SIGTERM, block.deadline, False)
+    assert acquire == Request(os.getpid(), block.scope, expiration_time, sig, mono=mono)
+    assert client.nowait_calls[1] == (block.scope, -1, 0, None, False)
+    assert client.requests[1] == Request(os.getpid(), block.scope, -1, 0)
+
+
+def test_sync_block_whose_fallback_acquire_fails_is_exited_and_never_released() -> None:
+    client = NoRoomClient()
+    client.fail_acquire = ServerUnavailableError("no server")
+    block = expires(after=5, client=client)
+    with pytest.raises(ServerUnavailableError), block:
+        pytest.fail("the body ran without a timer")  # pragma: no cover
+    assert "[exited]" in repr(block) and client.requests == []
+    assert len(client.nowait_calls) == 1  # the acquire only
