@@ -34,7 +34,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypeVar, overload
+from typing import Any, Final, ParamSpec, TypeVar, overload
 
 from aiotimer.client._block_checks import (
     MAX_FLOAT,
@@ -42,14 +42,12 @@ from aiotimer.client._block_checks import (
     scope_checked,
     valid_scopes,
 )
+from aiotimer.client._block_context import asks_for_dump, current_asyncio_task
 from aiotimer.client._discovery import current_client
 from aiotimer.client._task_deadline import TaskDeadline
 from aiotimer.client._transport import SendNowait, TimerClient, release_undelivered
 from aiotimer.core._scope import current_pid, scope_at_site, scope_site, with_task
 from aiotimer.wire._request import Request, number_problem, signal_problem
-
-if TYPE_CHECKING:
-    import asyncio
 
 __all__ = ["DEFAULT_KILL_AFTER", "Expires"]
 
@@ -202,7 +200,7 @@ class Expires:
         self._state = _ENTERED
         reap_at = deadline + kill_after
         dump = False
-        if kill_after > 0:  # _asks_for_dump(), inlined: this runs for every async block
+        if kill_after > 0:  # asks_for_dump(), inlined: this runs for every async block
             hooks = _modules.get("aiotimer.client._dump_hook")
             dump = hooks is not None and hooks._hook is not None
         expiration_time = wall + (reap_at - mono)
@@ -309,7 +307,7 @@ class Expires:
             raise self._misuse("enter")
         self._timeout = None
         kill_after = DEFAULT_KILL_AFTER if self._kill_after is None else self._kill_after
-        task = _current_asyncio_task() if kill_after > 0 or self._per_call_scope else None
+        task = current_asyncio_task() if kill_after > 0 or self._per_call_scope else None
         if task is None or kill_after == 0:
             kill_after = 0.0  # one tier: the server reaps at the deadline
         if task is not None and self._per_call_scope:
@@ -385,7 +383,7 @@ class Expires:
             kill_after = DEFAULT_KILL_AFTER if self._kill_after is None else self._kill_after
         reap_at = deadline + kill_after
         expiration_time = _wall() + (reap_at - _monotonic())
-        dump = kill_after > 0 and _asks_for_dump()
+        dump = kill_after > 0 and asks_for_dump()
         nowait = self._nowait
         if nowait is None or not nowait(
             self.scope, expiration_time, self._signal, reap_at, dump, kill_after
@@ -478,28 +476,3 @@ class Expires:
             if state is _ENTERED or state is _EXPIRING:
                 when += f" ({deadline - time.monotonic():.3f}s left)"
         return f"<Expires [{state.value}] scope={self.scope!r} {when}>"
-
-
-def _asks_for_dump() -> bool:
-    """Whether a two-tier block asks the server for a stack dump before the reap: when
-    this process has the hook to answer it. Such a block is reaped only when its loop is
-    blocked (or its cancellation swallowed), and the dump names the task holding the loop.
-
-    Read after ``current_client()``: the first block of a worker that finds its server
-    through the environment installs the hook. Reads the module's hook record, never
-    loading the dump code.
-    """
-    hooks = _modules.get("aiotimer.client._dump_hook")
-    return hooks is not None and hooks._hook is not None
-
-
-def _current_asyncio_task() -> asyncio.Task[Any] | None:
-    """The running asyncio task, or ``None`` (no asyncio loop runs in this thread)."""
-    loaded = sys.modules.get("asyncio")  # loaded by any program that runs its loop
-    if loaded is None:
-        return None
-    try:
-        task: asyncio.Task[Any] | None = loaded.current_task()
-    except RuntimeError:  # no running loop: trio, or no loop at all
-        return None
-    return task
