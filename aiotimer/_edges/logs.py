@@ -245,10 +245,9 @@ class _Writer(threading.Thread):
             with contextlib.suppress(queue.Empty):
                 while True:
                     batch.append(self._records.get_nowait())
-            if None in batch:
-                stopping = True
-                batch = batch[: batch.index(None)]
-            self._write([r for r in batch if r is not None])
+            records = [r for r in batch if r is not None]
+            stopping = len(records) < len(batch)  # None: queued_logging is ending
+            self._write(records)
 
     def _write(self, records: list[logging.LogRecord]) -> None:
         dropped = self._front.dropped
