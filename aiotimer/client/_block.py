@@ -265,25 +265,13 @@ class Expires:
     def __enter__(self) -> Expires:
         if self._state is not _CREATED:
             raise self._misuse("enter")
-        # _acquire() with one tier, inlined: this runs for every block.
-        client = self._client
-        if client is None:
-            client = self._client = current_client()
-        nowait = self._nowait = getattr(client, "send_nowait", None)
-        mono = _monotonic()
-        after = self._after
-        deadline = self.deadline = self.deadline if after is None else mono + after
-        assert deadline is not None
-        self._state = _ENTERED
-        expiration_time = _wall() + (deadline - mono)
-        try:
-            if nowait is None or not nowait(
-                self.scope, expiration_time, self._signal, deadline, False
-            ):
-                client.send(self._acquire_request(expiration_time, deadline, False, 0.0))
-        except BaseException:
-            self._state = _EXITED
-            raise
+        request = self._acquire()
+        if request is not None:
+            try:
+                self._sender().send(request)
+            except BaseException:
+                self._state = _EXITED
+                raise
         return self
 
     def __exit__(
@@ -295,10 +283,10 @@ class Expires:
         if self._state is not _ENTERED:
             raise self._misuse("exit")
         self._state = _EXITED
-        nowait = self._nowait  # _release(), inlined: this runs for every block
         try:
-            if nowait is None or not nowait(self.scope, -1, 0, None, False):
-                self._sender().send(Request(current_pid(), self.scope, -1, 0))
+            request = self._release()
+            if request is not None:
+                self._sender().send(request)
         except Exception as release_exc:
             release_undelivered(self.scope, release_exc, exc)
 
