@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import logging
 import os
@@ -11,7 +12,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aiotimer._edges import logs
 from aiotimer._edges.logs import EventLogger, NoiseLimiter, queued_logging
 from aiotimer.events import ControlRefused, RequestRejected, WorkerReaped
 
@@ -139,17 +139,32 @@ class _CountingStream(io.StringIO):
         return super().write(text)
 
 
-def test_a_burst_of_records_is_written_in_one_go_and_none_is_lost(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # The writer lets records gather once one arrives: a reap's few lines cost it one
-    # wake-up and one write, not one each (a generous window keeps this exact).
-    monkeypatch.setattr(logs, "GATHER_SECONDS", 0.5)
+def test_a_turn_of_the_loop_hands_its_records_over_in_one_batch_and_none_is_lost() -> None:
+    # Records logged in the loop's thread wait for the end of the loop's turn: a reap's
+    # few lines cost the writer one wake-up and one write, not one each.
     stream = _CountingStream()
     log = logging.getLogger("aiotimer.test-burst")
-    with queued_logging(logging.INFO, stream, fmt="%(message)s"):
+
+    async def burst() -> None:
         for i in range(5):
             log.warning("burst %d", i)
         log.debug("below the level")
+        await asyncio.sleep(0)  # the turn ends: the batch is handed over
+
+    with queued_logging(logging.INFO, stream, fmt="%(message)s"):
+        asyncio.run(burst())
     assert stream.getvalue().splitlines() == [f"burst {i}" for i in range(5)]
     assert stream.writes == 1
+
+
+def test_records_a_closed_loop_still_held_are_written_at_the_end() -> None:
+    stream = _CountingStream()
+    log = logging.getLogger("aiotimer.test-closed-loop")
+    loop = asyncio.new_event_loop()
+    with queued_logging(logging.INFO, stream, fmt="%(message)s"):
+        # Logged in the loop's last callback: the hand-over it schedules never runs.
+        loop.call_soon(lambda: [log.warning("last %d", i) for i in range(3)] and loop.stop())
+        loop.run_forever()
+        loop.close()
+        log.warning("after the loop")
+    assert stream.getvalue().splitlines() == ["last 0", "last 1", "last 2", "after the loop"]

@@ -14,7 +14,9 @@ Two parts:
 * :func:`queued_logging` installs a handler that only puts records on a bounded queue; a
   thread writes them to the real stream. A stream nobody drains (a full stderr pipe)
   then blocks that thread, never the loop: once the queue is full, records are dropped
-  and counted, and the count is logged when the stream moves again.
+  and counted, and the count is logged when the stream moves again. Records logged in
+  the loop's thread are handed over once per turn of the loop, so a reap's few lines
+  wake the writer once and are written in one call.
 """
 
 from __future__ import annotations
@@ -54,8 +56,6 @@ _NOISE: Final[tuple[type[Event], ...]] = (
 )
 #: The most records waiting for a slow stream before new ones are dropped.
 MAX_QUEUED_RECORDS: Final[int] = 10_000
-#: Seconds the log writer lets records gather once one arrives (see :class:`_Writer`).
-GATHER_SECONDS: Final[float] = 0.02
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,56 +201,104 @@ def _log_summary(summary: NoiseSummary) -> None:
 # -- queued handlers --------------------------------------------------------------------
 
 
-class _DroppingQueueHandler(logging.handlers.QueueHandler):
-    """Puts records on a bounded queue; drops and counts them when it is full."""
+class _Batches:
+    """The queue between the handler and the writer thread: batches of records, at most
+    :data:`MAX_QUEUED_RECORDS` records in all; what does not fit is dropped and counted."""
 
-    def __init__(self, records: queue.Queue[logging.LogRecord | None]) -> None:
-        super().__init__(records)
+    def __init__(self) -> None:
+        self.queue: queue.SimpleQueue[list[logging.LogRecord] | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._queued = 0  # records in the queue
         self.dropped = 0
 
+    def put(self, batch: list[logging.LogRecord]) -> None:
+        """Queue ``batch`` (or what of it fits)."""
+        with self._lock:
+            room = MAX_QUEUED_RECORDS - self._queued
+            if len(batch) > room:
+                self.dropped += len(batch) - room
+                batch = batch[:room]
+            self._queued += len(batch)
+        if batch:
+            self.queue.put(batch)
+
+    def taken(self, count: int) -> None:
+        """The writer took ``count`` records out of the queue."""
+        with self._lock:
+            self._queued -= count
+
+
+class _BatchingQueueHandler(logging.handlers.QueueHandler):
+    """Queues records for the writer thread. Records logged in a thread that runs an
+    event loop are handed over once per turn of the loop, as one batch (one wake-up of
+    the writer for a reap's few lines, not one per line); others at once."""
+
+    def __init__(self, batches: _Batches) -> None:
+        super().__init__(batches.queue)
+        self._batches = batches
+        self._local = threading.local()  # this thread's records not handed over yet
+        self._pending: list[list[logging.LogRecord]] = []  # every thread's, for close()
+        self._pending_lock = threading.Lock()
+
     def enqueue(self, record: logging.LogRecord) -> None:
-        try:
-            self.queue.put_nowait(record)
-        except queue.Full:
-            self.dropped += 1
+        loop = asyncio.events._get_running_loop()
+        pending: list[logging.LogRecord] | None = getattr(self._local, "pending", None)
+        if loop is None:
+            if pending:  # held by a loop that has stopped: they come first
+                self._hand_over(pending)
+            self._batches.put([record])
+            return
+        if pending is None:
+            pending = self._local.pending = []
+            with self._pending_lock:
+                self._pending.append(pending)
+        if not pending:
+            loop.call_soon(self._hand_over, pending)
+        pending.append(record)
+
+    def _hand_over(self, pending: list[logging.LogRecord]) -> None:
+        """Queue the records ``pending`` holds as one batch (at the end of a turn)."""
+        if pending:
+            batch = pending[:]
+            del pending[: len(batch)]  # what another thread appends meanwhile stays
+            self._batches.put(batch)
+
+    def close(self) -> None:
+        """Hand over what any thread still holds (its loop may have closed first)."""
+        with self._pending_lock:
+            for pending in self._pending:
+                self._hand_over(pending)
+        super().close()
 
 
 class _Writer(threading.Thread):
     """Writes queued records to the real handler; reports the records dropped.
 
-    Woken by a record, it first sleeps :data:`GATHER_SECONDS`, then writes what has
-    queued up meanwhile in one go: a reap logs a few lines at once, and a writer that
-    woke at each would contend with the loop for the interpreter lock at each. Nothing
-    queued, it sleeps without a timeout (no idle wake-ups).
+    Woken by a batch, it writes it, with whatever else has queued up meanwhile, in one
+    call. Nothing queued, it sleeps without a timeout (no idle wake-ups).
     """
 
-    def __init__(
-        self,
-        records: queue.Queue[logging.LogRecord | None],
-        front: _DroppingQueueHandler,
-        handler: logging.StreamHandler[IO[str]],
-    ) -> None:
+    def __init__(self, batches: _Batches, handler: logging.StreamHandler[IO[str]]) -> None:
         super().__init__(name="aiotimer-log-writer", daemon=True)
-        self._records = records
-        self._front = front
+        self._batches = batches
         self._handler = handler
         self._reported = 0
 
     def run(self) -> None:
+        batches = self._batches.queue
         stopping = False
         while not stopping:
-            batch = [self._records.get()]
-            if batch[0] is not None:
-                time.sleep(GATHER_SECONDS)
+            taken = [batches.get()]
             with contextlib.suppress(queue.Empty):
                 while True:
-                    batch.append(self._records.get_nowait())
-            records = [r for r in batch if r is not None]
-            stopping = len(records) < len(batch)  # None: queued_logging is ending
+                    taken.append(batches.get_nowait())
+            records = [r for batch in taken if batch is not None for r in batch]
+            stopping = None in taken  # queued_logging is ending
+            self._batches.taken(len(records))
             self._write(records)
 
     def _write(self, records: list[logging.LogRecord]) -> None:
-        dropped = self._front.dropped
+        dropped = self._batches.dropped
         if dropped != self._reported:
             note = logging.LogRecord(
                 "aiotimer",
@@ -290,11 +338,11 @@ def queued_logging(
     Replaces the root logger's handlers for the duration; on exit, waits a little (at
     most a second) for the queued records to be written, then restores them.
     """
-    records: queue.Queue[logging.LogRecord | None] = queue.Queue(MAX_QUEUED_RECORDS)
+    batches = _Batches()
     handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
     handler.setFormatter(logging.Formatter(fmt or "%(asctime)s %(levelname)-8s %(message)s"))
-    front = _DroppingQueueHandler(records)
-    writer = _Writer(records, front, handler)
+    front = _BatchingQueueHandler(batches)
+    writer = _Writer(batches, handler)
     root = logging.getLogger()
     saved = root.handlers[:], root.level
     root.handlers[:] = [front]
@@ -305,6 +353,6 @@ def queued_logging(
     finally:
         root.handlers[:] = saved[0]
         root.setLevel(saved[1])
-        with contextlib.suppress(queue.Full):
-            records.put(None, timeout=1.0)
+        front.close()
+        batches.queue.put(None)
         writer.join(timeout=1.0)
