@@ -18,9 +18,11 @@ hands the bytes to its writer thread (:mod:`aiotimer.server._journal_writer`: th
 does not wait for it), which writes a temporary file and renames it over the journal
 (:func:`~aiotimer._edges.files.write_atomic`: never through a symlink, never over
 anything but a regular file of this user; read back the same way, capped). Writes are
-at least ``interval`` (a second) apart, so a busy server writes once a second, an idle
-one never; the loop's work per write is bounded by the number of workers (capped at
-``max_workers``).
+at least ``interval`` (a second) apart, so a busy server writes about once a second, an
+idle one never. A change within ``interval`` of the last write is written with the
+first change after the interval, in the turn of the loop that applies it (a journal
+write costs the loop no wake-up of its own), or half an ``interval`` later at the latest. The
+loop's work per write is bounded by the number of workers (capped at ``max_workers``).
 
 Each entry carries the worker's start time (its identity) and the deadline on
 ``CLOCK_MONOTONIC``; the file carries the boot id. :meth:`Journal.load`, at the next
@@ -30,9 +32,10 @@ A restored deadline already past is moved ``grace`` seconds ahead, and the engin
 worker's restored timers as soon as that worker sends anything: a live client re-sends
 the blocks it still has open, so the journal only speaks for workers that stay silent.
 
-Limits: the journal lags the table by up to ``interval``; a block that ended in that lag
-before a crash, or during the downtime, and whose worker then says nothing until the
-restored deadline (plus ``grace``) has passed, is reaped as if it had hung. Only timers
+Limits: the journal lags the table by up to one and a half ``interval``; a block that
+ended in that lag before a crash, or during the downtime, and whose worker then says
+nothing until the restored deadline (plus ``grace``) has passed, is reaped as if it had
+hung. Only timers
 that would signal (``signal > 0``) are journaled, and a worker holding more than
 :data:`MAX_SCAN` timers drops out when its earliest one goes, until its next acquire
 (then journaled by that timer, which may not be its earliest: a later deadline, never a
@@ -44,6 +47,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -171,6 +175,8 @@ class Journal:
         self._earliest: dict[int, Timer] = {}  # new earliest timers, not yet written
         self._recompute: set[int] = set()  # workers whose earliest timer must be looked up
         self._wakeup = anyio.Event()
+        self._dirty = False  # changed since the last write
+        self._due = -math.inf  # monotonic: when the next write may come
         self._omitted_reported = False
         #: Workers left out because ``max_workers`` were journaled already.
         self.omitted = 0
@@ -197,7 +203,7 @@ class Journal:
             self._earliest[pid] = timer
         else:
             return
-        self._wakeup.set()
+        self._changed()
 
     def released(self, pid: int, scope_id: str) -> None:
         """The timer ``(pid, scope_id)`` is gone (released or expired)."""
@@ -208,14 +214,22 @@ class Journal:
         ):
             self._earliest.pop(pid, None)
             self._recompute.add(pid)
-            self._wakeup.set()
+            self._changed()
 
     def cleared(self, pid: int) -> None:
         """Every timer of worker ``pid`` is gone."""
         self._earliest.pop(pid, None)
         self._recompute.discard(pid)
         if self._entries.pop(pid, None) is not None:
-            self._wakeup.set()
+            self._changed()
+
+    def _changed(self) -> None:
+        """What the journal holds changed: written now if the last write is at least
+        ``interval`` old (this turn of the loop, no wake-up of its own), else at the
+        first change after that, or half an ``interval`` later at the latest."""
+        if not self._dirty or time.monotonic() >= self._due:
+            self._wakeup.set()  # the first change since the last write sets the backstop
+        self._dirty = True
 
     def forget(self, pid: int) -> None:
         """Worker ``pid`` is gone: drop its entry and its remembered start time."""
@@ -275,9 +289,17 @@ class Journal:
             while True:
                 await self._wakeup.wait()
                 self._wakeup = anyio.Event()
+                if not self._dirty:
+                    continue
+                if self._due > time.monotonic():  # changed too soon after the last write
+                    with anyio.move_on_after(self._due + self._interval / 2 - time.monotonic()):
+                        while time.monotonic() < self._due:
+                            await self._wakeup.wait()
+                            self._wakeup = anyio.Event()
+                self._dirty = False
+                self._due = time.monotonic() + self._interval
                 self._update(table, mono_to_wall())
                 writer.offer(self._encode())
-                await anyio.sleep(self._interval)
         finally:
             writer.close()
 
