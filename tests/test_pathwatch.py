@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import select
 from pathlib import Path
 
 import anyio
@@ -29,6 +30,45 @@ async def test_changes_of_the_entry_wake_it_and_neighbours_do_not(tmp_path: Path
             change()
             with anyio.fail_after(5):
                 await watch.changed()
+
+
+@pytest.mark.asyncio
+async def test_a_busy_directory_costs_no_wake_up_and_a_missing_entry_is_seen_made(
+    tmp_path: Path,
+) -> None:
+    target, marker = tmp_path / "t.fifo", tmp_path / "t.fifo.aiotimer"
+    os.mkfifo(target)
+    marker.write_text("{}")
+    with PathWatch(target, also=(marker,), poll_interval=3600) as watch:
+        with anyio.move_on_after(0.05):
+            await watch.changed()  # watching now
+        # What a journal write beside the FIFO does: create, chmod, rename over.
+        for i in range(3):
+            (tmp_path / "t.fifo.journal.tmp").write_text(str(i))
+            os.chmod(tmp_path / "t.fifo.journal.tmp", 0o600)
+            os.replace(tmp_path / "t.fifo.journal.tmp", tmp_path / "t.fifo.journal")
+        pipe = os.open(target, os.O_RDWR)  # a client writes a line (Linux: no block)
+        os.write(pipe, b"x\n")
+        os.close(pipe)
+        assert select.select([watch._fd], [], [], 0.05)[0] == [], "the loop would wake"
+        # The marker replaced (a rename over it): seen.
+        (tmp_path / "new").write_text("{}")
+        os.replace(tmp_path / "new", marker)
+        with anyio.fail_after(5):
+            await watch.changed()
+        # The FIFO removed, then made again: both seen (the directory is watched while
+        # the entry is missing).
+        target.unlink()
+        with anyio.fail_after(5):
+            await watch.changed()
+        os.mkfifo(target)
+        with anyio.fail_after(5):
+            await watch.changed()
+        with anyio.move_on_after(0.05) as idle:
+            await watch.changed()  # back to the entries' inodes
+        (tmp_path / "neighbour").write_text("x")
+        assert idle.cancelled_caught
+        assert select.select([watch._fd], [], [], 0.05)[0] == [], "the loop would wake"
 
 
 @pytest.mark.asyncio
