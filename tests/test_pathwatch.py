@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import os
 import select
 from pathlib import Path
@@ -9,6 +11,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+from aiotimer.sources import _pathwatch as pathwatch
 from aiotimer.sources._pathwatch import PathWatch
 
 
@@ -69,6 +72,37 @@ async def test_a_busy_directory_costs_no_wake_up_and_a_missing_entry_is_seen_mad
         (tmp_path / "neighbour").write_text("x")
         assert idle.cancelled_caught
         assert select.select([watch._fd], [], [], 0.05)[0] == [], "the loop would wake"
+
+
+@pytest.mark.asyncio
+async def test_an_entry_whose_inode_cannot_be_watched_is_watched_through_its_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # inotify needs read access to watch a file (another user's squatter): refused
+    # here for the entry, which the directory's watch then covers.
+    real = pathwatch._libc()
+    assert real is not None
+    target = tmp_path / "t.fifo"
+
+    class _Refusing:
+        def __getattr__(self, name: str) -> object:
+            return getattr(real, name)
+
+        def inotify_add_watch(self, fd: int, path: bytes, mask: int) -> int:
+            if path == os.fsencode(target):
+                ctypes.set_errno(errno.EACCES)
+                return -1
+            return int(real.inotify_add_watch(fd, path, mask))
+
+    monkeypatch.setattr(pathwatch, "_libc", _Refusing)
+    target.write_text("someone else's")
+    with PathWatch(target, poll_interval=3600) as watch:
+        with anyio.move_on_after(0.05) as idle:
+            await watch.changed()
+        assert idle.cancelled_caught
+        target.unlink()
+        with anyio.fail_after(5):
+            await watch.changed()
 
 
 @pytest.mark.asyncio

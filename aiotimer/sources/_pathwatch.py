@@ -118,27 +118,30 @@ class PathWatch:
         await anyio.sleep(self.poll_interval)
 
     def _sync(self) -> bool:
-        """Watch the inode each entry names now, and the directory while one is missing;
-        ``True`` if an entry is not what it was at the last call (or is missing at the
-        first), or inotify failed (polling from now on)."""
+        """Watch the inode each entry names now, and the directory while one is missing
+        (or its inode cannot be watched); ``True`` if an entry is not what it was at the
+        last call (or is missing at the first), or inotify failed (polling from now on)."""
         libc, fd = self._libc, self._fd
         assert libc is not None
         seen: list[tuple[int, int] | None] = []
+        unwatched = False
         self._entry_wds = set()
         for entry in self._entries:
             wd = libc.inotify_add_watch(fd, entry, _ON_ENTRY)  # first: then look
             if wd >= 0:
                 self._entry_wds.add(wd)
-            elif ctypes.get_errno() not in (errno.ENOENT, errno.ENOTDIR):
+            elif ctypes.get_errno() in (errno.ENOSPC, errno.ENOMEM):  # out of watches
                 self._stop_watching()
                 return True
+            else:  # missing, or not ours to watch (EACCES): the directory will tell
+                unwatched = True
             try:
                 st = os.lstat(entry)
             except OSError:
                 seen.append(None)
             else:
                 seen.append((st.st_dev, st.st_ino))
-        missing = None in seen
+        missing = unwatched or None in seen
         if missing and self._dir_wd < 0:
             wd = libc.inotify_add_watch(fd, os.fsencode(self.path.parent), _ON_DIRECTORY)
             if wd < 0:
@@ -149,7 +152,7 @@ class PathWatch:
             libc.inotify_rm_watch(fd, self._dir_wd)  # its IN_IGNORED is not a change
             self._dir_wd = -1
         before, self._seen = self._seen, seen
-        return seen != before if before is not None else missing
+        return seen != before if before is not None else None in seen
 
     def _stop_watching(self) -> None:
         """Close the inotify descriptor: poll from now on."""
