@@ -133,18 +133,27 @@ async def test_a_huge_worker_is_left_out_rather_than_scanned_in_the_loop(
         tg.cancel_scope.cancel()
 
 
-class _Encodes:
-    """Counts the journal's encodings (each one is a write handed to its thread)."""
+class _Journaled:
+    """A table and its journal (``interval`` seconds), whose encodings are timed (each
+    one is a write handed to the journal's thread)."""
 
-    def __init__(self, journal: Journal, monkeypatch: pytest.MonkeyPatch) -> None:
+    def __init__(
+        self, path: Path, interval: float, pid: int, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        self.table, self.journal, self.pid = TimerTable(), Journal(path, interval=interval), pid
         self.times: list[float] = []
-        encode = journal._encode
+        encode = self.journal._encode
 
         def counted() -> bytes:
             self.times.append(time.monotonic())
             return encode()
 
-        monkeypatch.setattr(journal, "_encode", counted)
+        monkeypatch.setattr(self.journal, "_encode", counted)
+
+    def acquire(self, scope: str, deadline: float) -> None:
+        timer = Timer(self.pid, scope, deadline, 9)
+        self.table.acquire(timer)
+        self.journal.acquired(timer)
 
 
 @pytest.mark.asyncio
@@ -153,26 +162,19 @@ async def test_a_change_too_soon_after_a_write_rides_on_the_first_change_after_i
 ) -> None:
     # Written at the first change after the interval, in the turn that applies it, not
     # by a timer of its own at the interval's end.
-    table, journal = TimerTable(), Journal(tmp_path / "j", interval=1.0)
-    encodes = _Encodes(journal, monkeypatch)
-
-    def acquire(scope: str, deadline: float) -> None:
-        timer = Timer(sleeper, scope, deadline, 9)
-        table.acquire(timer)
-        journal.acquired(timer)
-
+    j = _Journaled(tmp_path / "j", 1.0, sleeper, monkeypatch)
     async with anyio.create_task_group() as tg:
-        await tg.start(journal.run, table, lambda: 0.0)
-        acquire("a", 100.0)
-        await wait_until(lambda: len(encodes.times) == 1)
-        acquire("b", 90.0)  # too soon: waits
+        await tg.start(j.journal.run, j.table, lambda: 0.0)
+        j.acquire("a", 100.0)
+        await wait_until(lambda: len(j.times) == 1)
+        j.acquire("b", 90.0)  # too soon: waits
         # Past the interval, before the backstop (half an interval after it).
-        await anyio.sleep(encodes.times[0] + 1.15 - time.monotonic())
-        assert len(encodes.times) == 1, "written at the interval's end by a timer"
-        acquire("c", 80.0)
+        await anyio.sleep(j.times[0] + 1.15 - time.monotonic())
+        assert len(j.times) == 1, "written at the interval's end by a timer"
+        j.acquire("c", 80.0)
         for _ in range(3):
             await anyio.sleep(0)  # the journal's task runs in this turn; no time passes
-        assert len(encodes.times) == 2
+        assert len(j.times) == 2
         tg.cancel_scope.cancel()
 
 
@@ -180,17 +182,14 @@ async def test_a_change_too_soon_after_a_write_rides_on_the_first_change_after_i
 async def test_a_lone_change_too_soon_after_a_write_is_written_by_the_backstop(
     tmp_path: Path, sleeper: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    table, journal = TimerTable(), Journal(tmp_path / "j", interval=0.3)
-    encodes = _Encodes(journal, monkeypatch)
+    j = _Journaled(tmp_path / "j", 0.3, sleeper, monkeypatch)
     async with anyio.create_task_group() as tg:
-        await tg.start(journal.run, table, lambda: 0.0)
-        for scope, deadline in (("a", 100.0), ("b", 90.0)):
-            timer = Timer(sleeper, scope, deadline, 9)
-            table.acquire(timer)
-            journal.acquired(timer)
-            await wait_until(lambda: len(encodes.times) >= 1)
-        await wait_until(lambda: len(encodes.times) == 2)
-        first, second = encodes.times
+        await tg.start(j.journal.run, j.table, lambda: 0.0)
+        j.acquire("a", 100.0)
+        await wait_until(lambda: len(j.times) == 1)
+        j.acquire("b", 90.0)
+        await wait_until(lambda: len(j.times) == 2)
+        first, second = j.times
         assert second - first >= 0.3, "written again within the interval"
         tg.cancel_scope.cancel()
     assert _written(tmp_path / "j")[0]["scope_id"] == "b"
