@@ -21,8 +21,9 @@ anything but a regular file of this user; read back the same way, capped). Write
 at least ``interval`` (a second) apart, so a busy server writes about once a second, an
 idle one never. A change within ``interval`` of the last write is written with the
 first change after the interval, in the turn of the loop that applies it (a journal
-write costs the loop no wake-up of its own), or half an ``interval`` later at the latest. The
-loop's work per write is bounded by the number of workers (capped at ``max_workers``).
+write costs the loop no wake-up of its own), or half an ``interval`` later at the
+latest. The loop's work per write is bounded by the number of workers (capped at
+``max_workers``).
 
 Each entry carries the worker's start time (its identity) and the deadline on
 ``CLOCK_MONOTONIC``; the file carries the boot id. :meth:`Journal.load`, at the next
@@ -35,11 +36,10 @@ the blocks it still has open, so the journal only speaks for workers that stay s
 Limits: the journal lags the table by up to one and a half ``interval``; a block that
 ended in that lag before a crash, or during the downtime, and whose worker then says
 nothing until the restored deadline (plus ``grace``) has passed, is reaped as if it had
-hung. Only timers
-that would signal (``signal > 0``) are journaled, and a worker holding more than
-:data:`MAX_SCAN` timers drops out when its earliest one goes, until its next acquire
-(then journaled by that timer, which may not be its earliest: a later deadline, never a
-false one).
+hung. Only timers that would signal (``signal > 0``) are journaled, and a worker holding
+more than :data:`MAX_SCAN` timers drops out when its earliest one goes, until its next
+acquire (then journaled by that timer, which may not be its earliest: a later deadline,
+never a false one).
 """
 
 from __future__ import annotations
