@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import anyio
@@ -155,6 +156,14 @@ class _Journaled:
         self.table.acquire(timer)
         self.journal.acquired(timer)
 
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        """The journal's task runs for the duration."""
+        async with anyio.create_task_group() as tg:
+            await tg.start(self.journal.run, self.table, lambda: 0.0)
+            yield
+            tg.cancel_scope.cancel()
+
 
 @pytest.mark.asyncio
 async def test_a_change_too_soon_after_a_write_rides_on_the_first_change_after_it(
@@ -163,8 +172,7 @@ async def test_a_change_too_soon_after_a_write_rides_on_the_first_change_after_i
     # Written at the first change after the interval, in the turn that applies it, not
     # by a timer of its own at the interval's end.
     j = _Journaled(tmp_path / "j", 1.0, sleeper, monkeypatch)
-    async with anyio.create_task_group() as tg:
-        await tg.start(j.journal.run, j.table, lambda: 0.0)
+    async with j.running():
         j.acquire("a", 100.0)
         await wait_until(lambda: len(j.times) == 1)
         j.acquire("b", 90.0)  # too soon: waits
@@ -175,7 +183,6 @@ async def test_a_change_too_soon_after_a_write_rides_on_the_first_change_after_i
         for _ in range(3):
             await anyio.sleep(0)  # the journal's task runs in this turn; no time passes
         assert len(j.times) == 2
-        tg.cancel_scope.cancel()
 
 
 @pytest.mark.asyncio
@@ -183,15 +190,13 @@ async def test_a_lone_change_too_soon_after_a_write_is_written_by_the_backstop(
     tmp_path: Path, sleeper: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     j = _Journaled(tmp_path / "j", 0.3, sleeper, monkeypatch)
-    async with anyio.create_task_group() as tg:
-        await tg.start(j.journal.run, j.table, lambda: 0.0)
+    async with j.running():
         j.acquire("a", 100.0)
         await wait_until(lambda: len(j.times) == 1)
         j.acquire("b", 90.0)
         await wait_until(lambda: len(j.times) == 2)
         first, second = j.times
         assert second - first >= 0.3, "written again within the interval"
-        tg.cancel_scope.cancel()
     assert _written(tmp_path / "j")[0]["scope_id"] == "b"
 
 
