@@ -32,7 +32,10 @@ pytestmark = [pytest.mark.etcd, pytest.mark.process, pytest.mark.timeout(90)]
 WORKER = """
 import os, sys, time
 from aiotimer import expires
+from aiotimer.diagnostics import ensure_dump_handler
 
+if os.environ.get("AIOTIMER_DUMP_HOOK") == "1":  # every rank answers by its hook, not py-spy
+    ensure_dump_handler()
 count = int(os.environ["AIOTIMER_RESTART_COUNT"])
 node, rank, out = os.environ["TEST_NODE"], os.environ["RANK"], os.environ["TEST_OUT"]
 open(os.path.join(out, f"{node}-{rank}-{count}"), "w").close()
