@@ -15,9 +15,7 @@ lifecycle and snapshot records), :mod:`aiotimer.supervisor` (its records and sta
 timer table and duration statistics), :mod:`aiotimer.wire` (the line codec),
 :mod:`aiotimer.watchdog`, :mod:`aiotimer.diagnostics`, :mod:`aiotimer.testing`,
 :mod:`aiotimer.control` (control socket, status, metrics), :mod:`aiotimer.cluster` and
-:mod:`aiotimer.compat.torch`. Modules whose names start with ``_`` are private. A name
-that moved away from here still resolves, with a :class:`DeprecationWarning` that names
-its new home.
+:mod:`aiotimer.compat.torch`. Modules whose names start with ``_`` are private.
 
 Importing the package is cheap: every public name is loaded on first use, so
 ``from aiotimer import expires`` in a worker loads the client and the wire codec, not the
@@ -122,47 +120,8 @@ _LAZY: Final[dict[str, str]] = {
     "SourceError": "aiotimer.errors",
 }
 
-#: Names this module exported before, and their homes now (each use warns).
-_MOVED: Final[dict[str, str]] = {
-    "Launch": "aiotimer.client.LaunchInfo",
-    "launched": "aiotimer.client.launch_info",
-    "under_timer_server": "aiotimer.client.timer_server_configured",
-    "Launcher": "aiotimer.client.Launcher",
-    "Counters": "aiotimer.server.ServerCounters",
-    "Lifecycle": "aiotimer.server.LifecycleState",
-    "ServerState": "aiotimer.server.ServerState",
-    "SiteSummary": "aiotimer.core.ScopeStats",
-    "DurationStats": "aiotimer.core.DurationStats",
-    "Timer": "aiotimer.core.Timer",
-    "TimerKey": "aiotimer.core.TimerKey",
-    "TimerTable": "aiotimer.core.TimerTable",
-    "PIPE_BUF": "aiotimer.wire.PIPE_BUF",
-    "Decoded": "aiotimer.wire.Decoded",
-    "LineDecoder": "aiotimer.wire.LineDecoder",
-    "Rejection": "aiotimer.wire.Rejection",
-    "RequestTooLargeError": "aiotimer.wire.RequestTooLargeError",
-    "encode": "aiotimer.wire.encode",
-    "FifoSource": "aiotimer.sources.FifoSource",
-    "QueueSource": "aiotimer.sources.QueueSource",
-    "RequestSink": "aiotimer.sources.RequestSink",
-    "SocketSource": "aiotimer.sources.SocketSource",
-    "Source": "aiotimer.sources.Source",
-    "ExitKind": "aiotimer.supervisor.ExitKind",
-    "ExitReason": "aiotimer.supervisor.ExitReason",
-    "SupervisorState": "aiotimer.supervisor.SupervisorState",
-    "WorkerSnapshot": "aiotimer.supervisor.RankStatus",
-    "WorkerState": "aiotimer.supervisor.WorkerState",
-    "ClusterError": "aiotimer.errors.ClusterError",
-    "LaunchError": "aiotimer.errors.LaunchError",
-    "LeaseLostError": "aiotimer.errors.LeaseLostError",
-    "MissingExtraError": "aiotimer.errors.MissingExtraError",
-    "NodeNameTakenError": "aiotimer.errors.NodeNameTakenError",
-    "ProcessGoneError": "aiotimer.errors.ProcessGoneError",
-    "RefusedTargetError": "aiotimer.errors.RefusedTargetError",
-    "StoreUnavailableError": "aiotimer.errors.StoreUnavailableError",
-}
 
-__getattr__, __dir__ = face_getattr("aiotimer", globals(), lazy=_LAZY, moved=_MOVED)
+__getattr__, __dir__ = face_getattr("aiotimer", globals(), lazy=_LAZY)
 
 __all__ = [
     "AiotimerError",

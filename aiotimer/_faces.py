@@ -1,15 +1,10 @@
-"""How a public face resolves its names: lazily, and old names with a warning.
+"""How a public face resolves its names: lazily.
 
 A face (``aiotimer``, ``aiotimer.core``, ``aiotimer.server``, ...) gives :func:`face_getattr`
-the names it loads on first use and the names it no longer exports, and binds what it
-returns as its module ``__getattr__`` and ``__dir__`` (PEP 562):
-
-* a *lazy* name is imported from its defining module when first asked for, then bound in
-  the face (later lookups skip ``__getattr__``); so ``from aiotimer import expires`` loads
-  the client and not the server;
-* a *moved* name (renamed, or moved to a submodule) still resolves, to the very object of
-  its new home, with a :class:`DeprecationWarning` that names that home, at every use; it
-  is in neither the face's ``__all__`` nor its ``dir()``.
+the names it loads on first use, and binds what it returns as its module ``__getattr__``
+and ``__dir__`` (PEP 562): a *lazy* name is imported from its defining module when first
+asked for, then bound in the face (later lookups skip ``__getattr__``); so
+``from aiotimer import expires`` loads the client and not the server.
 
 Imports nothing of aiotimer's, so every layer's face may use it.
 """
@@ -17,7 +12,6 @@ Imports nothing of aiotimer's, so every layer's face may use it.
 from __future__ import annotations
 
 import importlib
-import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -29,7 +23,6 @@ def face_getattr(
     namespace: dict[str, Any],
     *,
     lazy: Mapping[str, str] | None = None,
-    moved: Mapping[str, str] | None = None,
 ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """The ``__getattr__`` and ``__dir__`` of face module ``face``.
 
@@ -38,23 +31,14 @@ def face_getattr(
         namespace: the face's ``globals()``, where a lazy name is bound once loaded.
         lazy: public name -> the module that defines it (a name whose module is
             ``face.name`` is that submodule itself).
-        moved: old name -> its new home, ``"module.name"`` (``"aiotimer.server.ServerCounters"``).
 
     Returns:
         ``(__getattr__, __dir__)``; ``__getattr__`` raises :class:`AttributeError` for
         any other name.
     """
     lazy = dict(lazy or {})
-    moved = dict(moved or {})
 
     def __getattr__(name: str) -> Any:
-        home = moved.get(name)
-        if home is not None:
-            module, _, new = home.rpartition(".")
-            warnings.warn(
-                f"{face}.{name} is deprecated: use {home}", DeprecationWarning, stacklevel=2
-            )
-            return getattr(importlib.import_module(module), new)
         source = lazy.get(name)
         if source is None:
             raise AttributeError(f"module {face!r} has no attribute {name!r}")

@@ -1,8 +1,7 @@
 """Pin the public surface: a change to what aiotimer exports must be deliberate.
 
-The top level (what a user writes), every public module's ``__all__``, and the names that
-moved: each still resolves, to the very object of its new home, with a
-``DeprecationWarning`` that names that home, and is in neither ``__all__`` nor ``dir()``.
+The top level (what a user writes) and every public module's ``__all__``. No release has
+shipped another name, so there are no aliases: an unknown name is an ``AttributeError``.
 """
 
 from __future__ import annotations
@@ -10,7 +9,6 @@ from __future__ import annotations
 import importlib
 import inspect
 import pkgutil
-import re
 import subprocess
 import sys
 from importlib.metadata import version
@@ -390,53 +388,6 @@ PUBLIC_ALL: dict[str, set[str]] = {
     },
 }
 
-#: (module, old name) -> the new home of each name that moved or was renamed.
-DEPRECATED: dict[tuple[str, str], str] = {
-    ("aiotimer", "Launch"): "aiotimer.client.LaunchInfo",
-    ("aiotimer", "launched"): "aiotimer.client.launch_info",
-    ("aiotimer", "under_timer_server"): "aiotimer.client.timer_server_configured",
-    ("aiotimer", "Launcher"): "aiotimer.client.Launcher",
-    ("aiotimer", "Counters"): "aiotimer.server.ServerCounters",
-    ("aiotimer", "Lifecycle"): "aiotimer.server.LifecycleState",
-    ("aiotimer", "ServerState"): "aiotimer.server.ServerState",
-    ("aiotimer", "SiteSummary"): "aiotimer.core.ScopeStats",
-    ("aiotimer", "DurationStats"): "aiotimer.core.DurationStats",
-    ("aiotimer", "Timer"): "aiotimer.core.Timer",
-    ("aiotimer", "TimerKey"): "aiotimer.core.TimerKey",
-    ("aiotimer", "TimerTable"): "aiotimer.core.TimerTable",
-    ("aiotimer", "PIPE_BUF"): "aiotimer.wire.PIPE_BUF",
-    ("aiotimer", "Decoded"): "aiotimer.wire.Decoded",
-    ("aiotimer", "LineDecoder"): "aiotimer.wire.LineDecoder",
-    ("aiotimer", "Rejection"): "aiotimer.wire.Rejection",
-    ("aiotimer", "RequestTooLargeError"): "aiotimer.wire.RequestTooLargeError",
-    ("aiotimer", "encode"): "aiotimer.wire.encode",
-    ("aiotimer", "FifoSource"): "aiotimer.sources.FifoSource",
-    ("aiotimer", "QueueSource"): "aiotimer.sources.QueueSource",
-    ("aiotimer", "RequestSink"): "aiotimer.sources.RequestSink",
-    ("aiotimer", "SocketSource"): "aiotimer.sources.SocketSource",
-    ("aiotimer", "Source"): "aiotimer.sources.Source",
-    ("aiotimer", "ExitKind"): "aiotimer.supervisor.ExitKind",
-    ("aiotimer", "ExitReason"): "aiotimer.supervisor.ExitReason",
-    ("aiotimer", "SupervisorState"): "aiotimer.supervisor.SupervisorState",
-    ("aiotimer", "WorkerSnapshot"): "aiotimer.supervisor.RankStatus",
-    ("aiotimer", "WorkerState"): "aiotimer.supervisor.WorkerState",
-    ("aiotimer", "ClusterError"): "aiotimer.errors.ClusterError",
-    ("aiotimer", "LaunchError"): "aiotimer.errors.LaunchError",
-    ("aiotimer", "LeaseLostError"): "aiotimer.errors.LeaseLostError",
-    ("aiotimer", "MissingExtraError"): "aiotimer.errors.MissingExtraError",
-    ("aiotimer", "NodeNameTakenError"): "aiotimer.errors.NodeNameTakenError",
-    ("aiotimer", "ProcessGoneError"): "aiotimer.errors.ProcessGoneError",
-    ("aiotimer", "RefusedTargetError"): "aiotimer.errors.RefusedTargetError",
-    ("aiotimer", "StoreUnavailableError"): "aiotimer.errors.StoreUnavailableError",
-    ("aiotimer.client", "under_timer_server"): "aiotimer.client.timer_server_configured",
-    ("aiotimer.core", "SiteSummary"): "aiotimer.core.ScopeStats",
-    ("aiotimer.events", "Counters"): "aiotimer.events.ServerCounters",
-    ("aiotimer.events", "WorkerSummary"): "aiotimer.events.RankStatus",
-    ("aiotimer.server", "Counters"): "aiotimer.server.ServerCounters",
-    ("aiotimer.server", "Lifecycle"): "aiotimer.server.LifecycleState",
-    ("aiotimer.supervisor", "WorkerSnapshot"): "aiotimer.supervisor.RankStatus",
-}
-
 
 def test_top_level_surface_is_pinned() -> None:
     assert set(aiotimer.__all__) == EXPECTED_TOP_LEVEL
@@ -475,22 +426,12 @@ def test_every_exported_name_exists_and_is_documented(module_name: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("module_name", "old"), sorted(DEPRECATED), ids=[f"{m}.{n}" for m, n in sorted(DEPRECATED)]
+    ("module_name", "name"), [("aiotimer", "Counters"), ("aiotimer.server", "Lifecycle")]
 )
-def test_a_moved_name_warns_and_resolves_to_its_new_home(module_name: str, old: str) -> None:
-    home = DEPRECATED[module_name, old]
-    home_module, _, new = home.rpartition(".")
+def test_an_unknown_name_is_an_attribute_error(module_name: str, name: str) -> None:
     module = importlib.import_module(module_name)
-    with pytest.warns(
-        DeprecationWarning, match=f"^{re.escape(f'{module_name}.{old} is deprecated: use {home}')}$"
-    ):
-        value = getattr(module, old)
-    assert value is getattr(importlib.import_module(home_module), new)
-    assert new in importlib.import_module(home_module).__all__
-    assert old not in module.__all__
-    assert old not in dir(module)
-    with pytest.warns(DeprecationWarning):
-        getattr(module, old)  # every use warns, not only the first
+    with pytest.raises(AttributeError, match=f"module {module_name!r} has no attribute {name!r}"):
+        getattr(module, name)
 
 
 def test_public_classes_document_their_public_methods() -> None:

@@ -64,5 +64,4 @@ __all__ = [
 __getattr__, __dir__ = face_getattr(
     "aiotimer.client",
     globals(),
-    moved={"under_timer_server": "aiotimer.client.timer_server_configured"},
 )

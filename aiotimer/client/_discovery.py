@@ -116,7 +116,7 @@ def current_client() -> TimerClient:
 
 def timer_server_configured() -> bool:
     """Whether ``expires()`` here has a client whose server may be there, without
-    connecting to anything (formerly ``under_timer_server()``, still an alias).
+    connecting to anything.
 
     True when a client is set (:func:`use_client`, :func:`configure`: whatever it points
     at), or when the first of ``AIOTIMER_FIFO`` and ``TORCHELASTIC_TIMER_FILE`` that is

@@ -39,9 +39,7 @@ _LAZY: Final[dict[str, str]] = {
     "fold": "aiotimer.core._fold",
 }
 
-__getattr__, __dir__ = face_getattr(
-    "aiotimer.core", globals(), lazy=_LAZY, moved={"SiteSummary": "aiotimer.core.ScopeStats"}
-)
+__getattr__, __dir__ = face_getattr("aiotimer.core", globals(), lazy=_LAZY)
 
 __all__ = [
     "DurationStats",

@@ -112,11 +112,4 @@ __all__ = [
     "signal_name",
 ]
 
-__getattr__, __dir__ = face_getattr(
-    "aiotimer.events",
-    globals(),
-    moved={
-        "Counters": "aiotimer.events.ServerCounters",
-        "WorkerSummary": "aiotimer.events.RankStatus",
-    },
-)
+__getattr__, __dir__ = face_getattr("aiotimer.events", globals())

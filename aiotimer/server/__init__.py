@@ -36,11 +36,4 @@ __all__ = [
     "loop_factory",
 ]
 
-__getattr__, __dir__ = face_getattr(
-    "aiotimer.server",
-    globals(),
-    moved={
-        "Counters": "aiotimer.server.ServerCounters",
-        "Lifecycle": "aiotimer.server.LifecycleState",
-    },
-)
+__getattr__, __dir__ = face_getattr("aiotimer.server", globals())

@@ -51,6 +51,4 @@ __all__ = [
     "format_summary",
 ]
 
-__getattr__, __dir__ = face_getattr(
-    "aiotimer.supervisor", globals(), moved={"WorkerSnapshot": "aiotimer.supervisor.RankStatus"}
-)
+__getattr__, __dir__ = face_getattr("aiotimer.supervisor", globals())
