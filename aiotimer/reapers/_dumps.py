@@ -18,8 +18,12 @@ from __future__ import annotations
 import logging
 import math
 import os
+import selectors
 import shutil
+import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +34,7 @@ import anyio.to_thread
 
 from aiotimer._edges.files import check_private_dir, open_owned
 from aiotimer._edges.procfs import read_start_time
+from aiotimer.core._hang_parse import StackCaps, StackTextBound
 from aiotimer.errors import ProcessGoneError
 from aiotimer.wire._dumpfile import (
     DEFAULT_DUMP_SIGNAL,
@@ -42,6 +47,7 @@ from aiotimer.wire._dumpfile import (
 logger = logging.getLogger("aiotimer")
 
 __all__ = [
+    "PY_SPY_CAPS",
     "HookInfo",
     "NoDump",
     "collect_dump",
@@ -291,6 +297,11 @@ def py_spy_executable() -> str | None:
 
 #: How many times :func:`py_spy_dump_or_why` runs a py-spy that keeps crashing.
 PY_SPY_ATTEMPTS: Final[int] = 3
+#: How much of py-spy's output is kept (see :class:`~aiotimer.core._hang_parse.StackCaps`):
+#: at most about 1.3 MB of text per dump, whatever the worker's stacks.
+PY_SPY_CAPS: Final[StackCaps] = StackCaps()
+_CHUNK: Final[int] = 64 * 1024
+_MAX_STDERR: Final[int] = 16 * 1024
 
 
 async def py_spy_dump(pid: int, *, timeout: float = 10.0) -> str | None:
@@ -308,6 +319,13 @@ async def py_spy_dump(pid: int, *, timeout: float = 10.0) -> str | None:
 async def py_spy_dump_or_why(pid: int, *, timeout: float = 10.0) -> str | NoDump:
     """:func:`py_spy_dump`, with the reason instead of ``None`` when no dump came.
 
+    py-spy's output is as large as the worker makes it (threads, depth, name lengths),
+    so it is read as it streams, in a worker thread, into a bounded copy
+    (:class:`~aiotimer.core._hang_parse.StackTextBound` with :data:`PY_SPY_CAPS`: lines
+    cut to 512 characters, 50 frames per thread, 50 threads, 16 MiB read, then py-spy is
+    stopped); the text ends with a note of what was left out. Nothing of it is held or
+    parsed in the event loop.
+
     A py-spy that dies of a signal (it reads a live process's memory, and can crash
     when the process changes under it) is run again while ``timeout`` lasts, at most
     :data:`PY_SPY_ATTEMPTS` times in all; a refusal (exit status > 0) is not retried.
@@ -316,18 +334,79 @@ async def py_spy_dump_or_why(pid: int, *, timeout: float = 10.0) -> str | NoDump
     if exe is None:
         return NoDump("py-spy is not installed")
     argv = [exe, "dump", "--full-filenames", "--pid", str(pid)]
+    stop = threading.Event()
+    deadline = time.monotonic() + max(0.0, timeout)
+    try:
+        return await anyio.to_thread.run_sync(
+            _py_spy_attempts, argv, deadline, timeout, stop, abandon_on_cancel=True
+        )
+    finally:
+        stop.set()  # cancelled: the thread stops py-spy and ends
+
+
+def _py_spy_attempts(
+    argv: list[str], deadline: float, timeout: float, stop: threading.Event
+) -> str | NoDump:
     why = NoDump(f"py-spy timed out after {timeout:g}s")
-    with anyio.move_on_after(timeout):
-        for attempt in range(1, PY_SPY_ATTEMPTS + 1):
-            result = await anyio.run_process(argv, check=False)
-            if result.returncode == 0:
-                return result.stdout.decode("utf-8", "replace")
-            err = result.stderr.decode("utf-8", "replace").strip().splitlines()
-            tries = f", {attempt} attempts" if attempt > 1 else ""
-            why = NoDump(
-                f"py-spy failed (exit status {result.returncode}{tries}"
-                + (f": {err[-1][:200]})" if err else ")")
-            )
-            if result.returncode > 0:
-                break
+    for attempt in range(1, PY_SPY_ATTEMPTS + 1):
+        result = _py_spy_once(argv, deadline, stop)
+        if result is None:
+            return why  # timed out, or stopped
+        code, out, err = result
+        if code == 0 or (out is not None and code is None):
+            return out or ""
+        lines = err.strip().splitlines()
+        tries = f", {attempt} attempts" if attempt > 1 else ""
+        why = NoDump(
+            f"py-spy failed (exit status {code}{tries}"
+            + (f": {lines[-1][:200]})" if lines else ")")
+        )
+        if code is None or code > 0:
+            break
     return why
+
+
+def _py_spy_once(
+    argv: list[str], deadline: float, stop: threading.Event
+) -> tuple[int | None, str | None, str] | None:
+    """Run py-spy once: ``(exit status, bounded output, stderr's end)``; the status is
+    ``None`` when its output reached the read cap (py-spy is then stopped, and the
+    output kept). ``None`` when ``deadline`` passed or ``stop`` was set first."""
+    bound = StackTextBound(PY_SPY_CAPS)
+    err = bytearray()
+    try:
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+    except OSError as exc:
+        return 127, None, str(exc)
+    assert proc.stdout is not None and proc.stderr is not None
+    capped = False
+    try:
+        with selectors.DefaultSelector() as sel:
+            sel.register(proc.stdout, selectors.EVENT_READ)
+            sel.register(proc.stderr, selectors.EVENT_READ)
+            while sel.get_map() and not capped:
+                left = deadline - time.monotonic()
+                if left <= 0 or stop.is_set():
+                    return None
+                for key, _ in sel.select(min(left, 0.1)):
+                    chunk = os.read(key.fd, _CHUNK)
+                    if not chunk:
+                        sel.unregister(key.fileobj)
+                    elif key.fileobj is proc.stdout:
+                        capped = not bound.feed(chunk)
+                    elif len(err) < _MAX_STDERR:
+                        err += chunk[: _MAX_STDERR - len(err)]
+        if capped:
+            return None, bound.text(), ""
+        code = proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        return None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+    return code, bound.text(), err.decode("utf-8", "replace")

@@ -21,6 +21,7 @@ private runtime directory, removed with it), and stays as :attr:`HangReporter.la
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -206,7 +207,7 @@ class HangReporter:
                 )
             report = build_report(list(got.values()), cause=cause)
             self.last = report
-            files = await anyio.to_thread.run_sync(self._write, report)
+            text, files = await anyio.to_thread.run_sync(self._write, report)
             missing = tuple(sorted(r.rank for r in got.values() if r.missing is not None))
             self._emit(
                 HangReported(
@@ -217,7 +218,7 @@ class HangReporter:
                     missing=missing,
                     seconds=round(self._clock.monotonic() - started, 3),
                     files=files,
-                    report=report.to_text(),
+                    report=text,
                 )
             )
         finally:
@@ -255,26 +256,32 @@ class HangReporter:
                 if isinstance(result, NoDump):
                     result = NoDump(f"the worker's dump hook wrote nothing within {budget:g}s")
         if isinstance(result, str):
-            got[ask.rank] = RankStacks.from_dump(ask.rank, ask.pid, result, blocks=ask.blocks)
+            # Parsed in a worker thread: a dump of many deep threads takes a while to read.
+            got[ask.rank] = await anyio.to_thread.run_sync(
+                functools.partial(
+                    RankStacks.from_dump, ask.rank, ask.pid, result, blocks=ask.blocks
+                )
+            )
         else:
             got[ask.rank] = RankStacks(
                 rank=ask.rank, pid=ask.pid, blocks=ask.blocks, missing=result.reason
             )
 
-    def _write(self, report: HangReport) -> tuple[str, ...]:
+    def _write(self, report: HangReport) -> tuple[str, tuple[str, ...]]:
+        """The report's text, and the files it was written to (in a worker thread)."""
+        text = report.to_text()
         if self._out is None:
-            return ()
+            return text, ()
         folder, stem = self._out
         text_path, json_path = folder / f"{stem}.txt", folder / f"{stem}.json"
-        text = report.to_text()
         data = json.dumps({"text": text, **report.to_dict()}, indent=1)
         try:
             for path, body in ((text_path, text), (json_path, data)):
                 write_atomic(path, body.encode(), 0o644, durable=False, what="hang report")
         except OSError as exc:
             logger.error("the hang report could not be written to %s: %s", folder, exc)
-            return ()
-        return (str(text_path), str(json_path))
+            return text, ()
+        return text, (str(text_path), str(json_path))
 
 
 def open_scopes(server: TimerServer | None, nproc: int) -> dict[int, tuple[str, ...]]:
