@@ -6,7 +6,8 @@ an error, and their stacks are lost. So the supervisor's reaper hands the reap's
 action to :meth:`HangReporter.begin` *first*: it signals every other live rank's dump
 hook at once (a short blocking read of each dump file's header, then the signal), and
 only then does the reap proceed. A task reads the dumps (``py-spy`` for a worker without
-the hook), waits for the reaped rank's own dump if the reap takes one (``--dump``), all
+the hook), waits for the reaped rank's own dump, which its reap takes before the kill
+(:meth:`HangReporter.reap_policy`: the server's policy under the group scope), all
 within ``timeout`` seconds, and groups them with the pure
 :func:`~aiotimer.core._hang.build_report`. A worker that does not answer in time
 (stopped, stuck in C code before the dump hook ran, no hook and no py-spy) is reported as
@@ -39,13 +40,16 @@ import anyio.to_thread
 from aiotimer._edges.clock import Clock
 from aiotimer._edges.files import write_atomic
 from aiotimer.core._hang import HangReport, RankStacks, build_report
+from aiotimer.core._table import Timer
 from aiotimer.events import Event, HangReported
 from aiotimer.reapers._dumps import NoDump, prepare_dump, py_spy_dump_or_why, read_dump_or_why
+from aiotimer.reapers._policy import ReapPolicy
+from aiotimer.reapers._steps import DumpStacks, Step
 from aiotimer.server._server import TimerServer
 from aiotimer.supervisor._pool import Attempt
 from aiotimer.wire._dumpfile import DEFAULT_DUMP_SIGNAL
 
-__all__ = ["DEFAULT_HANG_REPORT_TIMEOUT", "HangReporter", "open_scopes"]
+__all__ = ["DEFAULT_HANG_REPORT_TIMEOUT", "DumpFirstPolicy", "HangReporter", "open_scopes"]
 
 logger = logging.getLogger("aiotimer")
 
@@ -58,6 +62,31 @@ DEFAULT_HANG_REPORT_TIMEOUT: Final[float] = 10.0
 _READ_SHARE: Final[float] = 0.9
 #: Seconds to wait for a dump's end marker once it began.
 _GRACE: Final[float] = 1.0
+#: The most seconds the reaped rank's own dump may take (its hook's, else py-spy's).
+_REAPED_DUMP: Final[float] = 2.0
+
+
+class DumpFirstPolicy(ReapPolicy):
+    """``inner``'s plans, each reap of a rank beginning with its stack dump (within
+    ``dump_timeout`` seconds) unless the plan takes one already: under the group scope
+    the reaped rank's stacks belong in the hang report, and its kill waits for them
+    (the restart waits for the report anyway)."""
+
+    __slots__ = ("_inner", "dump_timeout")
+
+    def __init__(self, inner: ReapPolicy, dump_timeout: float) -> None:
+        super().__init__(
+            inner.default, shadow=inner.shadow, unkillable_after=inner.unkillable_after
+        )
+        self._inner = inner
+        self.dump_timeout = dump_timeout
+
+    def intended(self, timer: Timer) -> tuple[Step, ...]:
+        """The inner policy's plan, a :class:`DumpStacks` first when it signals."""
+        plan = self._inner.intended(timer)
+        if not plan or any(isinstance(step, DumpStacks) for step in plan):
+            return plan
+        return (DumpStacks(self.dump_timeout), *plan)
 
 
 @dataclass(slots=True)
@@ -111,6 +140,12 @@ class HangReporter:
         #: The last report, if any.
         self.last: HangReport | None = None
 
+    def reap_policy(self, policy: ReapPolicy | None) -> ReapPolicy:
+        """``policy`` (default: torch's one signal) with a dump before every reap, so
+        the reaped rank's stacks come into the report (:class:`DumpFirstPolicy`)."""
+        inner = policy if policy is not None else ReapPolicy()
+        return DumpFirstPolicy(inner, min(_REAPED_DUMP, self.timeout * _READ_SHARE))
+
     def place(self, runtime_dir: Path) -> None:
         """Write reports beside the event log, else into ``runtime_dir``."""
         if self._event_log is not None:
@@ -145,7 +180,7 @@ class HangReporter:
             open_ = (s for p in (att.pid, *att.timer_pids) for s in open_timers.get(p, ()))
             blocks = tuple(dict.fromkeys((*att.expired, *open_)))
             if att is reaped:
-                why = "its timer's reap killed it first (reap with --dump to keep its stacks)"
+                why = "its timer's reap killed it first: the reap's plan took no stack dump"
                 asks.append(_Ask(rank, att.pid, blocks, NoDump(why), reaped=dumping))
                 continue
             asks.append(_Ask(rank, att.pid, blocks, self._signal(att)))

@@ -342,7 +342,7 @@ class Supervisor(TaskOwner):
         self._server = TimerServer(
             fifo=self._fifo,
             reaper=self._ranks.observe(self._reaper),
-            policy=self._reap_policy,
+            policy=self._ranks.reap_policy(self._reap_policy),
             clock=self._clock,
             on_event=self._server_event,
         )
