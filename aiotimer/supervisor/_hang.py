@@ -126,7 +126,8 @@ class HangReporter:
         if not (math.isfinite(timeout) and timeout > 0):
             raise ValueError(f"the hang report timeout must be > 0 seconds, got {timeout!r}")
         self.timeout = timeout
-        self._dump_dir = dump_dir
+        #: The workers' dump directory (``None``: the default one).
+        self.dump_dir = dump_dir
         self._py_spy = py_spy
         self._clock = clock
         self._emit = emit
@@ -196,7 +197,7 @@ class HangReporter:
 
     def _signal(self, att: Attempt) -> tuple[Path, int] | NoDump:
         try:
-            prepared = prepare_dump(att.pid, DEFAULT_DUMP_SIGNAL, self._dump_dir)
+            prepared = prepare_dump(att.pid, DEFAULT_DUMP_SIGNAL, self.dump_dir)
             if not isinstance(prepared, NoDump):
                 if att.pidfd is not None:
                     signal.pidfd_send_signal(att.pidfd, DEFAULT_DUMP_SIGNAL)
