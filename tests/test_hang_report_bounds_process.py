@@ -6,14 +6,18 @@ hang report reads them with py-spy:
 
 * rank 0 has 300 threads, each 100 frames deep in functions with 4,000-character names
   (code made with ``exec``): ``py-spy dump`` of it writes about 120 MB;
-* rank 1 hangs in its block once rank 0 is ready; its reap begins the report;
+* once rank 0 is ready, rank 1 hangs in its block (``small``) or rank 0 does (``big``:
+  its own reap reads it too); the reap begins the report;
 * the group restarts once, and both ranks end at once.
 
-A probe task in the supervisor's loop times its 10 ms sleeps all along, and the driver
-reports its peak RSS (``ru_maxrss``) before the run and at its end. Bounds: the loop
-never lags more than 50 ms (a generous bound for a loaded 2-core box; the whole output
-read and parsed in the loop stalled it for seconds), and the RSS grows by less than
-64 MB (the whole output held in memory took it to ~400 MB).
+A probe task in the supervisor's loop times its 10 ms sleeps all along, less the time
+its thread waited for a CPU meanwhile (``/proc/thread-self/schedstat``: a machine busy
+with other work delays every process, which is not the loop's lag), and the driver
+reports its peak RSS (``ru_maxrss``) before the run and at its end. Bounds: from the
+expiry to the report, the loop never lags more than 50 ms (a generous bound for a
+loaded 2-core box; the whole output read and parsed in the loop stalled it for
+seconds), and the RSS grows by less than 64 MB (the whole output held in memory took
+it to ~400 MB).
 """
 
 from __future__ import annotations
@@ -62,12 +66,17 @@ if rank == 0:
         threading.Thread(target=top, args=(ev,), daemon=True).start()
     time.sleep(0.5)  # every thread at its deepest frame
     ready.write_text("ready")
+    if os.environ["TEST_HUNG"] == "big":
+        with expires(after=0.5, scope="step"):
+            time.sleep(3600)
     time.sleep(3600)
 else:
     while not ready.exists():
         time.sleep(0.05)
-    with expires(after=0.5, scope="step"):
-        time.sleep(3600)
+    if os.environ["TEST_HUNG"] == "small":
+        with expires(after=0.5, scope="step"):
+            time.sleep(3600)
+    time.sleep(3600)
 """
 
 DRIVER = """
@@ -78,11 +87,16 @@ async def main(script, log, timeout):
     lags = []
     probing = True
 
+    def queued():  # seconds this thread waited for a CPU (a busy machine, not the loop)
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+
     async def probe():
         while probing:
-            t = time.monotonic()
+            t, q = time.monotonic(), queued()
             await asyncio.sleep(0.01)
-            lags.append(time.monotonic() - t - 0.01)
+            late = time.monotonic() - t - 0.01
+            lags.append((time.time(), late - (queued() - q), late))
 
     supervisor = Supervisor(
         [sys.executable, script],
@@ -99,7 +113,7 @@ async def main(script, log, timeout):
     probing = False
     await task
     rss_end = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps({"lags": sorted(lags)[-5:], "probes": len(lags),
+    print(json.dumps({"lags": lags,
                       "rss_start": rss_start * 1024, "rss_end": rss_end * 1024}))
 
 asyncio.run(main(sys.argv[1], sys.argv[2], float(sys.argv[3])))
@@ -119,13 +133,15 @@ def _env(tmp_path: Path) -> dict[str, str]:
 
 
 @pytest.mark.skipif(py_spy_executable() is None, reason="py-spy is not installed")
-def test_huge_stacks_neither_stall_the_loop_nor_grow_the_rss(tmp_path: Path) -> None:
+@pytest.mark.parametrize("hung", ["small", "big"])
+def test_huge_stacks_neither_stall_the_loop_nor_grow_the_rss(tmp_path: Path, hung: str) -> None:
     script, driver, log = tmp_path / "rank.py", tmp_path / "driver.py", tmp_path / "ev.jsonl"
     script.write_text(RANK)
     driver.write_text(DRIVER)
     result = subprocess.run(
         [sys.executable, str(driver), str(script), str(log), "30"],
-        env=_env(tmp_path), capture_output=True, text=True, timeout=110, check=False,
+        env={**_env(tmp_path), "TEST_HUNG": hung}, capture_output=True, text=True,
+        timeout=110, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr[-4000:]
     measured = json.loads(result.stdout.splitlines()[-1])
@@ -135,7 +151,11 @@ def test_huge_stacks_neither_stall_the_loop_nor_grow_the_rss(tmp_path: Path) -> 
     # rank 0's stacks were read, cut to the caps and said so.
     assert 0 not in report["missing"], report["summary"]
     assert "f099_xxx" in report["report"], report["report"][:2000]
-    assert measured["probes"] > 50, measured
-    assert measured["lags"][-1] <= LAG_BOUND, measured
+    # While the report was taken (from the expiry to the report), the probe ran on.
+    began = next(e["time"] for e in _events(log) if e["event"] == "timer_expired")
+    during = [(late, wall) for at, late, wall in measured["lags"] if began <= at <= report["time"]]
+    assert len(during) > 20, (len(during), report["seconds"])
+    worst = max(during)
+    assert worst[0] <= LAG_BOUND, (worst, report["seconds"])
     growth = measured["rss_end"] - measured["rss_start"]
-    assert growth <= RSS_BOUND, measured
+    assert growth <= RSS_BOUND, (measured["rss_start"], measured["rss_end"])

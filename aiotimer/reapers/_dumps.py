@@ -48,6 +48,7 @@ from aiotimer.wire._dumpfile import (
 logger = logging.getLogger("aiotimer")
 
 __all__ = [
+    "END_GRACE",
     "MAX_KEPT_DUMPS",
     "PY_SPY_CAPS",
     "HookInfo",
@@ -253,6 +254,10 @@ def _size(path: Path) -> int | None:
         os.close(fd)
 
 
+#: Seconds :func:`read_dump` waits for a dump's end marker once its first part came.
+END_GRACE: Final[float] = 1.0
+
+
 async def read_dump(
     path: str | os.PathLike[str],
     *,
@@ -263,14 +268,18 @@ async def read_dump(
     """Wait (at most ``timeout`` seconds) for a complete dump after byte ``offset``.
 
     Polls the file (``poll_interval``, doubling up to 0.1 s). Returns the dump up to and
-    including :data:`END_MARKER`; on timeout, what was written (typically the thread
-    stacks alone, kept even if the worker removed its file meanwhile) plus a note that
-    the dump is incomplete; ``None`` if nothing was.
+    including :data:`END_MARKER`. The thread stacks come from the worker's signal
+    handler at once, the rest only when its main thread runs Python again, which one
+    stuck in C code does not: once the first part came, the marker is awaited at most
+    :data:`END_GRACE` seconds more. Without it, returns what was written (typically the
+    thread stacks alone, kept even if the worker removed its file meanwhile) plus a
+    note that the dump is incomplete; ``None`` if nothing was.
     """
     if not (math.isfinite(timeout) and timeout >= 0):
         raise ValueError(f"timeout must be a finite number >= 0, got {timeout!r}")
     target = Path(path)
-    deadline = anyio.current_time() + timeout
+    started = anyio.current_time()
+    deadline = started + timeout
     delay = poll_interval
     text = ""
     while True:
@@ -279,16 +288,20 @@ async def read_dump(
         end = text.find(END_MARKER)
         if end != -1:
             return text[: end + len(END_MARKER)] + "\n"
-        remaining = deadline - anyio.current_time()
+        now = anyio.current_time()
+        if text and deadline > now + END_GRACE:
+            deadline = now + END_GRACE  # the first part came: the rest soon, or never
+        remaining = deadline - now
         if remaining <= 0:
             break
         await anyio.sleep(min(delay, remaining))
         delay = min(delay * 2, 0.1)
     if not text.strip():
         return None
+    waited = anyio.current_time() - started
     return (
-        text + f"\n[aiotimer: dump incomplete: no end marker within {timeout:g}s; the worker's"
-        " main thread did not get to run Python code (stuck in C code holding the GIL?)]\n"
+        text + f"\n[aiotimer: dump incomplete: no end marker within {waited:.3g}s; the "
+        "worker's main thread did not get to run Python code (stuck in C code?)]\n"
     )
 
 

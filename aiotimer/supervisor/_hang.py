@@ -60,10 +60,6 @@ logger = logging.getLogger("aiotimer")
 DEFAULT_HANG_REPORT_TIMEOUT: Final[float] = 10.0
 #: The share of the bound a dump may take; the rest assembles and writes the report.
 _READ_SHARE: Final[float] = 0.9
-#: Seconds to wait for a dump's end marker once it began.
-_GRACE: Final[float] = 1.0
-#: The most seconds the reaped rank's own dump may take (its hook's, else py-spy's).
-_REAPED_DUMP: Final[float] = 2.0
 
 
 class DumpFirstPolicy(ReapPolicy):
@@ -145,7 +141,7 @@ class HangReporter:
         """``policy`` (default: torch's one signal) with a dump before every reap, so
         the reaped rank's stacks come into the report (:class:`DumpFirstPolicy`)."""
         inner = policy if policy is not None else ReapPolicy()
-        return DumpFirstPolicy(inner, min(_REAPED_DUMP, self.timeout * _READ_SHARE))
+        return DumpFirstPolicy(inner, self.timeout * _READ_SHARE)
 
     def place(self, runtime_dir: Path) -> None:
         """Write reports beside the event log, else into ``runtime_dir``."""
@@ -284,13 +280,9 @@ class HangReporter:
         else:
             # The thread stacks come from the signal handler at once; the asyncio tasks
             # and the end marker only once the main thread runs Python again, which a
-            # rank waiting in C code (a collective) does not: after _GRACE, take what
-            # came, unless nothing did.
-            result = await read_dump_or_why(ask.asked, timeout=min(_GRACE, budget))
-            if isinstance(result, NoDump) and budget > _GRACE:
-                result = await read_dump_or_why(ask.asked, timeout=budget - _GRACE)
-                if isinstance(result, NoDump):
-                    result = NoDump(f"the worker's dump hook wrote nothing within {budget:g}s")
+            # rank waiting in C code (a collective) does not: read_dump takes what came
+            # a moment (END_GRACE) after the first part.
+            result = await read_dump_or_why(ask.asked, timeout=budget)
         if isinstance(result, str):
             # Parsed in a worker thread: a dump of many deep threads takes a while to read.
             got[ask.rank] = await anyio.to_thread.run_sync(
