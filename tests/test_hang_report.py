@@ -18,8 +18,11 @@ from aiotimer.cluster._hang import MAX_PART_BYTES, encode_part, publish_part, re
 from aiotimer.cluster._memory import MemoryStore
 from aiotimer.core._hang import MAX_REPORT_TEXT, RankStacks, build_report
 from aiotimer.core._hang_parse import Frame, StackCaps, StackTextBound, parse_stacks
+from aiotimer.core._table import ReapOptions, Timer
 from aiotimer.events import Event, HangReported
-from aiotimer.supervisor._hang import HangReporter
+from aiotimer.reapers._policy import ReapPolicy
+from aiotimer.reapers._steps import DumpStacks, SendSignal
+from aiotimer.supervisor._hang import DumpFirstPolicy, HangReporter
 from aiotimer.supervisor._pool import Attempt, pidfd
 from aiotimer.testing import FakeClock
 
@@ -308,3 +311,20 @@ def test_a_streamed_dump_stops_at_its_read_cap() -> None:
     assert bound.full
     assert bound.text().endswith("the rest not read (after 1000 bytes)]\n")
     assert not bound.feed(b"more")
+
+
+# -- the supervisor's group scope: a dump before every reap ---------------------------------
+
+
+def test_the_group_scope_policy_dumps_before_every_reap() -> None:
+    def timer(sig: int = 9, dump: bool = False) -> Timer:
+        return Timer(4242, "a.py:1#1", 10.0, sig, options=ReapOptions(dump=dump))
+
+    plain = DumpFirstPolicy(ReapPolicy(), 9.0)
+    assert plain.plan(Timer(4242, "a.py:1#1", 10.0, 9)) == (DumpStacks(9.0), SendSignal(9))
+    assert plain.plan(timer(0)) == ()  # report only: nothing to dump before
+    asked = plain.plan(timer(dump=True))
+    assert [type(s) for s in asked].count(DumpStacks) == 1  # the request's own dump
+    shadow = DumpFirstPolicy(ReapPolicy(shadow=True), 9.0)
+    assert shadow.plan(timer()) == ()
+    assert shadow.intended(timer())[0] == DumpStacks(9.0)
