@@ -33,7 +33,7 @@ from aiotimer.diagnostics import (
     read_dump,
     uninstall_dump_handler,
 )
-from aiotimer.reapers._dumps import NoDump, py_spy_dump_or_why
+from aiotimer.reapers._dumps import MAX_KEPT_DUMPS, LeftDumps, NoDump, py_spy_dump_or_why
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -499,3 +499,40 @@ def test_a_crashed_py_spy_is_run_again_and_a_refusal_is_not(
 
 def test_module_surface() -> None:
     assert set(diagnostics.__all__) <= set(dir(diagnostics))
+
+
+# -- dump files left by exited workers ----------------------------------------------------
+
+
+def _left_file(folder: Path, pid: int, start: int) -> Path:
+    path = folder / f"aiotimer-dump-{pid}.txt"
+    path.write_text(f"aiotimer-dump-hook pid={pid} start={start} signal=10\n")
+    return path
+
+
+def test_an_exited_workers_dump_file_is_removed_and_no_other(tmp_path: Path) -> None:
+    folder = tmp_path / "dumps"
+    folder.mkdir(mode=0o700)
+    mine, reused = fake_pid(1), fake_pid(2)
+    left = LeftDumps(folder)
+    path = _left_file(folder, mine, 77)
+    other = _left_file(folder, reused, 99)  # a new process got the pid: started later
+    left.exited(mine, 77)
+    left.exited(reused, 77)
+    left.exited(fake_pid(3), 5)  # left no file
+    assert not path.exists() and other.exists()
+    left.exited(reused, None)  # a start time unknown: never touched
+    assert other.exists()
+
+
+def test_kept_dump_files_are_bounded_oldest_first(tmp_path: Path) -> None:
+    folder = tmp_path / "dumps"
+    folder.mkdir(mode=0o700)
+    left = LeftDumps(folder, keep=True)
+    pids = [fake_pid(n) for n in range(1, MAX_KEPT_DUMPS + 4)]
+    for pid in pids:
+        _left_file(folder, pid, 1)
+        left.exited(pid, 1)
+    on_disk = {int(p.name[len("aiotimer-dump-") : -4]) for p in folder.iterdir()}
+    assert on_disk == set(pids[3:])
+    assert left.kept == tuple(folder / f"aiotimer-dump-{pid}.txt" for pid in pids[3:])

@@ -17,9 +17,12 @@ from aiotimer._edges.clock import MonotonicClock
 from aiotimer.cluster._hang import MAX_PART_BYTES, encode_part, publish_part, read_job_report
 from aiotimer.cluster._memory import MemoryStore
 from aiotimer.core._hang import MAX_REPORT_TEXT, RankStacks, build_report
-from aiotimer.core._hang_parse import Frame, parse_stacks
+from aiotimer.core._hang_parse import Frame, StackCaps, StackTextBound, parse_stacks
+from aiotimer.core._table import ReapOptions, Timer
 from aiotimer.events import Event, HangReported
-from aiotimer.supervisor._hang import HangReporter
+from aiotimer.reapers._policy import ReapPolicy
+from aiotimer.reapers._steps import DumpStacks, SendSignal
+from aiotimer.supervisor._hang import DumpFirstPolicy, HangReporter
 from aiotimer.supervisor._pool import Attempt, pidfd
 from aiotimer.testing import FakeClock
 
@@ -262,3 +265,66 @@ async def test_the_reporter_reads_each_rank_and_names_one_without_answer(tmp_pat
     assert "rank 0 in `hang` (child.py:8) inside block `step`" in event.summary
     assert "rank 1 no answer (no dump hook in the worker" in event.summary
     assert (tmp_path / "hang-report.txt").read_text() == reporter.last.to_text()
+
+
+# -- a streamed dump, bounded -------------------------------------------------------------
+
+
+def _spy_text(threads: int, depth: int, name: int) -> bytes:
+    out = ["Process 7: python big.py", ""]
+    for t in range(threads):
+        label = "MainThread" if t == threads - 1 else f"t{t}"
+        out.append(f'Thread {100 + t} (idle): "{label}"')
+        out.extend(f"    f{i}_{'x' * name} (/srv/big.py:{i + 1})" for i in range(depth))
+    return ("\n".join(out) + "\n").encode()
+
+
+@given(
+    threads=st.integers(1, 12),
+    depth=st.integers(0, 12),
+    name=st.integers(1, 300),
+    chunk=st.integers(1, 997),
+)
+def test_a_streamed_dump_is_kept_within_its_caps(
+    threads: int, depth: int, name: int, chunk: int
+) -> None:
+    caps = StackCaps(line=80, tail=30, frames=4, threads=3, read=1 << 20)
+    data = _spy_text(threads, depth, name)
+    bound = StackTextBound(caps)
+    for i in range(0, len(data), chunk):
+        assert bound.feed(data[i : i + chunk])
+    text = bound.text()
+    lines = text.splitlines()
+    assert all(len(line) <= caps.line + 3 or line.startswith("[aiotimer") for line in lines)
+    # at most the caps' threads (+ MainThread wherever it comes), each with its frames
+    assert len(lines) <= 2 + (caps.threads + 1) * (caps.frames + 1) + 1
+    parsed = parse_stacks(text)
+    # the main thread is kept, and a cut frame still names its file and line
+    assert [f.line for f in parsed.main] == list(range(1, min(depth, caps.frames) + 1))
+    assert all(f.file == "/srv/big.py" for f in parsed.main)
+
+
+def test_a_streamed_dump_stops_at_its_read_cap() -> None:
+    bound = StackTextBound(StackCaps(read=1000))
+    data = _spy_text(50, 50, 50)
+    assert not bound.feed(data)
+    assert bound.full
+    assert bound.text().endswith("the rest not read (after 1000 bytes)]\n")
+    assert not bound.feed(b"more")
+
+
+# -- the supervisor's group scope: a dump before every reap ---------------------------------
+
+
+def test_the_group_scope_policy_dumps_before_every_reap() -> None:
+    def timer(sig: int = 9, dump: bool = False) -> Timer:
+        return Timer(4242, "a.py:1#1", 10.0, sig, options=ReapOptions(dump=dump))
+
+    plain = DumpFirstPolicy(ReapPolicy(), 9.0)
+    assert plain.plan(Timer(4242, "a.py:1#1", 10.0, 9)) == (DumpStacks(9.0), SendSignal(9))
+    assert plain.plan(timer(0)) == ()  # report only: nothing to dump before
+    asked = plain.plan(timer(dump=True))
+    assert [type(s) for s in asked].count(DumpStacks) == 1  # the request's own dump
+    shadow = DumpFirstPolicy(ReapPolicy(shadow=True), 9.0)
+    assert shadow.plan(timer()) == ()
+    assert shadow.intended(timer())[0] == DumpStacks(9.0)

@@ -13,6 +13,7 @@ from typing import NoReturn
 
 from aiotimer.core._stats import ScopeStats
 from aiotimer.core._stats_format import format_summaries
+from aiotimer.reapers._dumps import MAX_KEPT_DUMPS
 from aiotimer.reapers._kill_policy import KillPolicy
 from aiotimer.reapers._policy import Escalation, ReapPolicy
 
@@ -78,6 +79,13 @@ def add_reap_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGro
         metavar="DIR",
         help="directory of the workers' dump files (implies --dump; default: "
         "$AIOTIMER_DUMP_DIR or the system temp dir)",
+    )
+    reaping.add_argument(
+        "--keep-dumps",
+        action="store_true",
+        help="keep the dump files that reaped (or otherwise exited) workers leave, the "
+        f"newest {MAX_KEPT_DUMPS} (default: each is removed once its worker is gone; "
+        "run: its workers' dump directory is removed with it)",
     )
     reaping.add_argument(
         "--dump-timeout",

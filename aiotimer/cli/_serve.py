@@ -175,7 +175,11 @@ async def _serve(args: argparse.Namespace) -> str | None:
         socket_mode=args.socket_mode,
         event_log=args.event_log,
         policy=policy_from_args(args),
-        reaper=SignalReaper(dump_dir=args.dump_dir, kill_policy=kill_policy_from_args(args)),
+        reaper=SignalReaper(
+            dump_dir=args.dump_dir,
+            kill_policy=kill_policy_from_args(args),
+            keep_dumps=args.keep_dumps,
+        ),
         on_event=watch,
         stats_interval=max(args.stats_interval, 0.01),
         journal=not args.no_journal,

@@ -15,11 +15,16 @@ is installed. The worker side (the hook, the file's format) is :mod:`aiotimer.di
 
 from __future__ import annotations
 
+import collections
 import logging
 import math
 import os
+import selectors
 import shutil
+import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +35,7 @@ import anyio.to_thread
 
 from aiotimer._edges.files import check_private_dir, open_owned
 from aiotimer._edges.procfs import read_start_time
+from aiotimer.core._hang_parse import StackCaps, StackTextBound
 from aiotimer.errors import ProcessGoneError
 from aiotimer.wire._dumpfile import (
     DEFAULT_DUMP_SIGNAL,
@@ -42,7 +48,11 @@ from aiotimer.wire._dumpfile import (
 logger = logging.getLogger("aiotimer")
 
 __all__ = [
+    "END_GRACE",
+    "MAX_KEPT_DUMPS",
+    "PY_SPY_CAPS",
     "HookInfo",
+    "LeftDumps",
     "NoDump",
     "collect_dump",
     "collect_dump_or_why",
@@ -143,6 +153,84 @@ def hook_info(pid: int, dump_dir: str | os.PathLike[str] | None = None) -> HookI
     return info
 
 
+#: The most dump files of exited workers a server keeps (``keep=True``); older ones go.
+MAX_KEPT_DUMPS: Final[int] = 64
+
+
+class LeftDumps:
+    """The dump files that a server's exited workers left behind.
+
+    A worker's hook removes its file when the worker exits normally, but a worker killed
+    by SIGKILL (a reap) cannot: its file stays in the dump directory. When the server
+    sees one of its pinned workers gone, :meth:`exited` looks for that worker's file (its
+    header names the same pid and start time, so a new process that got the pid is never
+    touched) and removes it, or with ``keep`` keeps it, at most :data:`MAX_KEPT_DUMPS`
+    of them (the oldest go first): the server's events already hold the dumps it took.
+
+    A few small reads of a file in a private directory (opened without blocking, never
+    followed if it is a link): done where the server learns of the exit.
+    """
+
+    __slots__ = ("_dump_dir", "_kept", "keep")
+
+    def __init__(self, dump_dir: str | os.PathLike[str] | None, *, keep: bool = False) -> None:
+        self._dump_dir = dump_dir
+        self.keep = keep
+        self._kept: collections.deque[tuple[Path, int, int]] = collections.deque()
+
+    @property
+    def dump_dir(self) -> str | os.PathLike[str] | None:
+        """The dump directory (``None``: :func:`dump_dir_for`'s default)."""
+        return self._dump_dir
+
+    @dump_dir.setter
+    def dump_dir(self, value: str | os.PathLike[str] | None) -> None:
+        self._dump_dir = value
+
+    @property
+    def kept(self) -> tuple[Path, ...]:
+        """The files kept (``keep``), oldest first."""
+        return tuple(path for path, _, _ in self._kept)
+
+    def exited(self, pid: int, start_time: int | None) -> None:
+        """Worker ``pid``, started at ``start_time`` (``None``: unknown, its file is left
+        alone), has exited: remove or keep the file it left."""
+        if start_time is None:
+            return
+        path = dump_path_for(pid, self._dump_dir)
+        try:
+            fd = _open_checked(path)
+        except OSError:
+            return  # none left (or not one we may touch)
+        try:
+            st = os.fstat(fd)
+            first = os.pread(fd, 256, 0).split(b"\n", 1)[0].decode("ascii", "replace")
+        except OSError:
+            return
+        finally:
+            os.close(fd)
+        info = _parse_header(first, path)
+        if info is None or info.pid != pid or info.start_time != start_time:
+            return  # another process's file
+        if not self.keep:
+            _remove_if_same(path, st.st_dev, st.st_ino)
+            return
+        self._kept.append((path, st.st_dev, st.st_ino))
+        while len(self._kept) > MAX_KEPT_DUMPS:
+            _remove_if_same(*self._kept.popleft())
+
+
+def _remove_if_same(path: Path, dev: int, ino: int) -> None:
+    """Remove ``path`` if it is still the file ``(dev, ino)``."""
+    try:
+        st = os.lstat(path)
+        if (st.st_dev, st.st_ino) == (dev, ino):
+            os.unlink(path)
+    except OSError as exc:
+        if not isinstance(exc, FileNotFoundError):
+            logger.warning("the dump file %s could not be removed: %s", path, exc)
+
+
 def _read_tail(path: Path, offset: int) -> str:
     try:
         fd = _open_checked(path)
@@ -166,6 +254,10 @@ def _size(path: Path) -> int | None:
         os.close(fd)
 
 
+#: Seconds :func:`read_dump` waits for a dump's end marker once its first part came.
+END_GRACE: Final[float] = 1.0
+
+
 async def read_dump(
     path: str | os.PathLike[str],
     *,
@@ -176,14 +268,18 @@ async def read_dump(
     """Wait (at most ``timeout`` seconds) for a complete dump after byte ``offset``.
 
     Polls the file (``poll_interval``, doubling up to 0.1 s). Returns the dump up to and
-    including :data:`END_MARKER`; on timeout, what was written (typically the thread
-    stacks alone, kept even if the worker removed its file meanwhile) plus a note that
-    the dump is incomplete; ``None`` if nothing was.
+    including :data:`END_MARKER`. The thread stacks come from the worker's signal
+    handler at once, the rest only when its main thread runs Python again, which one
+    stuck in C code does not: once the first part came, the marker is awaited at most
+    :data:`END_GRACE` seconds more. Without it, returns what was written (typically the
+    thread stacks alone, kept even if the worker removed its file meanwhile) plus a
+    note that the dump is incomplete; ``None`` if nothing was.
     """
     if not (math.isfinite(timeout) and timeout >= 0):
         raise ValueError(f"timeout must be a finite number >= 0, got {timeout!r}")
     target = Path(path)
-    deadline = anyio.current_time() + timeout
+    started = anyio.current_time()
+    deadline = started + timeout
     delay = poll_interval
     text = ""
     while True:
@@ -192,16 +288,20 @@ async def read_dump(
         end = text.find(END_MARKER)
         if end != -1:
             return text[: end + len(END_MARKER)] + "\n"
-        remaining = deadline - anyio.current_time()
+        now = anyio.current_time()
+        if text and deadline > now + END_GRACE:
+            deadline = now + END_GRACE  # the first part came: the rest soon, or never
+        remaining = deadline - now
         if remaining <= 0:
             break
         await anyio.sleep(min(delay, remaining))
         delay = min(delay * 2, 0.1)
     if not text.strip():
         return None
+    waited = anyio.current_time() - started
     return (
-        text + f"\n[aiotimer: dump incomplete: no end marker within {timeout:g}s; the worker's"
-        " main thread did not get to run Python code (stuck in C code holding the GIL?)]\n"
+        text + f"\n[aiotimer: dump incomplete: no end marker within {waited:.3g}s; the "
+        "worker's main thread did not get to run Python code (stuck in C code?)]\n"
     )
 
 
@@ -291,6 +391,11 @@ def py_spy_executable() -> str | None:
 
 #: How many times :func:`py_spy_dump_or_why` runs a py-spy that keeps crashing.
 PY_SPY_ATTEMPTS: Final[int] = 3
+#: How much of py-spy's output is kept (see :class:`~aiotimer.core._hang_parse.StackCaps`):
+#: at most about 1.3 MB of text per dump, whatever the worker's stacks.
+PY_SPY_CAPS: Final[StackCaps] = StackCaps()
+_CHUNK: Final[int] = 64 * 1024
+_MAX_STDERR: Final[int] = 16 * 1024
 
 
 async def py_spy_dump(pid: int, *, timeout: float = 10.0) -> str | None:
@@ -308,6 +413,13 @@ async def py_spy_dump(pid: int, *, timeout: float = 10.0) -> str | None:
 async def py_spy_dump_or_why(pid: int, *, timeout: float = 10.0) -> str | NoDump:
     """:func:`py_spy_dump`, with the reason instead of ``None`` when no dump came.
 
+    py-spy's output is as large as the worker makes it (threads, depth, name lengths),
+    so it is read as it streams, in a worker thread, into a bounded copy
+    (:class:`~aiotimer.core._hang_parse.StackTextBound` with :data:`PY_SPY_CAPS`: lines
+    cut to 512 characters, 50 frames per thread, 50 threads, 16 MiB read, then py-spy is
+    stopped); the text ends with a note of what was left out. Nothing of it is held or
+    parsed in the event loop.
+
     A py-spy that dies of a signal (it reads a live process's memory, and can crash
     when the process changes under it) is run again while ``timeout`` lasts, at most
     :data:`PY_SPY_ATTEMPTS` times in all; a refusal (exit status > 0) is not retried.
@@ -316,18 +428,79 @@ async def py_spy_dump_or_why(pid: int, *, timeout: float = 10.0) -> str | NoDump
     if exe is None:
         return NoDump("py-spy is not installed")
     argv = [exe, "dump", "--full-filenames", "--pid", str(pid)]
+    stop = threading.Event()
+    deadline = time.monotonic() + max(0.0, timeout)
+    try:
+        return await anyio.to_thread.run_sync(
+            _py_spy_attempts, argv, deadline, timeout, stop, abandon_on_cancel=True
+        )
+    finally:
+        stop.set()  # cancelled: the thread stops py-spy and ends
+
+
+def _py_spy_attempts(
+    argv: list[str], deadline: float, timeout: float, stop: threading.Event
+) -> str | NoDump:
     why = NoDump(f"py-spy timed out after {timeout:g}s")
-    with anyio.move_on_after(timeout):
-        for attempt in range(1, PY_SPY_ATTEMPTS + 1):
-            result = await anyio.run_process(argv, check=False)
-            if result.returncode == 0:
-                return result.stdout.decode("utf-8", "replace")
-            err = result.stderr.decode("utf-8", "replace").strip().splitlines()
-            tries = f", {attempt} attempts" if attempt > 1 else ""
-            why = NoDump(
-                f"py-spy failed (exit status {result.returncode}{tries}"
-                + (f": {err[-1][:200]})" if err else ")")
-            )
-            if result.returncode > 0:
-                break
+    for attempt in range(1, PY_SPY_ATTEMPTS + 1):
+        result = _py_spy_once(argv, deadline, stop)
+        if result is None:
+            return why  # timed out, or stopped
+        code, out, err = result
+        if code == 0 or (out is not None and code is None):
+            return out or ""
+        lines = err.strip().splitlines()
+        tries = f", {attempt} attempts" if attempt > 1 else ""
+        why = NoDump(
+            f"py-spy failed (exit status {code}{tries}"
+            + (f": {lines[-1][:200]})" if lines else ")")
+        )
+        if code is None or code > 0:
+            break
     return why
+
+
+def _py_spy_once(
+    argv: list[str], deadline: float, stop: threading.Event
+) -> tuple[int | None, str | None, str] | None:
+    """Run py-spy once: ``(exit status, bounded output, stderr's end)``; the status is
+    ``None`` when its output reached the read cap (py-spy is then stopped, and the
+    output kept). ``None`` when ``deadline`` passed or ``stop`` was set first."""
+    bound = StackTextBound(PY_SPY_CAPS)
+    err = bytearray()
+    try:
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+    except OSError as exc:
+        return 127, None, str(exc)
+    assert proc.stdout is not None and proc.stderr is not None
+    capped = False
+    try:
+        with selectors.DefaultSelector() as sel:
+            sel.register(proc.stdout, selectors.EVENT_READ)
+            sel.register(proc.stderr, selectors.EVENT_READ)
+            while sel.get_map() and not capped:
+                left = deadline - time.monotonic()
+                if left <= 0 or stop.is_set():
+                    return None
+                for key, _ in sel.select(min(left, 0.1)):
+                    chunk = os.read(key.fd, _CHUNK)
+                    if not chunk:
+                        sel.unregister(key.fileobj)
+                    elif key.fileobj is proc.stdout:
+                        capped = not bound.feed(chunk)
+                    elif len(err) < _MAX_STDERR:
+                        err += chunk[: _MAX_STDERR - len(err)]
+        if capped:
+            return None, bound.text(), ""
+        code = proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        return None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+    return code, bound.text(), err.decode("utf-8", "replace")

@@ -22,7 +22,7 @@ from typing import Protocol, runtime_checkable
 import anyio
 
 from aiotimer.errors import ProcessGoneError, RefusedTargetError
-from aiotimer.reapers._dumps import NoDump, collect_dump_or_why, py_spy_dump_or_why
+from aiotimer.reapers._dumps import LeftDumps, NoDump, collect_dump_or_why, py_spy_dump_or_why
 from aiotimer.reapers._identity import PinnedProcess, server_identity
 from aiotimer.reapers._kill_policy import KillPolicy, ServerIdentity
 
@@ -100,9 +100,13 @@ class SignalReaper:
             the system temp dir).
         py_spy: fall back to ``py-spy dump`` for a worker without the hook, when py-spy
             is installed.
+        keep_dumps: keep the dump files that exited workers leave behind (a reaped
+            worker cannot remove its own), at most
+            :data:`~aiotimer.reapers._dumps.MAX_KEPT_DUMPS`, instead of removing each
+            once its worker is gone (:class:`~aiotimer.reapers._dumps.LeftDumps`).
     """
 
-    __slots__ = ("_dump_dir", "_kill_policy", "_procs", "_py_spy", "_server", "_waiting")
+    __slots__ = ("_kill_policy", "_left", "_procs", "_py_spy", "_server", "_waiting")
 
     def __init__(
         self,
@@ -110,10 +114,11 @@ class SignalReaper:
         dump_dir: str | os.PathLike[str] | None = None,
         py_spy: bool = True,
         kill_policy: KillPolicy | None = None,
+        keep_dumps: bool = False,
     ) -> None:
         self._kill_policy = kill_policy if kill_policy is not None else KillPolicy()
         self._server: tuple[tuple[int, int], ServerIdentity] | None = None
-        self._dump_dir = dump_dir
+        self._left = LeftDumps(dump_dir, keep=keep_dumps)
         self._py_spy = py_spy
         self._procs: dict[int, PinnedProcess] = {}
         # Handles a wait_exit is waiting on: detach() leaves closing them to that wait.
@@ -127,6 +132,16 @@ class SignalReaper:
         if self._server is None or self._server[0] != key:
             self._server = (key, server_identity())
         return self._server[1]
+
+    @property
+    def dump_dir(self) -> str | os.PathLike[str] | None:
+        """Where the workers' dump hooks write (``None``: the default directory). An
+        owner that gives its workers a directory of their own sets it before they start."""
+        return self._left.dump_dir
+
+    @dump_dir.setter
+    def dump_dir(self, value: str | os.PathLike[str] | None) -> None:
+        self._left.dump_dir = value
 
     @property
     def kill_policy(self) -> KillPolicy:
@@ -199,7 +214,7 @@ class SignalReaper:
             result = await collect_dump_or_why(
                 pid,
                 send_signal=lambda signum: self.signal(pid, signum),
-                dump_dir=self._dump_dir,
+                dump_dir=self._left.dump_dir,
                 timeout=timeout,
             )
         except ProcessGoneError:
@@ -221,9 +236,13 @@ class SignalReaper:
         return NoDump(f"{result.reason}; {spied.reason}")
 
     def detach(self, pid: int) -> None:
-        """Close the worker's pidfd."""
+        """Close the worker's pidfd; once it has exited, deal with the dump file it left."""
         proc = self._procs.pop(pid, None)
-        if proc is not None and proc not in self._waiting:
+        if proc is None:
+            return
+        if not proc.is_alive():
+            self._left.exited(pid, proc.start_time)
+        if proc not in self._waiting:
             proc.close()
 
     def close(self) -> None:

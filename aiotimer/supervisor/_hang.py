@@ -6,7 +6,8 @@ an error, and their stacks are lost. So the supervisor's reaper hands the reap's
 action to :meth:`HangReporter.begin` *first*: it signals every other live rank's dump
 hook at once (a short blocking read of each dump file's header, then the signal), and
 only then does the reap proceed. A task reads the dumps (``py-spy`` for a worker without
-the hook), waits for the reaped rank's own dump if the reap takes one (``--dump``), all
+the hook), waits for the reaped rank's own dump, which its reap takes before the kill
+(:meth:`HangReporter.reap_policy`: the server's policy under the group scope), all
 within ``timeout`` seconds, and groups them with the pure
 :func:`~aiotimer.core._hang.build_report`. A worker that does not answer in time
 (stopped, stuck in C code before the dump hook ran, no hook and no py-spy) is reported as
@@ -21,6 +22,7 @@ private runtime directory, removed with it), and stays as :attr:`HangReporter.la
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -38,13 +40,16 @@ import anyio.to_thread
 from aiotimer._edges.clock import Clock
 from aiotimer._edges.files import write_atomic
 from aiotimer.core._hang import HangReport, RankStacks, build_report
+from aiotimer.core._table import Timer
 from aiotimer.events import Event, HangReported
 from aiotimer.reapers._dumps import NoDump, prepare_dump, py_spy_dump_or_why, read_dump_or_why
+from aiotimer.reapers._policy import ReapPolicy
+from aiotimer.reapers._steps import DumpStacks, Step
 from aiotimer.server._server import TimerServer
 from aiotimer.supervisor._pool import Attempt
 from aiotimer.wire._dumpfile import DEFAULT_DUMP_SIGNAL
 
-__all__ = ["DEFAULT_HANG_REPORT_TIMEOUT", "HangReporter", "open_scopes"]
+__all__ = ["DEFAULT_HANG_REPORT_TIMEOUT", "DumpFirstPolicy", "HangReporter", "open_scopes"]
 
 logger = logging.getLogger("aiotimer")
 
@@ -55,8 +60,29 @@ logger = logging.getLogger("aiotimer")
 DEFAULT_HANG_REPORT_TIMEOUT: Final[float] = 10.0
 #: The share of the bound a dump may take; the rest assembles and writes the report.
 _READ_SHARE: Final[float] = 0.9
-#: Seconds to wait for a dump's end marker once it began.
-_GRACE: Final[float] = 1.0
+
+
+class DumpFirstPolicy(ReapPolicy):
+    """``inner``'s plans, each reap of a rank beginning with its stack dump (within
+    ``dump_timeout`` seconds) unless the plan takes one already: under the group scope
+    the reaped rank's stacks belong in the hang report, and its kill waits for them
+    (the restart waits for the report anyway)."""
+
+    __slots__ = ("_inner", "dump_timeout")
+
+    def __init__(self, inner: ReapPolicy, dump_timeout: float) -> None:
+        super().__init__(
+            inner.default, shadow=inner.shadow, unkillable_after=inner.unkillable_after
+        )
+        self._inner = inner
+        self.dump_timeout = dump_timeout
+
+    def intended(self, timer: Timer) -> tuple[Step, ...]:
+        """The inner policy's plan, a :class:`DumpStacks` first when it signals."""
+        plan = self._inner.intended(timer)
+        if not plan or any(isinstance(step, DumpStacks) for step in plan):
+            return plan
+        return (DumpStacks(self.dump_timeout), *plan)
 
 
 @dataclass(slots=True)
@@ -96,7 +122,8 @@ class HangReporter:
         if not (math.isfinite(timeout) and timeout > 0):
             raise ValueError(f"the hang report timeout must be > 0 seconds, got {timeout!r}")
         self.timeout = timeout
-        self._dump_dir = dump_dir
+        #: The workers' dump directory (``None``: the default one).
+        self.dump_dir = dump_dir
         self._py_spy = py_spy
         self._clock = clock
         self._emit = emit
@@ -109,6 +136,12 @@ class HangReporter:
         self._asks: list[_Ask] = []  # the report in progress's
         #: The last report, if any.
         self.last: HangReport | None = None
+
+    def reap_policy(self, policy: ReapPolicy | None) -> ReapPolicy:
+        """``policy`` (default: torch's one signal) with a dump before every reap, so
+        the reaped rank's stacks come into the report (:class:`DumpFirstPolicy`)."""
+        inner = policy if policy is not None else ReapPolicy()
+        return DumpFirstPolicy(inner, self.timeout * _READ_SHARE)
 
     def place(self, runtime_dir: Path) -> None:
         """Write reports beside the event log, else into ``runtime_dir``."""
@@ -144,7 +177,7 @@ class HangReporter:
             open_ = (s for p in (att.pid, *att.timer_pids) for s in open_timers.get(p, ()))
             blocks = tuple(dict.fromkeys((*att.expired, *open_)))
             if att is reaped:
-                why = "its timer's reap killed it first (reap with --dump to keep its stacks)"
+                why = "its timer's reap killed it first: the reap's plan took no stack dump"
                 asks.append(_Ask(rank, att.pid, blocks, NoDump(why), reaped=dumping))
                 continue
             asks.append(_Ask(rank, att.pid, blocks, self._signal(att)))
@@ -160,7 +193,7 @@ class HangReporter:
 
     def _signal(self, att: Attempt) -> tuple[Path, int] | NoDump:
         try:
-            prepared = prepare_dump(att.pid, DEFAULT_DUMP_SIGNAL, self._dump_dir)
+            prepared = prepare_dump(att.pid, DEFAULT_DUMP_SIGNAL, self.dump_dir)
             if not isinstance(prepared, NoDump):
                 if att.pidfd is not None:
                     signal.pidfd_send_signal(att.pidfd, DEFAULT_DUMP_SIGNAL)
@@ -206,7 +239,7 @@ class HangReporter:
                 )
             report = build_report(list(got.values()), cause=cause)
             self.last = report
-            files = await anyio.to_thread.run_sync(self._write, report)
+            text, files = await anyio.to_thread.run_sync(self._write, report)
             missing = tuple(sorted(r.rank for r in got.values() if r.missing is not None))
             self._emit(
                 HangReported(
@@ -217,7 +250,7 @@ class HangReporter:
                     missing=missing,
                     seconds=round(self._clock.monotonic() - started, 3),
                     files=files,
-                    report=report.to_text(),
+                    report=text,
                 )
             )
         finally:
@@ -247,34 +280,36 @@ class HangReporter:
         else:
             # The thread stacks come from the signal handler at once; the asyncio tasks
             # and the end marker only once the main thread runs Python again, which a
-            # rank waiting in C code (a collective) does not: after _GRACE, take what
-            # came, unless nothing did.
-            result = await read_dump_or_why(ask.asked, timeout=min(_GRACE, budget))
-            if isinstance(result, NoDump) and budget > _GRACE:
-                result = await read_dump_or_why(ask.asked, timeout=budget - _GRACE)
-                if isinstance(result, NoDump):
-                    result = NoDump(f"the worker's dump hook wrote nothing within {budget:g}s")
+            # rank waiting in C code (a collective) does not: read_dump takes what came
+            # a moment (END_GRACE) after the first part.
+            result = await read_dump_or_why(ask.asked, timeout=budget)
         if isinstance(result, str):
-            got[ask.rank] = RankStacks.from_dump(ask.rank, ask.pid, result, blocks=ask.blocks)
+            # Parsed in a worker thread: a dump of many deep threads takes a while to read.
+            got[ask.rank] = await anyio.to_thread.run_sync(
+                functools.partial(
+                    RankStacks.from_dump, ask.rank, ask.pid, result, blocks=ask.blocks
+                )
+            )
         else:
             got[ask.rank] = RankStacks(
                 rank=ask.rank, pid=ask.pid, blocks=ask.blocks, missing=result.reason
             )
 
-    def _write(self, report: HangReport) -> tuple[str, ...]:
+    def _write(self, report: HangReport) -> tuple[str, tuple[str, ...]]:
+        """The report's text, and the files it was written to (in a worker thread)."""
+        text = report.to_text()
         if self._out is None:
-            return ()
+            return text, ()
         folder, stem = self._out
         text_path, json_path = folder / f"{stem}.txt", folder / f"{stem}.json"
-        text = report.to_text()
         data = json.dumps({"text": text, **report.to_dict()}, indent=1)
         try:
             for path, body in ((text_path, text), (json_path, data)):
                 write_atomic(path, body.encode(), 0o644, durable=False, what="hang report")
         except OSError as exc:
             logger.error("the hang report could not be written to %s: %s", folder, exc)
-            return ()
-        return (str(text_path), str(json_path))
+            return text, ()
+        return text, (str(text_path), str(json_path))
 
 
 def open_scopes(server: TimerServer | None, nproc: int) -> dict[int, tuple[str, ...]]:

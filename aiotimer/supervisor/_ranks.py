@@ -30,6 +30,7 @@ from aiotimer.events import (
     WorkerRunning,
     WorkerStarted,
 )
+from aiotimer.reapers._policy import ReapPolicy
 from aiotimer.reapers._signal import NoDump, Reaper
 from aiotimer.supervisor._exits import ExitReason, classify_exit
 from aiotimer.supervisor._hang import HangReporter
@@ -120,6 +121,13 @@ class Ranks:
         self._tg: anyio.abc.TaskGroup | None = None
         self._fifo: Path | None = None
         self._master_port = 0
+
+    def reap_policy(self, policy: ReapPolicy | None) -> ReapPolicy | None:
+        """The run's server's reap policy: ``policy``, and under the group scope with
+        hang reports, a stack dump before every reap (for the report)."""
+        if self.hang is None or self._policy.scope is not RestartScope.GROUP:
+            return policy
+        return self.hang.reap_policy(policy)
 
     def begin(self, tg: anyio.abc.TaskGroup, fifo: Path) -> None:
         """Launch every rank; their watchers run in ``tg``; they talk to ``fifo``."""

@@ -67,6 +67,7 @@ from aiotimer.supervisor._records import (
 )
 from aiotimer.supervisor._restart import GiveUp, Restart, RestartPlanner, RestartPolicy, WorkerState
 from aiotimer.supervisor._runfile import RunFile, runs_dir, runtime_parent, sweep
+from aiotimer.wire._dumpfile import ENV_DUMP_DIR
 
 __all__ = [
     "WORKER_ENV",
@@ -115,6 +116,14 @@ class Supervisor(TaskOwner):
             (:mod:`aiotimer.supervisor._runfile`; ``aiotimer run`` turns it on).
         hang_report: under the group scope, take every rank's stacks (hooks in
             ``dump_dir``) within this many seconds before a reap (``None``: none).
+        dump_dir: the workers' dump directory, exported to them as
+            ``AIOTIMER_DUMP_DIR`` (default: the environment's ``AIOTIMER_DUMP_DIR``,
+            else a private directory made for the run beside its runtime directory,
+            ``aiotimer-dumps-<run id>-*``, and removed with it). A
+            :class:`~aiotimer.SignalReaper` without a directory of its own is given it.
+        keep_dumps: keep the directory made for the run when the run stops, if any
+            dump file is left in it (the default reaper then keeps its exited workers'
+            files too: ``SignalReaper(keep_dumps=True)``).
         clock: the time source (monotonic seconds).
         rng: uniform ``[0, 1)`` floats for the back-off jitter.
 
@@ -144,6 +153,7 @@ class Supervisor(TaskOwner):
         run_file: bool = False,
         hang_report: float | None = None,
         dump_dir: str | os.PathLike[str] | None = None,
+        keep_dumps: bool = False,
         clock: Clock | None = None,
         rng: Callable[[], float] | None = None,
     ) -> None:
@@ -161,7 +171,10 @@ class Supervisor(TaskOwner):
         self._stop_timeout = stop_timeout
         self._env = dict(os.environ if env is None else env)
         self._reap_policy = reap_policy
-        self._reaper: Reaper = reaper if reaper is not None else SignalReaper()
+        self._reaper: Reaper = reaper if reaper is not None else SignalReaper(keep_dumps=keep_dumps)
+        self._dump_dir = dump_dir
+        self._keep_dumps = keep_dumps
+        self._own_dumps: Path | None = None  # the dump directory made for the run
         self._on_event = on_event
         self._event_log_path = event_log
         self._runtime_parent = runtime_dir
@@ -270,6 +283,27 @@ class Supervisor(TaskOwner):
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
+        dumps, self._own_dumps = self._own_dumps, None
+        if dumps is not None:
+            if self._keep_dumps and any(dumps.iterdir()):
+                logger.info("the workers' dump files are kept in %s", dumps)
+            else:
+                shutil.rmtree(dumps, ignore_errors=True)
+
+    def _place_dumps(self, parent: str | None, tag: str) -> None:
+        """One dump directory for the run: given, else the environment's, else made
+        now; the workers (``AIOTIMER_DUMP_DIR``), the reaper and the reports use it."""
+        given = self._dump_dir if self._dump_dir is not None else self._env.get(ENV_DUMP_DIR)
+        if given:
+            where = Path(given)
+        else:
+            where = Path(tempfile.mkdtemp(prefix=f"aiotimer-dumps-{tag}-", dir=parent))
+            self._own_dumps = where
+        self._env[ENV_DUMP_DIR] = str(where)
+        if isinstance(self._reaper, SignalReaper) and self._reaper.dump_dir is None:
+            self._reaper.dump_dir = where
+        if self._ranks.hang is not None:
+            self._ranks.hang.dump_dir = where
 
     def interrupt(self, signum: int) -> None:
         """Stop the run because this process got signal ``signum`` (SIGINT, SIGTERM), as
@@ -333,6 +367,7 @@ class Supervisor(TaskOwner):
         tag = re.sub(r"[^A-Za-z0-9_.-]", "_", self.run_id)[:24]  # any run id, a safe name
         self._dir = Path(tempfile.mkdtemp(prefix=f"aiotimer-{tag}-", dir=parent))
         self._fifo = self._dir / "timer.fifo"
+        self._place_dumps(parent, tag)
         if self._run_file:
             runs = runs_dir(parent)
             for line in sweep(runs):
@@ -342,7 +377,7 @@ class Supervisor(TaskOwner):
         self._server = TimerServer(
             fifo=self._fifo,
             reaper=self._ranks.observe(self._reaper),
-            policy=self._reap_policy,
+            policy=self._ranks.reap_policy(self._reap_policy),
             clock=self._clock,
             on_event=self._server_event,
         )
