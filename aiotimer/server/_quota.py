@@ -37,12 +37,12 @@ user's total: :class:`Quota` keeps them in a tally made by one scan of the worke
 (O(workers)), then kept exact through its own admissions (each adds one timer of the
 newcomer and evicts at most one), and made again only when the table changed outside
 them: the caller counts every new timer it adds in :attr:`Quota.added`, and timers that
-left change the table's size. So while the table stays full, each admission costs O(1)
-amortised, O(users) to compare the totals; a flood that keeps releasing and acquiring
-costs a scan per admission after each such change. Each user's largest worker is kept
-the same way (found again by a scan of that user's workers once its count drops below
-another's). Evicted timers are taken from a list of the holder's scopes made once, oldest
-first. Pure: no I/O, no clock.
+left change the table's size. So while the table stays full and only takes admissions,
+each costs O(users) to compare the totals; the first after an outside change costs a
+scan. The tally also holds each user's workers by size (a count per size, and a stack
+of workers per size whose stale entries are dropped as they surface), so the largest
+worker of a user is found in O(1) amortised. Evicted timers are taken from a list of
+the holder's scopes made once, oldest first. Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -148,10 +148,6 @@ class Quota:
         """Worker ``pid`` has gone (it holds no timer any more)."""
         self._owners.pop(pid, None)
         self._victims.pop(pid, None)
-
-    def owner(self, pid: int) -> int | None:
-        """The user that runs worker ``pid``, as told (``None``: unknown)."""
-        return self._owners.get(pid)
 
     def admit(self, pid: int) -> Admission:
         """Whether worker ``pid`` may add a timer (a new key) now, and what to evict first."""
