@@ -68,48 +68,76 @@ _ADMITTED = Admission()
 
 class _Tally:
     """Each user's total and its workers by size, exact while the table changed only
-    through admissions since it was made (see the module docs)."""
+    through admissions since it was made (see the module docs).
 
-    __slots__ = ("added", "length", "levels", "sizes", "totals")
+    One scan makes each user's total, its workers and its largest workers (a stack of
+    those of the largest size: entries go stale when a worker changes size, and are
+    dropped as they surface); a user's largest are found again, by a scan of its
+    workers, once none is left at that size."""
+
+    __slots__ = ("added", "length", "levels", "members", "owners", "stacks", "table", "totals")
 
     def __init__(self, table: TimerTable, owners: dict[int, int | None], added: int) -> None:
+        self.table, self.owners = table, owners
         self.length = len(table)  # the table's size when it was last exact
         self.added = added  # Quota.added then
-        self.totals: dict[int | None, int] = {}
-        #: user -> {size -> workers of that size, as a stack: entries go stale when a
-        #: worker changes size (checked as they are taken)}, and user -> {size -> count}.
-        self.sizes: dict[int | None, dict[int, list[int]]] = {}
-        self.levels: dict[int | None, dict[int, int]] = {}
-        size = table.worker_size
-        for worker in table.workers():
-            self.move(owners.get(worker), worker, 0, size(worker))
+        members: dict[int | None, set[int]] = {}
+        totals: dict[int | None, int] = {}
+        #: user -> the size of its largest workers, and a stack of them.
+        levels: dict[int | None, int] = {}
+        stacks: dict[int | None, list[int]] = {}
+        get = owners.get
+        for worker, n in table.worker_sizes():  # one pass: the scan is the quota's cost
+            uid = get(worker)
+            group = members.get(uid)
+            if group is None:
+                members[uid], totals[uid], levels[uid], stacks[uid] = {worker}, n, n, [worker]
+                continue
+            group.add(worker)
+            totals[uid] += n
+            if n > levels[uid]:
+                levels[uid], stacks[uid] = n, [worker]
+            elif n == levels[uid]:
+                stacks[uid].append(worker)
+        self.members, self.totals, self.levels, self.stacks = members, totals, levels, stacks
 
     def move(self, uid: int | None, pid: int, old: int, new: int) -> None:
-        """Worker ``pid`` of ``uid`` went from ``old`` timers to ``new``."""
+        """Worker ``pid`` of ``uid`` goes from ``old`` timers to ``new``."""
         self.totals[uid] = self.totals.get(uid, 0) + new - old
-        counts = self.levels.setdefault(uid, {})
-        if old:
-            counts[old] -= 1
-            if not counts[old]:
-                del counts[old]
-        if new:
-            counts[new] = counts.get(new, 0) + 1
-            self.sizes.setdefault(uid, {}).setdefault(new, []).append(pid)
+        if not old:
+            self.members.setdefault(uid, set()).add(pid)
+        level = self.levels.get(uid)
+        if level is not None and new >= level:
+            if new > level:
+                self.levels[uid], self.stacks[uid] = new, [pid]
+            else:
+                self.stacks[uid].append(pid)
 
     def top(self, uid: int | None) -> int:
         """How many timers the largest worker of ``uid`` holds (0: none)."""
-        counts = self.levels.get(uid)
-        return max(counts) if counts else 0
+        level = self.levels.get(uid)
+        if level is not None:
+            table, owners, stack = self.table, self.owners, self.stacks[uid]
+            while stack:
+                pid = stack[-1]
+                if table.worker_size(pid) == level and owners.get(pid) == uid:
+                    return level
+                stack.pop()  # stale: it changed size since
+        size, level, stack = self.table.worker_size, 0, []
+        for pid in self.members.get(uid, ()):
+            n = size(pid)
+            if n > level:
+                level, stack = n, [pid]
+            elif n == level:
+                stack.append(pid)
+        if level:
+            self.levels[uid], self.stacks[uid] = level, stack
+        return level
 
-    def largest(self, table: TimerTable, owners: dict[int, int | None], uid: int | None) -> int:
+    def largest(self, uid: int | None) -> int:
         """A worker of ``uid`` holding :meth:`top` timers (it holds some)."""
-        level = self.top(uid)
-        stack = self.sizes[uid][level]
-        while True:
-            pid = stack[-1]
-            if table.worker_size(pid) == level and owners.get(pid) == uid:
-                return pid
-            stack.pop()  # stale: it changed size since
+        self.top(uid)
+        return self.stacks[uid][-1]
 
 
 def _user(uid: int | None) -> str:
@@ -175,7 +203,7 @@ class Quota:
                     self._refusal(pid, uid, own=own, mine=mine, rich=rich, most=most, top=top)
                 )
             rich = uid
-        donor = tally.largest(table, self._owners, rich)
+        donor = tally.largest(rich)
         level = table.worker_size(donor)
         tally.move(rich, donor, level, level - 1)
         tally.move(uid, pid, own, own + 1)
