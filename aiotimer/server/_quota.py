@@ -43,8 +43,9 @@ each costs O(users) to compare the totals; the first after an outside change cos
 scan (:meth:`~aiotimer.core._table.TimerTable.worker_sizes`, about 0.3 us a worker). The
 tally also holds each user's workers and a stack of its largest ones (stale entries are
 dropped as they surface; once none is left at that size, a scan of the user's workers
-finds the next), so the largest worker of a user is found in O(1) amortised. Evicted timers are taken from a list of
-the holder's scopes made once, oldest first. Pure: no I/O, no clock.
+finds the next), so the largest worker of a user is found in O(1) amortised. Evicted
+timers are taken from a list of the holder's scopes made once, oldest first. Pure: no
+I/O, no clock.
 """
 
 from __future__ import annotations
