@@ -119,3 +119,10 @@ def test_bench_reap_cpu_quick_reaps_every_hung_worker(capsys: pytest.CaptureFixt
     row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("aiotimer"))
     assert row.split()[1] == "3"
     assert float(row.split()[-1]) > 0  # CPU per reap was measured
+
+
+def test_bench_quota_quick(capsys: pytest.CaptureFixture[str]) -> None:
+    bench_quota = importlib.import_module("benchmarks.bench_quota")
+    assert bench_quota.main(["--quick"]) == 0
+    out = capsys.readouterr().out
+    assert "refusal us" in out and "\n   1,000 " in out

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from aiotimer import expires
 from aiotimer.cli import build_parser
 from aiotimer.cli._args import kill_policy_from_args
 from aiotimer.reapers._kill_policy import (
@@ -20,7 +21,7 @@ from aiotimer.reapers._kill_policy import (
     Target,
     fifo_mode_warning,
 )
-from aiotimer.wire import MAX_SIGNAL
+from aiotimer.wire import MAX_SIGNAL, signal_problem
 
 SERVER = ServerIdentity(pid=100, uid=1000, pgid=90, ancestors=frozenset({90, 50, 1}))
 ROOT = ServerIdentity(pid=100, uid=0, pgid=90, ancestors=frozenset({90, 50, 1}))
@@ -43,8 +44,8 @@ def test_default_allows_a_registered_worker_of_the_servers_uid() -> None:
         (SERVER, worker(uid=1001), signal.SIGKILL, False, "belongs to uid 1001"),
         (SERVER, worker(uid=None), signal.SIGKILL, False, "unknown user"),
         (SERVER, worker(registered=False), signal.SIGKILL, False, "never registered"),
-        (SERVER, worker(), signal.SIGSTOP, False, "SIGSTOP is not allowed"),
-        (SERVER, worker(), signal.SIGCONT, False, "SIGCONT is not allowed"),
+        (SERVER, worker(), signal.SIGSTOP, False, "got 19 (SIGSTOP)"),
+        (SERVER, worker(), signal.SIGCONT, False, "got 18 (SIGCONT)"),
         (SERVER, worker(pid=100), signal.SIGKILL, False, "server itself"),
         (SERVER, worker(pid=50), signal.SIGKILL, False, "ancestor of the server"),
         (ROOT, worker(pid=50, uid=0), signal.SIGKILL, False, "ancestor of the server"),
@@ -89,6 +90,24 @@ def test_allowed_signals_are_configurable_and_checked() -> None:
             KillPolicy(signals=frozenset({bad}))
     with pytest.raises(ValueError, match="uids must be"):
         KillPolicy(uids=frozenset({-1}))
+
+
+def test_the_client_refuses_at_entry_what_the_kill_policy_refuses_in_the_same_words() -> None:
+    for signum in sorted(JOB_CONTROL_SIGNALS):
+        refusal = KillPolicy().refusal(SERVER, worker(), signum)
+        assert refusal is not None and refusal == signal_problem(signum)
+        with pytest.raises(ValueError) as refused:
+            expires(after=5, signal=signum)
+        assert str(refused.value) == refusal
+        assert str(refused.value).startswith("signal must be ")  # the argument's name
+        assert "but the job-control ones" in refusal and f"got {signum} (" in refusal
+    narrow = KillPolicy(signals=frozenset({signal.SIGKILL, signal.SIGTERM}))
+    refusal = narrow.refusal(SERVER, worker(), signal.SIGINT)
+    assert refusal is not None and "one of the kill policy's signals (9, 15)" in refusal
+    for signum in sorted(DEFAULT_SIGNALS):
+        assert signal_problem(signum) is None
+        assert KillPolicy().refusal(SERVER, worker(), signum) is None
+        expires(after=5, signal=signum)
 
 
 def test_fifo_mode_warning() -> None:

@@ -364,6 +364,7 @@ PUBLIC_ALL: dict[str, set[str]] = {
     "aiotimer.watchdog": {"LoopWatchdog", "Watchdog", "loop_watchdog", "watchdog"},
     "aiotimer.wire": {
         "ENV_FIFO",
+        "JOB_CONTROL_SIGNALS",
         "MARKER_SUFFIX",
         "MAX_LINE_BYTES",
         "MAX_SCOPE_ID_LENGTH",
@@ -371,6 +372,7 @@ PUBLIC_ALL: dict[str, set[str]] = {
         "MAX_START_TIME",
         "PIPE_BUF",
         "PROTOCOL_VERSION",
+        "REAP_SIGNALS",
         "TORCH_ENV_FIFO",
         "BlockEncoder",
         "Decoded",

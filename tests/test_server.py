@@ -26,7 +26,7 @@ from aiotimer import Request
 from aiotimer._edges.clock import MonotonicClock
 from aiotimer.control.snapshot import status_snapshot
 from aiotimer.core._stats import SUGGESTION_SAMPLES
-from aiotimer.errors import ProcessGoneError, ServerStateError, SourceError
+from aiotimer.errors import ProcessGoneError, RefusedTargetError, ServerStateError, SourceError
 from aiotimer.events import (
     BlockCancelled,
     Event,
@@ -36,6 +36,7 @@ from aiotimer.events import (
     RequestRejected,
     ServerStarted,
     ServerStopped,
+    SignalRefused,
     SignalSent,
     SourceFailed,
     StacksDumped,
@@ -362,6 +363,25 @@ async def test_reap_abandoned_after_last_attempt_and_worker_stays_watched() -> N
         r.reaper.exit(P1)
         await settle()
         assert len(r.of(WorkerExited)) == 1
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("b_due", [2.5, 1.0])
+async def test_a_refused_first_signal_abandons_its_timer_alone(b_due: float) -> None:
+    """Timer ``a``'s signal is refused: its reap is abandoned, and the worker's timer
+    ``b`` stays and reaps it at its own deadline (in the same slice too)."""
+    async with rig() as r:
+        r.reaper.fail_signals(P1, times=1, error=RefusedTargetError("kill policy: no"))
+        r.acquire(P1, "a", at=1.0, sig=signal.SIGSTOP)
+        r.acquire(P1, "b", at=b_due)
+        await r.advance(1.0)
+        [refused] = r.of(SignalRefused)
+        assert (refused.signal, refused.reason) == (signal.SIGSTOP, "kill policy: no")
+        assert len(r.of(ReapAbandoned)) == 1
+        await r.advance(b_due - 1.0)
+        [reaped] = r.of(WorkerReaped)
+        assert (reaped.signal, reaped.scopes) == (KILL, ("b",))
+        assert r.server.get_state().counters.expired == 2
 
 
 @pytest.mark.asyncio

@@ -87,7 +87,8 @@ def configure_serve(parser: argparse.ArgumentParser) -> None:
         default=MAX_TIMERS,
         metavar="N",
         help=f"at most N live timers in all (default: {MAX_TIMERS:,}); when full, a new "
-        "timer takes the place of one of the largest holder's",
+        "timer takes the place of one of the largest holder's, the table shared per user "
+        "first, then per worker (see docs/operations.md)",
     )
     parser.add_argument(
         "--max-timers-per-worker",

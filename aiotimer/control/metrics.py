@@ -73,7 +73,8 @@ _COUNTERS: dict[str, tuple[str, str]] = {
     "aiotimer_cap_rejections": ("cap_rejected", "Acquires refused by a timer cap."),
     "aiotimer_timers_evicted": (
         "evicted",
-        "Timers of the largest holder dropped to make room in a full table.",
+        "Timers of the largest holder (of the user holding the most) dropped to make room in a "
+        "full table.",
     ),
 }
 

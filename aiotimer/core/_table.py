@@ -65,7 +65,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import KeysView
+from collections.abc import Iterator, KeysView
 
 from aiotimer.core._timer import ReapOptions, Timer, TimerKey
 
@@ -282,6 +282,12 @@ class TimerTable:
     def workers(self) -> KeysView[int]:
         """A live read-only view of the pids that have at least one timer."""
         return self._by_pid.keys()
+
+    def worker_sizes(self) -> Iterator[tuple[int, int]]:
+        """``(pid, how many live timers it has)`` for every worker with one; a scan at
+        C speed (for the quota's tally of a full table)."""
+        by_pid = self._by_pid
+        return zip(by_pid.keys(), map(len, by_pid.values()), strict=True)
 
     def snapshot(self) -> tuple[Timer, ...]:
         """An immutable copy of every live timer, in expiry order (deadline, then age)."""

@@ -198,8 +198,9 @@ class RequestRejected(Event):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TimerEvicted(Event):
     """The server held its maximum of ``max_timers`` timers: timer ``scope_id`` of worker
-    ``pid``, which held the most (``holds``, this one included), was dropped to make
-    room for a new timer of worker ``for_pid``. It will not be reaped for that block."""
+    ``pid``, which held the most of its user's workers (``holds``, this one included),
+    was dropped to make room for a new timer of worker ``for_pid`` (of a user holding at
+    least two fewer, or of the same user). It will not be reaped for that block."""
 
     kind: ClassVar[str] = "timer_evicted"
     level: ClassVar[int] = logging.WARNING
@@ -214,6 +215,7 @@ class TimerEvicted(Event):
         return (
             f"timer {clip_scope(self.scope_id)} of worker {self.pid} dropped: the server holds its "
             f"maximum of {self.max_timers:,} timers and worker {self.pid} holds the most "
-            f"({self.holds:,}); a new timer of worker {self.for_pid} took its place. "
+            f"of its user's workers ({self.holds:,}); a new timer of worker {self.for_pid} "
+            "took its place. "
             f"Worker {self.pid} leaks timers, or raise the cap"
         )

@@ -10,7 +10,9 @@ The rules, in the order they are checked (the first that matches refuses):
 
 1. the signal is not in the allowed set (by default every signal but the job-control
    ones: SIGSTOP, SIGTSTP, SIGTTIN, SIGTTOU, SIGCONT, so a request cannot freeze a
-   process or wake one an operator froze);
+   process or wake one an operator froze). The message is the one the client gives at
+   block entry for the same signal (:func:`~aiotimer.wire.signal_problem`, one rule for
+   both); the server refuses only the timer that asked for it, not its worker's others;
 2. the target never registered (the server could not pin it);
 3. the target is the server itself or one of its ancestors (its agent, its shell...);
 4. a group signal to a system group (pgid <= 1) or to the server's own group;
@@ -23,12 +25,10 @@ The rules, in the order they are checked (the first that matches refuses):
 
 from __future__ import annotations
 
-import signal
 from dataclasses import dataclass
 from typing import Final
 
-from aiotimer.events import signal_name
-from aiotimer.wire import MAX_SIGNAL
+from aiotimer.wire import JOB_CONTROL_SIGNALS, MAX_SIGNAL, REAP_SIGNALS, signal_problem
 
 __all__ = [
     "DEFAULT_SIGNALS",
@@ -39,12 +39,10 @@ __all__ = [
     "fifo_mode_warning",
 ]
 
-#: Signals that stop or continue a process (refused by default).
-JOB_CONTROL_SIGNALS: Final[frozenset[int]] = frozenset(
-    {signal.SIGSTOP, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGCONT}
-)
-#: The signals a default policy allows: every signal number but the job-control ones.
-DEFAULT_SIGNALS: Final[frozenset[int]] = frozenset(range(1, MAX_SIGNAL + 1)) - JOB_CONTROL_SIGNALS
+#: The signals a default policy allows: every signal number but the job-control ones
+#: (:data:`~aiotimer.wire.JOB_CONTROL_SIGNALS`, refused by default), the very set the
+#: client accepts at block entry (:data:`~aiotimer.wire.REAP_SIGNALS`).
+DEFAULT_SIGNALS: Final[frozenset[int]] = REAP_SIGNALS
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +101,7 @@ class KillPolicy:
         ``None`` when it may."""
         pid = target.pid
         if signum not in self.signals:
-            return f"signal {signal_name(signum)} is not allowed by the kill policy"
+            return signal_problem(signum, self.signals) or f"signal {signum} is not allowed"
         if not target.registered:
             return f"pid {pid} never registered, so its identity cannot be proven"
         if pid <= 1 or pid == server.pid:

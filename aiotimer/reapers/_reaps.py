@@ -11,7 +11,12 @@ performed the same way, in one short loop: perform it, tell the escalator the
 
 A failed signal is reported (:class:`~aiotimer.events.ReapFailed`) and retried with
 back-off, and finally reported as abandoned (:class:`~aiotimer.events.ReapAbandoned`);
-it is never reported as success. A :class:`~aiotimer.reapers._steps.DumpStacks` step's text
+it is never reported as success. A refused one (:class:`~aiotimer.events.SignalRefused`:
+the kill policy, or the kernel for good) is abandoned at once; a refused group signal
+falls back to the worker alone, right away. A reap whose first signal is refused
+(:attr:`Reap.refused`, known when :meth:`Reaps.begin` returns) is the refusal of its
+timer alone: the engine leaves the worker's other timers in place, each to be reaped
+(or refused) at its own deadline. A :class:`~aiotimer.reapers._steps.DumpStacks` step's text
 rides on the :class:`~aiotimer.events.StacksDumped` event and on every later
 :class:`~aiotimer.events.WorkerReaped` of the same reap.
 
@@ -68,11 +73,18 @@ class Reap:
     first: Action | None = None  # the first action, taken in the expiry handler
     error: str = ""  # the last failed signal's error, until it is reported
     first_error: Exception | None = None  # what sending the first signal raised
+    group_refusal: Exception | None = None  # the first signal's, to its group (then alone)
     scopes: tuple[str, ...] = ()  # the worker's timers this reap clears (the first ones)
     omitted: int = 0  # how many more it clears
     stacks: str | None = None  # the dump's text, once a DumpStacks step ran
     deadline: float = 0.0  # the expired timer's, for the reap latency
     signalled: bool = False  # whether a signal of this reap was delivered yet
+
+    @property
+    def refused(self) -> bool:
+        """Whether its first signal was refused (the kill policy, or the kernel for good):
+        the reap is over at once, and covers only the timer that began it."""
+        return isinstance(self.first_error, RefusedTargetError)
 
 
 class Reaps:
@@ -117,7 +129,7 @@ class Reaps:
         reap = Reap(worker, escalator, steps, signals[-1] if signals else 0, deadline=deadline)
         reap.first = escalator.next(now)
         if isinstance(reap.first, SendSignal):
-            reap.first_error = self._signal(worker.pid, reap.first)
+            reap.first, reap.first_error, reap.group_refusal = self._send(worker.pid, reap.first)
             if reap.first_error is None:
                 self._delivered(reap)
         return reap
@@ -136,8 +148,9 @@ class Reaps:
         reap.scopes, reap.omitted = scopes, omitted
         action = reap.first
         if isinstance(action, SendSignal):
-            action = self._next(reap, self._sent(reap, action, reap.first_error))
-            reap.first_error = None
+            sent = self._sent(reap, action, reap.first_error, reap.group_refusal)
+            action = self._next(reap, sent)
+            reap.first_error = reap.group_refusal = None
         if action is None:
             reap.worker.end_reap()
         else:
@@ -150,7 +163,7 @@ class Reaps:
         try:
             while action is not None:
                 if isinstance(action, SendSignal):
-                    result = self._sent(reap, action, self._signal(worker.pid, action))
+                    result = self._sent(reap, *self._send(worker.pid, action))
                 elif isinstance(action, DumpStacks):
                     number = len(reap.escalator.taken)
                     reap.stacks = await self._dump(worker, action, number, reap.steps)
@@ -170,21 +183,35 @@ class Reaps:
             return exc
         return None
 
-    def _sent(self, reap: Reap, step: SendSignal, error: Exception | None) -> Result:
-        """Report a delivered signal (``error`` is what sending it raised, if anything);
-        what to tell the escalator (a failure is reported by :meth:`_next`).
+    def _send(
+        self, pid: int, step: SendSignal
+    ) -> tuple[SendSignal, Exception | None, Exception | None]:
+        """Send ``step``; a refused group signal falls back to the worker alone. Returns
+        the step sent last, what sending it raised, and the group signal's refusal."""
+        error = self._signal(pid, step)
+        if isinstance(error, RefusedTargetError) and step.group:
+            alone = SendSignal(step.signum)
+            return alone, self._signal(pid, alone), error
+        return step, error, None
 
-        Every refusal is a :class:`SignalRefused`; a refused group signal falls back to
-        the worker alone. Only the plan's lethal step (its last signal) is reported as
-        reaped; earlier signals are :class:`SignalSent`."""
+    def _sent(
+        self,
+        reap: Reap,
+        step: SendSignal,
+        error: Exception | None,
+        group_refusal: Exception | None = None,
+    ) -> Result:
+        """Report a signal sent by :meth:`_send` (``error`` is what sending it raised,
+        ``group_refusal`` the refusal of its group before it); what to tell the
+        escalator (a failure is reported by :meth:`_next`).
+
+        Every refusal is a :class:`SignalRefused`. Only the plan's lethal step (its last
+        signal) is reported as reaped; earlier signals are :class:`SignalSent`."""
         worker = reap.worker
+        if group_refusal is not None:
+            self._refused(worker.pid, SendSignal(step.signum, True), group_refusal, fallback=True)
         if isinstance(error, RefusedTargetError):
-            self._refused(worker.pid, step, error, fallback=step.group)
-            if step.group:
-                step = SendSignal(step.signum)
-                error = self._signal(worker.pid, step)
-                if isinstance(error, RefusedTargetError):
-                    self._refused(worker.pid, step, error, fallback=False)
+            self._refused(worker.pid, step, error, fallback=False)
         if isinstance(error, ProcessGoneError):
             self._on_gone(worker, "gone before signal")
             return Result.EXITED

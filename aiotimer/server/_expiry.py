@@ -31,7 +31,9 @@ Work per loop iteration is bounded: expired timers are popped in slices of
 :data:`EXPIRE_BUDGET` heap entries, and the expiry task yields between slices.
 
 Expired timers are handled in deadline order: the policy turns each into a plan
-(:mod:`aiotimer.reapers._policy`). An empty plan is "report only". Otherwise the worker's
+(:mod:`aiotimer.reapers._policy`). An empty plan is "report only". A plan whose first
+signal is refused (the kill policy) is that timer's alone: its reap is abandoned and the
+worker's other timers stay. Otherwise the worker's
 other timers are dropped from the table at once (O(1): their heap entries go stale) and
 the plan is carried out by :class:`~aiotimer.reapers._reaps.Reaps`, which takes the first
 action right here (a first signal leaves at the deadline, before anything else is done
@@ -264,7 +266,9 @@ class Expiry:
                     started.folded += 1
                 continue
             reap = self._expire(timer, now)
-            if reap is not None:
+            if reap is not None and reap.refused:  # a refused timer abandons only itself
+                self._reaps.proceed(reap, (timer.scope_id,))
+            elif reap is not None:
                 begun[timer.pid] = _Begun(reap, [timer.scope_id])
         for pid, started in begun.items():
             left = MAX_REPORTED_SCOPES - len(started.scopes)

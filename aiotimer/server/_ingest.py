@@ -16,13 +16,15 @@ the rest in one event, so a read of garbage costs a bounded number of events. A 
   (:class:`~aiotimer.events.BlockCancelled`).
 * *acquire*: the first timer of a pid starts watching the worker
   (:meth:`~aiotimer.reapers._watch.Watchlist.attach`); a worker the reaper cannot attach
-  is reported (:class:`~aiotimer.events.WorkerUnknown`) and its request dropped. The
-  server's own process is never watched: its timers only report their expiry. Caps
-  (:mod:`aiotimer.server._quota`): an acquire of a new key is rejected (a counted
-  :class:`~aiotimer.events.RequestRejected` naming the worker) when its worker holds
-  ``max_timers_per_worker``; when the table holds ``max_timers``, a timer of the worker
-  that holds the most makes room (:class:`~aiotimer.events.TimerEvicted`), unless the
-  acquiring worker is among those that hold the most (then it is rejected).
+  is reported (:class:`~aiotimer.events.WorkerUnknown`) and its request dropped; a
+  worker pinned is attributed to the user that runs it (its real uid, read once from
+  ``/proc``). The server's own process is never watched: its timers only report their
+  expiry. Caps (:mod:`aiotimer.server._quota`): an acquire of a new key is rejected (a
+  counted :class:`~aiotimer.events.RequestRejected` naming the worker) when its worker
+  holds ``max_timers_per_worker``; when the table holds ``max_timers``, a timer of the
+  user that holds the most (at least two more than the acquiring worker's user; else of
+  the acquiring user's largest worker, at least two more than the acquiring worker)
+  makes room (:class:`~aiotimer.events.TimerEvicted`); otherwise it is rejected.
 
 A batch of several requests is folded first (:mod:`aiotimer.core._fold`): a block whose
 acquire and release are both in it never reaches the table; it is counted and its
@@ -44,6 +46,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Final
 
 from aiotimer._edges.clock import Clock
+from aiotimer._edges.procfs import read_status
 from aiotimer.core._fold import fold
 from aiotimer.core._stats import DurationStats, Overdue
 from aiotimer.core._table import ReapOptions, Timer, TimerTable
@@ -70,6 +73,16 @@ MAX_TIMERS = 1_000_000
 MAX_TIMERS_PER_WORKER = 100_000
 #: Rejections of one batch reported one by one; the rest in one event (all counted).
 REPORTED_REJECTIONS: Final = 64
+
+
+def _uid_of(pid: int) -> int | None:
+    """The real uid of process ``pid``, whose timers count against that user's share
+    (see :mod:`aiotimer.server._quota`); ``None`` when ``/proc`` cannot tell."""
+    try:
+        status = read_status(pid)
+    except OSError:
+        return None
+    return None if status is None else status.uid
 
 
 class Ingest:
@@ -104,6 +117,7 @@ class Ingest:
         self._max_per_worker = max_timers_per_worker
         self._quota = Quota(table, max_timers, max_timers_per_worker)
         self._own_pid = os.getpid()
+        self._quota.own(self._own_pid, os.getuid())
         self._restored: dict[int, set[str]] = {}  # journal timers, until the worker speaks
 
     def apply(self, batch: Decoded, source: str) -> None:
@@ -149,8 +163,11 @@ class Ingest:
         return count
 
     def forget(self, pid: int) -> None:
-        """Worker ``pid``'s timers are gone (reaped, or it exited): no restored ones left."""
+        """Worker ``pid``'s timers are gone (reaped, or it exited): no restored ones left;
+        once it is no longer watched (it exited), its user is forgotten too."""
         self._restored.pop(pid, None)
+        if pid not in self._watched and pid != self._own_pid:
+            self._quota.disown(pid)
 
     def _apply_folded(
         self, requests: Sequence[Request], source: str, mono: float, wall: float
@@ -207,13 +224,11 @@ class Ingest:
         pid, table = req.pid, self._table
         if self._overdue:
             self._overdue.pop((pid, req.scope_id))  # re-acquired: that block's end is unknown
-        if (
-            pid not in self._watched
-            and pid != self._own_pid
-            and not self._watchlist.attach(pid, req.start_time)
-        ):
-            self._emit(WorkerUnknown(time=wall, pid=pid, scope_id=req.scope_id, source=source))
-            return
+        if pid not in self._watched and pid != self._own_pid:
+            if not self._watchlist.attach(pid, req.start_time):
+                self._emit(WorkerUnknown(time=wall, pid=pid, scope_id=req.scope_id, source=source))
+                return
+            self._quota.own(pid, _uid_of(pid))
         if (
             len(table) >= self._max_timers or table.worker_size(pid) >= self._max_per_worker
         ) and table.get(pid, req.scope_id) is None:
@@ -228,7 +243,8 @@ class Ingest:
         if req.grace is not None or req.group or req.dump:
             options = ReapOptions(req.grace, req.group, req.dump)
         timer = Timer(pid, req.scope_id, deadline, req.signal, mono, options, req.kill_after or 0.0)
-        table.acquire(timer)
+        if table.acquire(timer) is None:
+            self._quota.added += 1
         if self._journal is not None:
             self._journal.acquired(timer)
         self._counts.acquired += 1

@@ -123,8 +123,10 @@ class TimerServer(TaskOwner):
             is the default one (the journal holds ``CLOCK_MONOTONIC`` deadlines). A
             server stopped on purpose keeps it while timers that would signal are live
             (a planned restart still reaps a hung worker), else removes it.
-        max_timers: the most live timers in all; when full, a new timer evicts the oldest
-            of the largest holder's, or is rejected if its own worker is one.
+        max_timers: the most live timers in all; when full, the table is shared per
+            user, then per worker: a new timer evicts the oldest of the largest holder's
+            (of the user holding the most, if two more than its own), or is rejected
+            (see ``docs/operations.md``, quotas per user).
         max_timers_per_worker: reject a worker's acquires of new timers past this many.
 
     Reads: :meth:`snapshot` (one bounded, consistent view, from any thread), and what

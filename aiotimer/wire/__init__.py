@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from aiotimer.wire._encoder import BlockEncoder, block_encoder, encode
     from aiotimer.wire._request import (
         ENV_FIFO,
+        JOB_CONTROL_SIGNALS,
         MARKER_SUFFIX,
         MAX_LINE_BYTES,
         MAX_SCOPE_ID_LENGTH,
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
         MAX_START_TIME,
         PIPE_BUF,
         PROTOCOL_VERSION,
+        REAP_SIGNALS,
         TORCH_ENV_FIFO,
         Request,
         RequestTooLargeError,
@@ -43,6 +45,7 @@ _LAZY: Final[dict[str, str]] = {
     "block_encoder": "aiotimer.wire._encoder",
     "encode": "aiotimer.wire._encoder",
     "ENV_FIFO": "aiotimer.wire._request",
+    "JOB_CONTROL_SIGNALS": "aiotimer.wire._request",
     "MARKER_SUFFIX": "aiotimer.wire._request",
     "MAX_LINE_BYTES": "aiotimer.wire._request",
     "MAX_SCOPE_ID_LENGTH": "aiotimer.wire._request",
@@ -50,6 +53,7 @@ _LAZY: Final[dict[str, str]] = {
     "MAX_START_TIME": "aiotimer.wire._request",
     "PIPE_BUF": "aiotimer.wire._request",
     "PROTOCOL_VERSION": "aiotimer.wire._request",
+    "REAP_SIGNALS": "aiotimer.wire._request",
     "TORCH_ENV_FIFO": "aiotimer.wire._request",
     "Request": "aiotimer.wire._request",
     "RequestTooLargeError": "aiotimer.wire._request",
@@ -64,6 +68,7 @@ __getattr__, __dir__ = face_getattr("aiotimer.wire", globals(), lazy=_LAZY)
 
 __all__ = [
     "ENV_FIFO",
+    "JOB_CONTROL_SIGNALS",
     "MARKER_SUFFIX",
     "MAX_LINE_BYTES",
     "MAX_SCOPE_ID_LENGTH",
@@ -71,6 +76,7 @@ __all__ = [
     "MAX_START_TIME",
     "PIPE_BUF",
     "PROTOCOL_VERSION",
+    "REAP_SIGNALS",
     "TORCH_ENV_FIFO",
     "BlockEncoder",
     "Decoded",

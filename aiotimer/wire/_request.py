@@ -15,7 +15,11 @@ Keys (see docs/protocol.md for the full table):
 ``expiration_time``  required finite number, epoch seconds; negative means release
                      (``0`` is an acquire that expires at once).
 ``signal``           required int: a signal number in ``1..MAX_SIGNAL``, or ``<= 0``
-                     meaning report only (torch's shadow mode).
+                     meaning report only (torch's shadow mode). The job-control
+                     signals are valid lines (torch's clients may send them), but a
+                     timer is never reaped with one (:func:`signal_problem`): the
+                     client refuses them at block entry, the server's default kill
+                     policy at the deadline, where such a timer abandons only itself.
 ``mono``             aiotimer extension: the deadline on ``CLOCK_MONOTONIC``
                      (``time.monotonic()``); when present the server prefers it, so
                      wall-clock steps cannot fire or postpone a timer.
@@ -40,12 +44,14 @@ from __future__ import annotations
 import math
 import select
 import signal as _signal
+from collections.abc import Set as AbstractSet
 from typing import Annotated, Final
 
 import msgspec
 
 __all__ = [
     "ENV_FIFO",
+    "JOB_CONTROL_SIGNALS",
     "MARKER_SUFFIX",
     "MAX_LINE_BYTES",
     "MAX_SCOPE_ID_LENGTH",
@@ -53,6 +59,7 @@ __all__ = [
     "MAX_START_TIME",
     "PIPE_BUF",
     "PROTOCOL_VERSION",
+    "REAP_SIGNALS",
     "TORCH_ENV_FIFO",
     "Request",
     "RequestTooLargeError",
@@ -85,6 +92,16 @@ TORCH_ENV_FIFO: Final[str] = "TORCHELASTIC_TIMER_FILE"
 #: The highest signal number a request may name (``SIGRTMAX``, ``NSIG - 1``); ``signal``
 #: is either a signal in ``1..MAX_SIGNAL`` or ``<= 0`` (report only).
 MAX_SIGNAL: Final[int] = _signal.NSIG - 1
+#: Signals that stop or continue a process: a timer is never reaped with one (a request
+#: could freeze a worker, or wake one an operator froze). The client refuses them at
+#: block entry and the server's default kill policy at the deadline, by
+#: :func:`signal_problem`.
+JOB_CONTROL_SIGNALS: Final[frozenset[int]] = frozenset(
+    int(s)
+    for s in (_signal.SIGCONT, _signal.SIGSTOP, _signal.SIGTSTP, _signal.SIGTTIN, _signal.SIGTTOU)
+)
+#: The signals a timer may be reaped with: ``1..MAX_SIGNAL`` but the job-control ones.
+REAP_SIGNALS: Final[frozenset[int]] = frozenset(range(1, MAX_SIGNAL + 1)) - JOB_CONTROL_SIGNALS
 #: The highest ``start_time`` (a 64-bit count of clock ticks since boot).
 MAX_START_TIME: Final[int] = 2**63 - 1
 
@@ -170,11 +187,11 @@ def scope_id_problem(scope_id: str) -> str | None:
     return None
 
 
-def signal_problem(signum: int) -> str | None:
-    """Why ``signum`` cannot be a request's ``signal``, or ``None`` when it can.
+def _signal_range_problem(signum: int) -> str | None:
+    """Why ``signum`` cannot be a request's ``signal`` on the wire, or ``None``.
 
     A signal number in ``1..MAX_SIGNAL``, or an integer ``<= 0`` (report only) that fits
-    a C int.
+    a C int. (The line decoder checks the same bounds.)
     """
     if not _C_INT_MIN <= signum <= MAX_SIGNAL:
         return (
@@ -182,6 +199,53 @@ def signal_problem(signum: int) -> str | None:
             f"(report only), got {signum}"
         )
     return None
+
+
+def _named(signum: int) -> str:
+    try:
+        return f"{signum} ({_signal.Signals(signum).name})"
+    except ValueError:
+        return str(signum)
+
+
+def _spans(numbers: AbstractSet[int]) -> str:
+    """``numbers`` as runs: ``1..17, 23..64``."""
+    runs: list[str] = []
+    ordered = sorted(numbers)
+    start = prev = ordered[0]
+    for n in [*ordered[1:], None]:
+        if n is not None and n == prev + 1:
+            prev = n
+            continue
+        runs.append(str(start) if start == prev else f"{start}..{prev}")
+        if n is not None:
+            start = prev = n
+    return ", ".join(runs)
+
+
+def signal_problem(signum: int, allowed: AbstractSet[int] = REAP_SIGNALS) -> str | None:
+    """Why a timer cannot be reaped with ``signum``, or ``None`` when it can: the one
+    rule the client applies at block entry and the server's kill policy at the deadline.
+
+    ``signum`` is a signal number in ``allowed`` (by default :data:`REAP_SIGNALS`: every
+    signal but the job-control ones, :data:`JOB_CONTROL_SIGNALS`), or an integer
+    ``<= 0`` (report only) that fits a C int. The message names the argument, what it
+    got and the accepted values.
+    """
+    problem = _signal_range_problem(signum)
+    if problem is not None or signum <= 0 or signum in allowed:
+        return problem
+    if allowed == REAP_SIGNALS:
+        accepted = (
+            f"a signal number in 1..MAX_SIGNAL ({MAX_SIGNAL}) but the job-control ones "
+            f"({', '.join(_named(n) for n in sorted(JOB_CONTROL_SIGNALS))}), which would "
+            "freeze or wake the worker instead of reaping it,"
+        )
+    elif allowed:
+        accepted = f"one of the kill policy's signals ({_spans(allowed)})"
+    else:
+        accepted = "no signal at all (the kill policy allows none)"
+    return f"signal must be {accepted} or <= 0 (report only), got {_named(signum)}"
 
 
 def number_problem(name: str, value: float, *, minimum: float | None = None) -> str | None:
@@ -209,7 +273,7 @@ def validate(req: Request) -> str | None:
     if not 0 < req.pid <= _C_INT_MAX:
         return f"pid must be an integer in 1..{_C_INT_MAX}, got {req.pid}"
     problem = (
-        signal_problem(req.signal)
+        _signal_range_problem(req.signal)
         or scope_id_problem(req.scope_id)
         or number_problem("expiration_time", req.expiration_time)
     )
@@ -237,7 +301,7 @@ def check_block(scope_id: str, signal: int, timeout: float) -> None:
 
     Raises:
         ValueError: ``scope_id`` is empty, longer than ``MAX_SCOPE_ID_LENGTH`` or not
-            valid Unicode; ``signal`` is neither in ``1..MAX_SIGNAL`` nor ``<= 0``;
+            valid Unicode; ``signal`` is neither in :data:`REAP_SIGNALS` nor ``<= 0``;
             ``timeout`` is not a finite number ``>= 0``. The message names the limit.
     """
     problem = (
