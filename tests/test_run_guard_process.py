@@ -343,3 +343,91 @@ def _all_closed(reader: int) -> bool:
         return os.read(reader, 1) == b""
     except BlockingIOError:
         return False
+
+
+def test_the_next_run_stops_a_child_with_its_own_environment_in_a_dead_runs_cgroup(
+    tmp_path: Path, pinned: list[int]
+) -> None:
+    # Guard and run both killed: the next run's sweep kills the dead run's cgroup. (With
+    # no cgroup the sweep cannot prove such a child the run's: see docs/supervisor.md.)
+    _need_root()
+    if not _can_make_cgroup(tmp_path.name):
+        pytest.skip("no cgroup v2 can be made here (see the no-cgroup tests)")
+    runtime = tmp_path / "runtime"  # run files of their own: no other test's run sweeps
+    runtime.mkdir(mode=0o700)
+    worker = tmp_path / "worker.py"
+    worker.write_text(ESCAPE_WORKER)
+    pids, alive = tmp_path / "pids", tmp_path / "alive"
+    os.mkfifo(alive)
+    reader = os.open(alive, os.O_RDONLY | os.O_NONBLOCK)
+    env = {**_env(), "XDG_RUNTIME_DIR": str(runtime)}
+    sup = subprocess.Popen(
+        _run_argv("cgroup", "--", sys.executable, str(worker)),
+        env={**env, "TEST_PIDS": str(pids), "TEST_ALIVE": str(alive)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + BOUND
+        while not (pids.exists() and pids.read_text().endswith("\n")):
+            assert time.monotonic() < deadline, "the worker started its children"
+            time.sleep(0.02)
+        session, own_env, _ = map(int, pids.read_text().split())
+        pinned.append(os.pidfd_open(own_env))
+        argv = Path(f"/proc/{sup.pid}/cmdline").read_bytes()
+        (guard,) = [
+            int(p)
+            for p in os.listdir("/proc")
+            if p.isdigit() and int(p) != sup.pid and _cmdline(p) == argv
+        ]  # a fork of the run: the same command line
+        os.kill(guard, signal.SIGKILL)
+        sup.send_signal(signal.SIGKILL)
+        sup.wait(timeout=BOUND)
+        time.sleep(0.5)
+        assert not _exited(pinned[0]), "nobody stopped the child with its own environment"
+        nxt = subprocess.run(
+            [sys.executable, "-m", "aiotimer", "run", "--", "true"],
+            env=env, capture_output=True, timeout=BOUND, check=False,
+        )  # fmt: skip
+        assert nxt.returncode == 0, nxt.stderr
+        assert b"left by the run of supervisor" in nxt.stderr, nxt.stderr
+        killed_at = time.monotonic()
+        while not (_exited(pinned[0]) and _all_closed(reader)):
+            assert time.monotonic() - killed_at < 3.0, "the sweep stopped the dead run's cgroup"
+            time.sleep(0.02)
+    finally:
+        sup.kill()
+        sup.wait()
+        os.close(reader)
+        if "session" in locals():
+            for pid in _session_members(session):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _cmdline(pid: str) -> bytes | None:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+
+
+def _can_make_cgroup(name: str) -> bool:
+    """Whether a child of this process's cgroup v2 can be made (and is, then removed)."""
+    with open("/proc/self/cgroup") as f:
+        own = next((line[3:].strip() for line in f if line.startswith("0::")), None)
+    with open("/proc/self/mountinfo") as f:
+        mounts = [
+            (fields[3], fields[4])
+            for fields in map(str.split, f)
+            if fields[fields.index("-") + 1] == "cgroup2"
+        ]
+    for root, mount in mounts:
+        if own is not None and (own + "/").startswith(root.rstrip("/") + "/"):
+            probe = Path(mount, own[len(root) :].lstrip("/"), f"aiotimer-probe-{name}")
+            try:
+                probe.mkdir()
+            except OSError:
+                continue
+            probe.rmdir()
+            return True
+    return False
