@@ -136,7 +136,10 @@ class _Pins:
                 data, fds = b"", []
             if not data:
                 self.closed = True  # the supervisor's end is closed
-            kept = self._apply(data, fds)
+            try:
+                kept = self._apply(data, fds)
+            except ValueError:  # not a message of ours: ignored
+                kept = set()
             for fd in fds:
                 if fd not in kept:
                     os.close(fd)
