@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from aiotimer._edges.cgroups import cgroup_dirs
+
 pytestmark = [pytest.mark.process, pytest.mark.timeout(60)]
 
 BOUND = 20.0
@@ -304,6 +306,8 @@ def test_a_child_with_its_own_environment_and_a_pid_hopper_are_gone_after_sigkil
             time.sleep(0.02)
         session, own_env, hopper = map(int, pids.read_text().split())
         pinned.extend(os.pidfd_open(p) for p in (own_env, hopper))
+        cgroup = _run_cgroup(session)
+        assert (cgroup is not None) == (mode == "cgroup" and _can_make_cgroup(tmp_path.name))
         # The worker dies first, as its parent-death signal makes it do when the run is
         # killed; here before, so that nobody can see it alive once the run is gone.
         sup.send_signal(signal.SIGSTOP)
@@ -323,6 +327,7 @@ def test_a_child_with_its_own_environment_and_a_pid_hopper_are_gone_after_sigkil
             time.sleep(0.02)
         _, err = sup.communicate(timeout=BOUND)
         assert b"died without stopping its workers" in err, err
+        assert cgroup is None or not cgroup.exists(), "the guard removed the run's cgroup"
     finally:
         sup.kill()
         sup.communicate()
@@ -409,6 +414,33 @@ def _cmdline(pid: str) -> bytes | None:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return None
+
+
+def test_a_run_that_ends_cleanly_leaves_no_cgroup(tmp_path: Path) -> None:
+    if not _can_make_cgroup(tmp_path.name):
+        pytest.skip("no cgroup v2 can be made here")
+    done = subprocess.run(
+        [sys.executable, "-m", "aiotimer", "run", "--", "sh", "-c",
+         "grep ^0:: /proc/self/cgroup; echo $$"],
+        env=_env(), capture_output=True, text=True, timeout=BOUND, check=True,
+    )  # fmt: skip
+    line, _ = done.stdout.splitlines()
+    assert "/aiotimer-run-" in line, "the worker ran in the run's cgroup"
+    (cgroup,) = cgroup_dirs(line, Path("/proc/self/mountinfo").read_text())
+    deadline = time.monotonic() + BOUND
+    while cgroup.exists():  # the guard removes it once the run has ended
+        assert time.monotonic() < deadline, f"{cgroup} removed"
+        time.sleep(0.02)
+
+
+def _run_cgroup(pid: int) -> Path | None:
+    """The run cgroup ``pid`` is in, if it is in one."""
+    with open(f"/proc/{pid}/cgroup") as f:
+        own = f.read()
+    if "/aiotimer-run-" not in own:
+        return None
+    (path,) = cgroup_dirs(own, Path("/proc/self/mountinfo").read_text())
+    return path
 
 
 def _can_make_cgroup(name: str) -> bool:

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Final
 
-__all__ = ["RunCgroup", "own_cgroup_dir"]
+__all__ = ["RunCgroup", "cgroup_dirs", "own_cgroup_dir"]
 
 #: The prefix of every cgroup a run makes.
 PREFIX: Final[str] = "aiotimer-run-"
@@ -41,24 +41,35 @@ def own_cgroup_dir() -> Path:
         OSError: this process is in no cgroup v2, or none is mounted where it is seen.
     """
     with open("/proc/self/cgroup") as f:
-        own = next((line[3:].strip() for line in f if line.startswith("0::")), None)
-    if own is None:
-        raise OSError("this process is in no cgroup v2")
+        cgroups = f.read()
     with open("/proc/self/mountinfo") as f:
-        for line in f:
-            fields = line.split()
-            try:
-                fstype = fields[fields.index("-") + 1]
-            except (ValueError, IndexError):
-                continue
-            if fstype != "cgroup2":
-                continue
-            root, mount = _unescape(fields[3]), _unescape(fields[4])
-            if own == root or own.startswith(root.rstrip("/") + "/"):
-                path = Path(mount) / own[len(root) :].lstrip("/")
-                if path.is_dir():
-                    return path
-    raise OSError(f"no cgroup v2 mount shows this process's cgroup {own!r}")
+        mountinfo = f.read()
+    for path in cgroup_dirs(cgroups, mountinfo):
+        if path.is_dir():
+            return path
+    raise OSError("this process is in no cgroup v2 that a mount here shows")
+
+
+def cgroup_dirs(cgroups: str, mountinfo: str) -> list[Path]:
+    """Where the cgroup v2 that ``cgroups`` (a ``/proc/<pid>/cgroup``) names is seen,
+    through the ``cgroup2`` mounts of ``mountinfo`` (a ``/proc/<pid>/mountinfo``): one
+    path per mount whose root contains it. Pure."""
+    own = next((line[3:] for line in cgroups.splitlines() if line.startswith("0::")), None)
+    if own is None:
+        return []
+    found = []
+    for line in mountinfo.splitlines():
+        fields = line.split()
+        try:
+            fstype = fields[fields.index("-") + 1]
+        except (ValueError, IndexError):
+            continue
+        if fstype != "cgroup2":
+            continue
+        root, mount = _unescape(fields[3]), _unescape(fields[4])
+        if own == root or own.startswith(root.rstrip("/") + "/"):
+            found.append(Path(mount, own[len(root) :].lstrip("/")))
+    return found
 
 
 class RunCgroup:
