@@ -133,6 +133,7 @@ def this_process() -> ProcessId:
 
 
 def run_file_name(supervisor: ProcessId) -> str:
+    """The name of ``supervisor``'s run file in its run-file directory."""
     return f"run-{supervisor.pid}-{supervisor.start_time}.json"
 
 
@@ -217,6 +218,8 @@ class RunFile:
 
 
 def read_run_file(path: Path) -> RunRecord | str:
+    """The run file at ``path``, or why it cannot be read (it is gone, not this
+    user's, too large, not a run file)."""
     try:
         return msgspec.json.decode(read_owned(path, MAX_RUN_FILE, what="run file"), type=RunRecord)
     except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
