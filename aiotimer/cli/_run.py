@@ -38,6 +38,7 @@ from aiotimer.control import ControlPlane
 from aiotimer.errors import AiotimerError
 from aiotimer.reapers._signal import SignalReaper
 from aiotimer.server._thread import loop_factory
+from aiotimer.supervisor._guard import start_guard
 from aiotimer.supervisor._hang import DEFAULT_HANG_REPORT_TIMEOUT
 from aiotimer.supervisor._restart import (
     DEFAULT_NO_RESTART_EXIT_CODES,
@@ -45,7 +46,7 @@ from aiotimer.supervisor._restart import (
     RestartPolicy,
     RestartScope,
 )
-from aiotimer.supervisor._runfile import runs_dir, runtime_parent, start_guard
+from aiotimer.supervisor._runfile import runs_dir, runtime_parent
 from aiotimer.supervisor._supervisor import Supervisor, format_summary
 
 __all__ = ["configure_run", "run_run"]

@@ -255,6 +255,7 @@ class WorkerPool:
         self._pid_rank[popen.pid] = rank
         if self.run_file is not None:
             self.run_file.record(a.pid for a in self.attempts.values())
+            self.run_file.pin(att.pid, att.pidfd)
         return att
 
     async def wait(
@@ -278,6 +279,8 @@ class WorkerPool:
         finally:
             if att.pidfd is not None:
                 os.close(att.pidfd)
+            if self.run_file is not None:
+                self.run_file.unpin(att.pid)
             if self.attempts.get(att.rank) is att:
                 del self.attempts[att.rank]
             for pid in (*att.timer_pids, att.pid):

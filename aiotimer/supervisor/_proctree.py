@@ -36,6 +36,7 @@ from aiotimer.reapers._identity import PinnedProcess
 __all__ = [
     "ProcInfo",
     "become_subreaper",
+    "proc_info",
     "processes",
     "reap_orphans",
     "scan",
@@ -122,29 +123,33 @@ def processes() -> Iterator[ProcInfo]:
     except FileNotFoundError:
         return
     for name in names:
-        if not name.isdigit():
-            continue
-        try:  # os.open/os.read: half the cost of open() here (no buffered file object)
-            fd = os.open(f"/proc/{name}/stat", os.O_RDONLY)
-        except OSError:
-            continue  # it exited meanwhile
-        try:
-            data = os.read(fd, 4096)
-        except OSError:
-            continue
-        finally:
-            os.close(fd)
-        if not data:
-            continue
-        fields = stat_fields(data)
-        yield ProcInfo(
-            int(name),
-            fields[0].decode("ascii"),
-            int(fields[1]),
-            int(fields[2]),
-            int(fields[3]),
-            int(fields[19]),
-        )
+        if name.isdigit() and (info := proc_info(int(name))) is not None:
+            yield info
+
+
+def proc_info(pid: int) -> ProcInfo | None:
+    """Process ``pid`` as ``/proc`` shows it now; ``None`` if there is none."""
+    try:  # os.open/os.read: half the cost of open() here (no buffered file object)
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None  # it exited meanwhile
+    try:
+        data = os.read(fd, 4096)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if not data:
+        return None
+    fields = stat_fields(data)
+    return ProcInfo(
+        pid,
+        fields[0].decode("ascii"),
+        int(fields[1]),
+        int(fields[2]),
+        int(fields[3]),
+        int(fields[19]),
+    )
 
 
 def scan(

@@ -1,32 +1,33 @@
 """Run files: what a supervisor leaves behind so that its workers never outlive it.
 
-A supervisor killed with SIGKILL cannot stop its workers. Three things make up for it:
+A supervisor killed with SIGKILL cannot stop its workers. Four things make up for it:
 
 - each worker is started with a parent-death signal (SIGKILL, see
   :func:`~aiotimer.supervisor._proctree.with_parent_death_signal`), so the kernel ends
   it with its supervisor; but not what it started (the signal is not inherited);
+- where a cgroup v2 can be made, ``aiotimer run`` runs in a cgroup of its own
+  (:mod:`aiotimer._edges.cgroups`): everything the run starts is born in it and stays
+  in it, whatever its session or environment;
 - the supervisor keeps a **run file** in a private per-user directory
   (:func:`runs_dir`: ``aiotimer-runs-<uid>`` beside its runtime directory): its own
   identity, the boot it runs in, the FIFO path every worker finds in ``AIOTIMER_FIFO``
-  (unique to the run), the PID namespace its pids belong to, and each running worker's
-  pid and start time. Worker ``w`` leads
-  session and process group ``w.pid``; its children stay there unless they leave;
-- a **guard** (:func:`start_guard`), a small process forked before the supervisor starts
-  anything, waits for the supervisor's end; if the run file is still there (the
-  supervisor did not stop cleanly), it stops what the file's workers left and removes
-  the run's private runtime directory (its FIFO's). The next
-  supervisor using the same directory does the same for every run file whose
-  supervisor is dead (:func:`sweep`), in case the guard was killed too.
+  (unique to the run), the PID namespace its pids belong to, the run's cgroup, and each
+  running worker's pid and start time. Worker ``w`` leads session and process group
+  ``w.pid``; its children stay there unless they leave;
+- a **guard** (:mod:`aiotimer.supervisor._guard`), a small process forked before the
+  supervisor starts anything, holds a pidfd of every worker (handed over at launch)
+  and waits for the supervisor's end; if the run file is still there (the supervisor
+  did not stop cleanly), it kills the run's cgroup, or without one stops what it can
+  prove the workers left (:func:`~aiotimer.supervisor._pins.stop_leftovers`), and
+  removes the run's private runtime directory. The next supervisor using the same
+  directory does the same for every run file whose supervisor is dead (:func:`sweep`),
+  in case the guard was killed too: it kills the dead run's cgroup; without one it can
+  pin only the workers still alive with their recorded start time.
 
-A process is stopped only when it is **proven** to be a run's leftover: it is in a
-recorded worker's session or process group ``S`` and either the worker itself is alive
-(pid and start time match, so ``S`` is its session), or the process started after the
-worker and its environment names the run's FIFO. A session id is never reused while
-any process is in the session, so a live member of a session whose leader was proven
-stays proven. Everything else is left alone: a process that scrubbed its environment
-after its leader died is not stopped, and neither is anything of a run recorded in
-another PID namespace (another container sharing the directory): its pids mean other
-processes here, so its supervisor cannot be proven dead.
+Nothing is signalled by a pid number alone: see :mod:`aiotimer.supervisor._pins` for
+what is proven, and what is left alone. A run recorded in another PID namespace
+(another container sharing the directory) is left alone: its pids mean other processes
+here, so its supervisor cannot be proven dead.
 """
 
 from __future__ import annotations
@@ -34,18 +35,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import select
 import shutil
-import signal
 import tempfile
-import threading
-import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Final
 
 import msgspec
 
+from aiotimer._edges.cgroups import RunCgroup
 from aiotimer._edges.files import (
     check_private_dir,
     make_private_dir,
@@ -54,31 +52,31 @@ from aiotimer._edges.files import (
     write_atomic,
 )
 from aiotimer._edges.procfs import EXITED_STATES, boot_id, own_start_time, read_stat
-from aiotimer.errors import ProcessGoneError, ReapError, RefusedTargetError
-from aiotimer.reapers._identity import PinnedProcess
-from aiotimer.supervisor._proctree import processes
+from aiotimer.errors import ProcessGoneError
+from aiotimer.supervisor import _guardlink
+from aiotimer.supervisor._pins import close_pins, pin, stop_leftovers
 
 __all__ = [
     "ProcessId",
     "RunFile",
     "RunRecord",
-    "leftovers",
+    "kill_cgroup",
+    "read_run_file",
+    "remove_runtime_dir",
+    "run_file_name",
     "runs_dir",
     "runtime_parent",
-    "start_guard",
-    "stop_leftovers",
+    "stop_dead_run",
     "sweep",
+    "this_process",
 ]
 
 logger = logging.getLogger("aiotimer")
 
 #: The most a run file may hold (a worker is ~40 bytes of it).
 MAX_RUN_FILE: Final[int] = 1 << 20
-#: How often :func:`stop_leftovers` looks again for processes forked meanwhile.
-_ROUNDS: Final[int] = 20
-#: What the guard may spend telling stderr what it did (it may be a full pipe).
-_REPORT_TIMEOUT: Final[int] = 2
-_FIFO_VAR: Final[bytes] = b"AIOTIMER_FIFO="
+#: The longest a sweep waits for a dead run's cgroup to empty once killed.
+CGROUP_EMPTY_TIMEOUT: Final[float] = 5.0
 
 
 class ProcessId(msgspec.Struct, frozen=True, array_like=True):
@@ -97,6 +95,8 @@ class RunRecord(msgspec.Struct, frozen=True, kw_only=True):
     workers: tuple[ProcessId, ...] = ()
     #: The PID namespace of the pids (``/proc/self/ns/pid``'s link); empty if unknown.
     pid_ns: str = ""
+    #: The run's cgroup directory (:mod:`aiotimer._edges.cgroups`); empty if none.
+    cgroup: str = ""
 
 
 def runtime_parent(chosen: str | os.PathLike[str] | None = None) -> str | None:
@@ -132,7 +132,8 @@ def this_process() -> ProcessId:
     return ProcessId(os.getpid(), own_start_time() or 0)
 
 
-def _file_name(supervisor: ProcessId) -> str:
+def run_file_name(supervisor: ProcessId) -> str:
+    """The name of ``supervisor``'s run file in its run-file directory."""
     return f"run-{supervisor.pid}-{supervisor.start_time}.json"
 
 
@@ -154,11 +155,37 @@ class RunFile:
 
     def __init__(self, directory: Path, fifo: str) -> None:
         self.me = this_process()
-        self.path = directory / _file_name(self.me)
+        self.path = directory / run_file_name(self.me)
+        self._guard = _guardlink.current()
+        cgroup = "" if self._guard is None else self._guard.cgroup
         self._record = RunRecord(
-            boot_id=(boot_id() or ""), supervisor=self.me, fifo=fifo, pid_ns=_pid_namespace()
+            boot_id=(boot_id() or ""),
+            supervisor=self.me,
+            fifo=fifo,
+            pid_ns=_pid_namespace(),
+            cgroup=cgroup,
         )
         self._failed = False
+        if self._guard is not None and not cgroup:
+            logger.info(
+                "this run has no cgroup of its own: if it is killed, its guard stops "
+                "only what it can prove its workers left (their process groups, see "
+                "docs/supervisor.md)"
+            )
+
+    def pin(self, pid: int, pidfd: int | None) -> None:
+        """Hand the run's guard (if any) a pidfd of worker ``pid``, just launched."""
+        if self._guard is None or pidfd is None:
+            return
+        with contextlib.suppress(ProcessGoneError, FileNotFoundError):
+            stat = read_stat(pid)
+            if stat is not None:
+                self._guard.pin(pid, pidfd, stat[1])
+
+    def unpin(self, pid: int) -> None:
+        """Tell the run's guard (if any) worker ``pid`` is collected."""
+        if self._guard is not None:
+            self._guard.unpin(pid)
 
     def record(self, workers: Iterable[int]) -> None:
         """Write the run file listing ``workers`` (the running workers' pids); a failure
@@ -190,65 +217,16 @@ class RunFile:
             logger.warning("cannot remove the run file %s: %s", self.path, exc)
 
 
-def _environ_names(pid: int, fifo: bytes) -> bool:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            data = f.read(1 << 20)
-    except OSError:
-        return False
-    return _FIFO_VAR + fifo in data.split(b"\0")
-
-
-def leftovers(record: RunRecord, proven: set[int]) -> list[ProcessId]:
-    """The live processes proven to be left by ``record``'s workers (see the module
-    docs). ``proven`` holds the sessions proven by a live leader; it grows."""
-    fifo = os.fsencode(record.fifo)
-    starts = {w.pid: w.start_time for w in record.workers}
-    proven.update(w.pid for w in record.workers if _alive(w))
-    me = os.getpid()
-    found = []
-    for p in processes():
-        if p.exited or p.pid == me:
-            continue
-        group = p.sid if p.sid in starts else p.pgid if p.pgid in starts else None
-        if group is None:
-            continue
-        if group in proven or (p.start_time >= starts[group] and _environ_names(p.pid, fifo)):
-            found.append(ProcessId(p.pid, p.start_time))
-    return found
-
-
-def stop_leftovers(record: RunRecord) -> list[int]:
-    """SIGKILL every process proven to be left by ``record``'s workers, looking again
-    until none is left (they may fork meanwhile). Returns the pids signalled."""
-    proven: set[int] = set()
-    killed: set[int] = set()
-    for _ in range(_ROUNDS):
-        found = leftovers(record, proven)
-        if not found:
-            break
-        for proc in found:
-            try:
-                with PinnedProcess.pin(proc.pid, start_time=proc.start_time) as pinned:
-                    pinned.send_signal(signal.SIGKILL)
-            except (ProcessGoneError, RefusedTargetError):
-                continue
-            except ReapError as exc:
-                logger.error("could not stop process %d left by a run: %s", proc.pid, exc)
-                continue
-            killed.add(proc.pid)
-        time.sleep(0.01)  # let the kills land before looking again
-    return sorted(killed)
-
-
-def _read(path: Path) -> RunRecord | str:
+def read_run_file(path: Path) -> RunRecord | str:
+    """The run file at ``path``, or why it cannot be read (it is gone, not this
+    user's, too large, not a run file)."""
     try:
         return msgspec.json.decode(read_owned(path, MAX_RUN_FILE, what="run file"), type=RunRecord)
     except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
         return f"{exc}"
 
 
-def _remove_runtime_dir(record: RunRecord) -> None:
+def remove_runtime_dir(record: RunRecord) -> None:
     """Remove the dead run's private runtime directory (its FIFO's), if it is still a
     private directory of this user, named as a supervisor names it."""
     runtime = Path(record.fifo).parent
@@ -272,7 +250,7 @@ def sweep(directory: Path) -> list[str]:
         return [f"cannot list {directory}: {exc}"]
     for name in names:
         path = directory / name
-        record = _read(path)
+        record = read_run_file(path)
         if isinstance(record, str):
             if not name.endswith(".tmp"):  # a live run's write in progress: not ours
                 report.append(f"run file {path} removed unread: {record}")
@@ -283,8 +261,8 @@ def sweep(directory: Path) -> list[str]:
             continue  # another PID namespace's run: its pids name other processes here
         if record.boot_id == boot and _alive(record.supervisor):
             continue  # a live run
-        killed = stop_leftovers(record) if record.boot_id == boot else []
-        _remove_runtime_dir(record)
+        killed, errors = stop_dead_run(record) if record.boot_id == boot else ([], [])
+        remove_runtime_dir(record)
         with contextlib.suppress(OSError):
             remove_owned(path, what="run file")
         if killed:
@@ -293,88 +271,42 @@ def sweep(directory: Path) -> list[str]:
                 f"{record.supervisor.pid}, which died without stopping its workers: "
                 f"pids {', '.join(map(str, sorted(killed)))}"
             )
+        report.extend(errors)
     return report
 
 
-# -- the guard --------------------------------------------------------------------------
-
-
-def start_guard(directory: Path) -> str | None:
-    """Fork the guard of this process's run (see the module docs). Returns why no guard
-    was started (``None``: started): this process has other threads (forking it would
-    be unsafe), or the system has no pidfds; the run then relies on the next run's
-    :func:`sweep`.
-
-    Call it before starting any thread or event loop. The guard is its own session,
-    re-parented away from this process (so stopping this process's children never
-    finds it), and ends with this process: at once after a clean stop (no run file
-    left), after stopping the leftovers otherwise.
-
-    Raises:
-        OSError: the guard cannot be forked.
-    """
-    if threading.active_count() > 1:
-        return "this process has other threads"
-    me = this_process()
+def stop_dead_run(record: RunRecord) -> tuple[list[int], list[str]]:
+    """Stop what the dead run of ``record`` left, without pins of its own: its cgroup
+    if it had one, else what :func:`~aiotimer.supervisor._pins.stop_leftovers` proves
+    from its workers still alive (pinned by pid and recorded start time). Returns the
+    pids stopped and one line per failure."""
+    cgroup = RunCgroup.existing(record.cgroup) if record.cgroup else None
+    if cgroup is not None:
+        return kill_cgroup(cgroup, CGROUP_EMPTY_TIMEOUT)
+    pins = [p for w in record.workers if (p := pin(w.pid, w.start_time)) is not None]
+    workers = [w for w, _ in pins]
+    pinned = {w.pid for w in workers}
+    dead = {w.pid: w.start_time for w in record.workers if w.pid not in pinned}
     try:
-        watch = os.pidfd_open(me.pid)
-    except (AttributeError, OSError) as exc:
-        return f"no pidfd to watch this process with ({exc})"
-    try:
-        child = os.fork()
-        if child == 0:  # pragma: no cover  (runs in the forked guard)
-            code = 1
-            try:
-                os.setsid()
-                if os.fork() == 0:
-                    _guard(watch, directory / _file_name(me))
-                code = 0
-            finally:
-                os._exit(code)
-        os.waitpid(child, 0)
+        return stop_leftovers(workers, record.fifo, unpinned=dead)
     finally:
-        os.close(watch)
-    return None
+        close_pins(workers)
 
 
-def _guard(watch: int, path: Path) -> None:  # pragma: no cover  (runs in the forked guard)
-    """The guard's body: wait for the supervisor's end, stop what its run left."""
-    null = os.open(os.devnull, os.O_RDWR)
-    os.dup2(null, 0)
-    os.dup2(null, 1)
-    os.close(null)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    select.select([watch], [], [], None)
+def kill_cgroup(cgroup: RunCgroup, timeout: float) -> tuple[list[int], list[str]]:
+    """SIGKILL everything in ``cgroup``, wait up to ``timeout`` seconds for it to
+    empty, remove it. Returns the pids it held and one line per failure."""
+    members = cgroup.members()
     try:
-        record = _read(path)
-        if isinstance(record, str):
-            return  # a clean stop removed it (or it was never written)
-        killed = stop_leftovers(record)
-        _remove_runtime_dir(record)
-        with contextlib.suppress(OSError):
-            remove_owned(path, what="run file")
-        if killed:
-            _report(
-                f"aiotimer run guard: supervisor {record.supervisor.pid} died without "
-                f"stopping its workers; stopped {len(killed)} process(es) they left: pids "
-                f"{', '.join(map(str, killed))}\n"
-            )
-    except Exception as exc:  # say it, then end: nothing else can
-        _report(f"aiotimer run guard: could not stop the leftovers of {path}: {exc}\n")
-
-
-class _TimedOut(Exception):
-    pass
-
-
-def _time_out(signum: int, frame: object) -> None:  # pragma: no cover  (in the guard)
-    raise _TimedOut
-
-
-def _report(line: str) -> None:  # pragma: no cover  (runs in the forked guard)
-    """Write ``line`` to stderr, giving up after a while (nobody may read it)."""
-    signal.signal(signal.SIGALRM, _time_out)
-    signal.alarm(_REPORT_TIMEOUT)
-    with contextlib.suppress(OSError, _TimedOut):
-        os.write(2, line.encode())
-    signal.alarm(0)
+        cgroup.kill()
+    except FileNotFoundError:
+        return [], []
+    except OSError as exc:
+        return [], [f"could not kill the run's cgroup {cgroup.path}: {exc}"]
+    if not cgroup.wait_empty(timeout):
+        return members, [
+            f"processes of the run's cgroup {cgroup.path} still alive {timeout:g}s after "
+            f"SIGKILL (stuck in the kernel): {', '.join(map(str, cgroup.members()))}"
+        ]
+    cgroup.remove()
+    return members, []
