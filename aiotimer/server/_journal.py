@@ -16,10 +16,23 @@ earliest timer looked up again, at the next write (one pass over that worker's t
 The :meth:`Journal.run` task waits until something changed, encodes every entry and
 hands the bytes to its writer thread (:mod:`aiotimer.server._journal_writer`: the loop
 does not wait for it), which writes a temporary file and renames it over the journal
-(:func:`~aiotimer._edges.files.write_atomic`: never through a symlink, never over
-anything but a regular file of this user; read back the same way, capped). Writes are
-at least ``interval`` (a second) apart, so a busy server writes about once a second, an
-idle one never. A change within ``interval`` of the last write is written with the
+(:func:`~aiotimer._edges.files.write_atomic`, never through a symlink). The task writes
+once as it starts (what was restored, or nothing), so that a journal that cannot be
+written is said at once; then writes are at least ``interval`` (a second) apart, so a
+busy server writes about once a second, an idle one never again.
+
+Squatting
+---------
+The journal's path is for the journal only, so whatever another user put there (a file,
+a symlink, a FIFO, made before the server started, in a shared directory like
+``/tmp``) is **taken back**: the rename replaces the directory entry, and what it named
+is never opened, read, followed or written. The kernel refuses that rename for another
+user's file in a sticky directory unless the server may override it (root,
+``CAP_FOWNER``), and nothing replaces a directory: then the server cannot journal. It
+says so once (one error line, and one when writes work again) and :attr:`Journal.problem`
+says why, in ``aiotimer status``; it keeps trying every ``RETRY_INTERVAL``. The file is
+read back only if it is a regular file of this user (capped): a planted journal is never
+believed. A change within ``interval`` of the last write is written with the
 first change after the interval, in the turn of the loop that applies it (a journal
 write costs the loop no wake-up of its own), or half an ``interval`` later at the
 latest. The loop's work per write is bounded by the number of workers (capped at
@@ -152,7 +165,8 @@ class Journal:
     """The journal file ``path`` of one server (see the module docs).
 
     Args:
-        path: the file (mode 0600; the directory must be the server's).
+        path: the file (mode 0600; whatever else is there is replaced, see the module
+            docs).
         interval: the least time between two writes, in seconds.
         max_workers: the most workers journaled; more are left out (and reported once).
         grace: seconds a restored deadline that has already passed is moved ahead.
@@ -178,6 +192,7 @@ class Journal:
         self._dirty = False  # changed since the last write
         self._due = -math.inf  # monotonic: when the next write may come
         self._omitted_reported = False
+        self._writer: JournalWriter | None = None
         #: Workers left out because ``max_workers`` were journaled already.
         self.omitted = 0
 
@@ -236,6 +251,12 @@ class Journal:
         self._start_times.pop(pid, None)
         self.cleared(pid)
 
+    @property
+    def problem(self) -> str | None:
+        """Why the journal cannot be written now (``None``: the last write worked, or no
+        write was tried yet)."""
+        return None if self._writer is None else self._writer.problem
+
     # -- restoring -------------------------------------------------------------------
 
     def load(self, mono_now: float) -> Restored:
@@ -279,11 +300,17 @@ class Journal:
         *,
         task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
-        """Write the journal whenever timers changed, at most every ``interval`` seconds.
+        """Write the journal now, then whenever timers changed, at most every ``interval``
+        seconds.
 
         ``mono_to_wall()`` is the offset from the server's monotonic clock to epoch time.
         """
-        writer = JournalWriter(self.path, self._write, retry=RETRY_INTERVAL)
+        writer = self._writer = JournalWriter(self.path, self._write, retry=RETRY_INTERVAL)
+        # The first write (what was restored, or nothing) does not count against the
+        # interval: the first change is written at once all the same.
+        self._dirty = False
+        self._update(table, mono_to_wall())
+        writer.offer(self._encode())
         task_status.started()
         try:
             while True:
@@ -341,7 +368,8 @@ class Journal:
 
     def _write(self, data: bytes) -> None:
         # Not durable: after a reboot the journal is void anyway (its boot id differs).
-        write_atomic(self.path, data, 0o600, durable=False, what=_WHAT)
+        # ``replace``: a squatter's file (or symlink) is taken back by the rename.
+        write_atomic(self.path, data, 0o600, durable=False, what=_WHAT, replace=True)
 
     def keep(self, table: TimerTable, mono_to_wall: float) -> int:
         """Write the journal complete, now, from ``table`` (a planned stop with live
