@@ -232,8 +232,9 @@ async def test_a_squatted_journal_is_never_read_nor_written_through_but_taken_ba
 
 @pytest.mark.asyncio
 async def test_a_journal_that_cannot_be_written_says_so_once_and_why(
-    tmp_path: Path, sleeper: int, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, sleeper: int, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "missing"))  # no fallback either
     path = tmp_path / "j"
     path.mkdir()  # nothing takes a directory's place
     journal, table = Journal(path, interval=0.01), TimerTable()
@@ -248,7 +249,37 @@ async def test_a_journal_that_cannot_be_written_says_so_once_and_why(
             await anyio.sleep(0.05)
         tg.cancel_scope.cancel()
     assert caplog.text.count("cannot write journal") == 1
-    assert path.is_dir()
+    assert path.is_dir() and not (tmp_path / "missing").exists()
+
+
+@pytest.mark.asyncio
+async def test_a_path_held_for_good_sends_the_journal_to_a_private_directory(
+    tmp_path: Path, sleeper: int, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runtime = tmp_path / "runtime"
+    runtime.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    path = tmp_path / "j"
+    path.mkdir()  # held: nothing takes a directory's place
+    journal, table = Journal(path, interval=0.01), TimerTable()
+    timer = Timer(sleeper, "s", 100.0, 9)
+    table.acquire(timer)
+    journal.acquired(timer)
+    async with anyio.create_task_group() as tg:
+        await tg.start(journal.run, table, lambda: 0.0)
+        await wait_until(lambda: journal.path != path and _written(journal.path) != [])
+        tg.cancel_scope.cancel()
+    fallback = journal.path
+    assert fallback.parent == runtime / "aiotimer-journals" and journal.problem is None
+    assert fallback.parent.stat().st_mode & 0o777 == 0o700
+    assert caplog.text.count("journaling to") == 1 and "cannot write" not in caplog.text
+    # The next server on the path finds it there.
+    assert [r.scope_id for r in Journal(path).load(time.monotonic()).requests] == ["s"]
+    path.rmdir()  # the path is free again: the journal goes back, the fallback goes
+    journal.keep(table, 0.0)
+    assert _written(path)[0]["scope_id"] == "s" and not fallback.exists()
+    journal.remove()
+    assert not path.exists()
 
 
 def _entry(pid: int, scope: str, mono: float, **changes: object) -> dict[str, object]:

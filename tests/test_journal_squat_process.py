@@ -1,14 +1,18 @@
 """Another user cannot switch the journal off, and a server that cannot journal says so.
 
 In a sticky directory of another user (as ``/tmp`` is root's), another user (uid 65534)
-plants a file at ``<fifo>.journal`` before the server starts.
+plants a file at ``<fifo>.journal`` before the server starts. A worker that registered
+and hung is still reaped by a server restarted after a SIGKILL of the first:
 
-* A server that may override the sticky bit (root) takes the path back with a rename (the
-  planted file is never read or written): a worker that registered and hung is still
-  reaped by a server restarted after a SIGKILL of the first.
-* A server that may not (run without ``CAP_FOWNER``, like an unprivileged server in
-  ``/tmp``) cannot journal: it says so in one error line, however often it tries, and
-  ``aiotimer status`` shows it, in its text and in its JSON.
+* a server that may override the sticky bit (root) takes the path back with a rename
+  (the planted file is never read or written);
+* a server that may not (run without ``CAP_FOWNER``, like an unprivileged server in
+  ``/tmp``) journals in a private directory of its user (``$XDG_RUNTIME_DIR``, here a
+  directory of the test's), and says so in one line.
+
+When that directory cannot be used either, the server cannot journal: it says so in one
+error line, however often it tries, and ``aiotimer status`` shows it, in its text and in
+its JSON.
 
 Tolerances: every wait is bounded by 15 s; no latency is claimed here.
 """
@@ -72,9 +76,24 @@ def wait_for(condition: Callable[[], bool], what: str) -> None:
         time.sleep(0.02)
 
 
-def start(argv: list[str], stderr: Path) -> subprocess.Popen[bytes]:
+def start(argv: list[str], stderr: Path, runtime: Path) -> subprocess.Popen[bytes]:
+    """A server (``argv``) whose per-user runtime directory is ``runtime``."""
     with stderr.open("ab") as err:
-        return subprocess.Popen(argv, env=env(), stdout=subprocess.DEVNULL, stderr=err)
+        return subprocess.Popen(
+            argv,
+            env={**env(), "XDG_RUNTIME_DIR": str(runtime)},
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+
+
+def without_fowner(argv: list[str]) -> list[str]:
+    return ["capsh", "--drop=cap_fowner", "--", "-c", f"exec {' '.join(argv)}"]
+
+
+needs_capsh = pytest.mark.skipif(
+    shutil.which("capsh") is None, reason="needs capsh to drop CAP_FOWNER"
+)
 
 
 def journaled_pids(path: Path) -> set[int]:
@@ -94,12 +113,21 @@ def stop(server: subprocess.Popen[bytes]) -> None:
     server.wait(BOUND)
 
 
-def test_a_planted_journal_is_taken_back_and_a_restart_reaps_the_hung(sticky: Path) -> None:
-    fifo, stderr = sticky / "t.fifo", sticky / "stderr.txt"
+@pytest.mark.parametrize("privileged", [True, pytest.param(False, marks=needs_capsh)])
+def test_a_planted_journal_does_not_stop_a_restart_reaping_the_hung(
+    sticky: Path, tmp_path: Path, privileged: bool
+) -> None:
+    fifo, stderr, runtime = sticky / "t.fifo", sticky / "stderr.txt", tmp_path / "run"
+    runtime.mkdir(mode=0o700)
     journal = Path(f"{fifo}.journal")
     plant(journal)
     argv = serve_argv(fifo, "--no-control")
-    first = start(argv, stderr)
+    argv = argv if privileged else without_fowner(argv)
+
+    def journaled() -> set[int]:
+        return set().union(*map(journaled_pids, [journal, *runtime.glob("*/*.journal")]))
+
+    first = start(argv, stderr, runtime)
     worker = None
     try:
         wait_for(lambda: Path(f"{fifo}.aiotimer").exists() or first.poll() is not None, "FIFO")
@@ -108,11 +136,11 @@ def test_a_planted_journal_is_taken_back_and_a_restart_reaps_the_hung(sticky: Pa
             [sys.executable, "-c", HUNG, str(fifo)], env=env(), stdout=subprocess.PIPE
         )
         assert worker.stdout is not None and worker.stdout.readline() == b"in\n"
-        wait_for(lambda: worker.pid in journaled_pids(journal), "the worker journaled")
+        wait_for(lambda: worker.pid in journaled(), "the worker journaled")
         first.kill()
         first.wait(BOUND)
         assert worker.poll() is None, "reaped by the first server: the test proves nothing"
-        second = start(argv, stderr)
+        second = start(argv, stderr, runtime)
         try:
             assert worker.wait(BOUND) == -signal.SIGKILL, "the restarted server never reaped"
         finally:
@@ -123,15 +151,20 @@ def test_a_planted_journal_is_taken_back_and_a_restart_reaps_the_hung(sticky: Pa
             if worker.poll() is None:
                 worker.kill()
             worker.communicate(timeout=BOUND)
-    assert "Traceback" not in stderr.read_text()
+    said = stderr.read_text()
+    assert "Traceback" not in said
+    assert said.count("journaling to") == (0 if privileged else 2), said  # once per server
+    assert (journal.stat().st_uid == 0) is privileged
 
 
-@pytest.mark.skipif(shutil.which("capsh") is None, reason="needs capsh to drop CAP_FOWNER")
-def test_a_server_that_cannot_journal_says_so_once_and_in_status(sticky: Path) -> None:
+@needs_capsh
+def test_a_server_that_cannot_journal_says_so_once_and_in_status(
+    sticky: Path, tmp_path: Path
+) -> None:
     fifo, stderr = sticky / "t.fifo", sticky / "stderr.txt"
     plant(Path(f"{fifo}.journal"))
-    command = " ".join(serve_argv(fifo))
-    server = start(["capsh", "--drop=cap_fowner", "--", "-c", f"exec {command}"], stderr)
+    # No private directory to journal in either: the runtime directory is missing.
+    server = start(without_fowner(serve_argv(fifo)), stderr, tmp_path / "missing")
     sleeper = subprocess.Popen(["sleep", "60"])
     try:
         wait_for(lambda: "cannot write journal" in stderr.read_text(), "the one line")
