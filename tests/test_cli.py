@@ -25,8 +25,8 @@ def test_subcommands_are_registered_in_one_place() -> None:
 
 
 def test_serve_arguments() -> None:
-    args = build_parser().parse_args(["serve", "--fifo", "/tmp/x", "--mode", "0640"])
-    assert (args.fifo, args.mode, args.loop, args.log_level) == ("/tmp/x", 0o640, "auto", "INFO")
+    args = build_parser().parse_args(["serve", "--fifo", "/tmp/x", "--mode", "0620"])
+    assert (args.fifo, args.mode, args.loop, args.log_level) == ("/tmp/x", 0o620, "auto", "INFO")
     with pytest.raises(SystemExit) as exc:
         main(["serve"])  # --fifo is required
     assert exc.value.code == 2

@@ -46,9 +46,10 @@ async def test_each_worker_is_journaled_by_its_earliest_signalling_timer(
     table.acquire(Timer(sleeper, "report-only", 50.0, 0))
     async with anyio.create_task_group() as tg:
         await tg.start(journal.run, table, lambda: 1000.0)
+        await wait_until(lambda: path.exists() and _written(path) == [])  # at start: empty
         for timer in table.worker_timers(sleeper):
             journal.acquired(timer)
-        await wait_until(path.exists)
+        await wait_until(lambda: _written(path) != [])
         [entry] = _written(path)
         assert entry["scope_id"] == "early" and entry["signal"] == 15
         assert (entry["mono"], entry["expiration_time"]) == (100.0, 1100.0)
@@ -161,6 +162,8 @@ class _Journaled:
         """The journal's task runs for the duration."""
         async with anyio.create_task_group() as tg:
             await tg.start(self.journal.run, self.table, lambda: 0.0)
+            assert len(self.times) == 1, "written once as it starts"
+            self.times.clear()  # that write does not count against the interval
             yield
             tg.cancel_scope.cancel()
 
@@ -201,7 +204,7 @@ async def test_a_lone_change_too_soon_after_a_write_is_written_by_the_backstop(
 
 
 @pytest.mark.asyncio
-async def test_a_squatted_journal_is_never_read_written_through_or_removed(
+async def test_a_squatted_journal_is_never_read_nor_written_through_but_taken_back(
     tmp_path: Path, sleeper: int, caplog: pytest.LogCaptureFixture
 ) -> None:
     path, outside = tmp_path / "j", tmp_path / "outside"
@@ -211,19 +214,72 @@ async def test_a_squatted_journal_is_never_read_written_through_or_removed(
         assert Journal(path).load(time.monotonic()).requests == []
     path.unlink()
     path.symlink_to(outside)
+    assert Journal(path).load(time.monotonic()).requests == []  # never followed
     journal, table = Journal(path, interval=0.01), TimerTable()
     timer = Timer(sleeper, "s", 100.0, 9)
     table.acquire(timer)
     journal.acquired(timer)
     async with anyio.create_task_group() as tg:
         await tg.start(journal.run, table, lambda: 0.0)
-        await wait_until(lambda: "cannot write journal" in caplog.text)
+        await wait_until(lambda: not path.is_symlink() and _written(path) != [])
         tg.cancel_scope.cancel()
-    assert "refusing the journal" in caplog.text
+    assert "refusing the journal" in caplog.text  # the read
+    assert "cannot write journal" not in caplog.text and journal.problem is None
+    assert outside.read_bytes() == b"keep"
     journal.remove()
-    assert "cannot remove journal" in caplog.text
-    assert path.is_symlink() and outside.read_bytes() == b"keep"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["j", "outside"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["outside"]
+
+
+@pytest.mark.asyncio
+async def test_a_journal_that_cannot_be_written_says_so_once_and_why(
+    tmp_path: Path, sleeper: int, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "missing"))  # no fallback either
+    path = tmp_path / "j"
+    path.mkdir()  # nothing takes a directory's place
+    journal, table = Journal(path, interval=0.01), TimerTable()
+    async with anyio.create_task_group() as tg:
+        await tg.start(journal.run, table, lambda: 0.0)
+        await wait_until(lambda: journal.problem is not None)  # at start, no timer yet
+        assert "it is a directory" in (journal.problem or "")
+        for n in range(5):
+            timer = Timer(sleeper, f"s{n}", 100.0 - n, 9)
+            table.acquire(timer)
+            journal.acquired(timer)
+            await anyio.sleep(0.05)
+        tg.cancel_scope.cancel()
+    assert caplog.text.count("cannot write journal") == 1
+    assert path.is_dir() and not (tmp_path / "missing").exists()
+
+
+@pytest.mark.asyncio
+async def test_a_path_held_for_good_sends_the_journal_to_a_private_directory(
+    tmp_path: Path, sleeper: int, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runtime = tmp_path / "runtime"
+    runtime.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    path = tmp_path / "j"
+    path.mkdir()  # held: nothing takes a directory's place
+    journal, table = Journal(path, interval=0.01), TimerTable()
+    timer = Timer(sleeper, "s", 100.0, 9)
+    table.acquire(timer)
+    journal.acquired(timer)
+    async with anyio.create_task_group() as tg:
+        await tg.start(journal.run, table, lambda: 0.0)
+        await wait_until(lambda: journal.path != path and _written(journal.path) != [])
+        tg.cancel_scope.cancel()
+    fallback = journal.path
+    assert fallback.parent == runtime / "aiotimer-journals" and journal.problem is None
+    assert fallback.parent.stat().st_mode & 0o777 == 0o700
+    assert caplog.text.count("journaling to") == 1 and "cannot write" not in caplog.text
+    # The next server on the path finds it there.
+    assert [r.scope_id for r in Journal(path).load(time.monotonic()).requests] == ["s"]
+    path.rmdir()  # the path is free again: the journal goes back, the fallback goes
+    journal.keep(table, 0.0)
+    assert _written(path)[0]["scope_id"] == "s" and not fallback.exists()
+    journal.remove()
+    assert not path.exists()
 
 
 def _entry(pid: int, scope: str, mono: float, **changes: object) -> dict[str, object]:

@@ -98,8 +98,8 @@ async def test_creates_fifo_0600_and_marker_then_removes_both(fifo_path: pathlib
 async def test_mode_is_exact_whatever_the_umask(fifo_path: pathlib.Path) -> None:
     old = os.umask(0o077)
     try:
-        async with running_source(FifoSource(fifo_path, mode=0o660), RecordingSink()):
-            assert stat.S_IMODE(os.lstat(fifo_path).st_mode) == 0o660
+        async with running_source(FifoSource(fifo_path, mode=0o620), RecordingSink()):
+            assert stat.S_IMODE(os.lstat(fifo_path).st_mode) == 0o620
     finally:
         os.umask(old)
 

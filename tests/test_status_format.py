@@ -1,4 +1,4 @@
-"""The human status view's counters line and supervisor line (pure formatting)."""
+"""The human status view's counters, supervisor and journal lines (pure formatting)."""
 
 from __future__ import annotations
 
@@ -38,3 +38,14 @@ def test_the_supervisor_line_counts_restarts_in_words(restarts: int, words: str)
     )  # fmt: skip
     view = format_status(StatusSnapshot(time=0.0, server=SERVER, supervisor=sup))
     assert f"{words} ({restarts} in the window)" in view
+
+
+def test_a_journal_that_cannot_be_written_is_shown_and_a_working_one_is_not() -> None:
+    fine = ServerInfo(pid=1, version="1.0", state="serving", journal="/tmp/t.fifo.journal")
+    assert "JOURNAL" not in format_status(StatusSnapshot(time=0.0, server=fine))
+    broken = ServerInfo(
+        pid=1, version="1.0", state="serving", journal="/tmp/t.fifo.journal",
+        journal_problem="[Errno 1] Operation not permitted",
+    )  # fmt: skip
+    view = format_status(StatusSnapshot(time=0.0, server=broken))
+    assert "JOURNAL NOT WRITTEN: [Errno 1] Operation not permitted" in view

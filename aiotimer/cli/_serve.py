@@ -41,9 +41,18 @@ from aiotimer.reapers._signal import SignalReaper
 from aiotimer.server._engine import MAX_TIMERS, MAX_TIMERS_PER_WORKER
 from aiotimer.server._server import TimerServer
 from aiotimer.server._thread import loop_factory
+from aiotimer.sources._fifo_path import check_fifo_mode
 from aiotimer.wire._dumpfile import ENV_DUMP_DIR
 
 __all__ = ["configure_serve", "run_serve", "socket_path"]
+
+
+def fifo_mode(text: str) -> int:
+    """The argument type of ``--mode``: octal bits a FIFO may have (no read for others)."""
+    try:
+        return check_fifo_mode(octal_mode(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def configure_serve(parser: argparse.ArgumentParser) -> None:
@@ -53,8 +62,9 @@ def configure_serve(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--mode",
         default="0600",
-        type=octal_mode,
-        help="permission bits of the FIFO, in octal (default: 0600)",
+        type=fifo_mode,
+        help="permission bits of the FIFO, in octal (default: 0600); never read for group "
+        "or others (a reader would take the server's requests): 0644 is refused",
     )
     parser.add_argument(
         "--socket-mode",

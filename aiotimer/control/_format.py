@@ -90,6 +90,11 @@ def format_status(snap: StatusSnapshot) -> str:
         )
         + f"  max loop lag {format_seconds(srv.max_loop_lag)}",
     ]
+    if srv.journal_problem is not None:
+        lines.append(
+            f"  JOURNAL NOT WRITTEN: {srv.journal_problem}; a server restarted after a crash "
+            "would not reap the workers hung now"
+        )
     sup = snap.supervisor
     if sup is not None:
         ended = f", {sup.outcome}" if sup.outcome else ""

@@ -93,11 +93,12 @@ Handler = Callable[[HttpRequest], Awaitable[HttpResponse]]
 
 
 class Activity(Protocol):
-    """Told when a connection waits for a request and when it works on one (the
+    """Told when a connection waits for its peer and when it works on a request (the
     listener's :class:`~aiotimer.control._listen.Slot`)."""
 
     def waiting(self) -> None:
-        """The connection waits for (the rest of) a request."""
+        """The connection waits for its peer: for (the rest of) a request, or to take
+        an answer."""
 
     def working(self) -> None:
         """The connection has a whole request and works on it."""
@@ -124,7 +125,7 @@ async def serve_connection(
     body), or to take its answer, is disconnected; a malformed or oversized request (a
     head over :data:`MAX_HEADERS` bytes, even when it came in one read) gets a 4xx and
     the connection is closed. ``activity`` is told when the connection waits for a
-    request and when it works on one.
+    request (or for the peer to take its answer) and when it works on one.
     """
     conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEADERS)
     activity = activity if activity is not None else _Quiet()
@@ -146,6 +147,10 @@ async def serve_connection(
             return
         activity.working()
         response = await handle(request)
+        # Waiting again, for the peer to take the answer: a peer that pipelines requests
+        # and never reads must not hold its place against a newcomer (nor does one that
+        # keeps a connection idle).
+        activity.waiting()
         with anyio.move_on_after(request_timeout) as sending:
             await _send(conn, stream, response, close=False)
         if sending.cancelled_caught:

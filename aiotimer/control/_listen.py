@@ -4,11 +4,12 @@
 group, by these rules:
 
 * at most ``max_connections`` connections at once. At the cap, a new connection takes
-  the place of the one that has waited longest for a request (a peer that sends slowly,
-  or holds an idle connection, cannot lock out one that asks and goes); when every
-  connection is busy answering, the new one is closed as soon as it is accepted. Either
-  way an outsider holding connections open costs the listener that many descriptors,
-  never more;
+  the place of the one that has waited longest for its peer, to send a request or to
+  take an answer (a peer that sends slowly, holds an idle connection, or pipelines
+  requests and never reads the answers, cannot lock out one that asks and goes); when
+  every connection is busy working on a request (a bounded step), the new one is closed
+  as soon as it is accepted. Either way an outsider holding connections open costs the
+  listener that many descriptors, never more;
 * descriptors are kept for the server: with a ``reserve``, a connection that leaves
   fewer than that many descriptors free is closed as soon as it is accepted (the server
   needs one per worker it pins; see :class:`~aiotimer._edges.limits.DescriptorReserve`);
@@ -21,7 +22,7 @@ group, by these rules:
 * a connection whose handler raises is logged and closed; the listener goes on.
 
 It returns when the listener is closed, and is cancelled like any task. The handler
-tells its :class:`Slot` when it waits for a request and when it works on one
+tells its :class:`Slot` when it waits for its peer and when it works on a request
 (:func:`~aiotimer.control._http.serve_connection` does, and closes a connection that
 sends no complete request within its timeout).
 """
@@ -52,8 +53,8 @@ MAX_ACCEPT_BACKOFF: Final[float] = 0.5
 
 
 class Slot:
-    """One served connection's place under the cap: since when it has waited for a
-    request (``None`` while it works on one), and the scope that ends it."""
+    """One served connection's place under the cap: since when it has waited for its
+    peer (``None`` while it works on a request), and the scope that ends it."""
 
     __slots__ = ("scope", "waiting_since")
 
@@ -62,7 +63,8 @@ class Slot:
         self.waiting_since: float | None = time.monotonic()
 
     def waiting(self) -> None:
-        """The connection waits for (the rest of) a request: it may be closed for a new one."""
+        """The connection waits for its peer (for a request, or to take an answer): it
+        may be closed for a new one."""
         self.waiting_since = time.monotonic()
 
     def working(self) -> None:
@@ -172,7 +174,7 @@ async def serve_listener(
                     noise.warn(
                         "replaced connection",
                         f"{max_connections} connections are open, the most served at "
-                        "once; closed the one that had waited longest for a request",
+                        "once; closed the one that had waited longest for its peer",
                     )
                     slots.discard(oldest)
                     oldest.scope.cancel()

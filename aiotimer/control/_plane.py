@@ -78,8 +78,8 @@ class ControlPlane(TaskOwner):
             read a Unix socket (no peer check there: metrics only).
         routes: further routes, matched before the built-in ones.
         max_connections: connections each listener serves at once; at the cap a new
-            one takes the place of the one that has waited longest for a request, or
-            is closed when all are busy.
+            one takes the place of the one that has waited longest for its peer (for
+            a request, or to take an answer), or is closed when all are busy.
         request_timeout: seconds a connection may take to send each request (or to take
             its answer) before it is closed.
         fd_reserve: file descriptors kept free for the server (it needs one per worker

@@ -13,10 +13,11 @@ pattern, handler), so a layer on top (a supervisor) adds its own. A handler that
 gets its request a ``500`` and a log line, nothing more.
 
 Both listeners serve under a cap (``max_connections`` at once: a new connection takes
-the place of the one that has waited longest for a request, or is closed when all are
-busy), keep a reserve of descriptors for the server, close a connection that sends no
-complete request within ``request_timeout`` seconds, and survive ``accept()`` failing
-(see :mod:`aiotimer.control._listen`). :class:`~aiotimer.control.ControlPlane` runs them.
+the place of the one that has waited longest for its peer, to send a request or to take
+an answer, or is closed when all are busy working on a request), keep a reserve of
+descriptors for the server, close a connection that sends no complete request within
+``request_timeout`` seconds, and survive ``accept()`` failing (see
+:mod:`aiotimer.control._listen`). :class:`~aiotimer.control.ControlPlane` runs them.
 """
 
 from __future__ import annotations

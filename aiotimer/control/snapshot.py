@@ -132,7 +132,8 @@ class ServerInfo(msgspec.Struct, frozen=True, kw_only=True):
     policy in words; ``fifo``/``control`` its paths (``None`` when it has none);
     ``next_expiry_in`` seconds to the earliest deadline; ``idle_for`` seconds since it
     last handled input or an expiry; ``max_loop_lag`` the most an expiry was handled
-    late (seconds; the host loop was busy elsewhere).
+    late (seconds; the host loop was busy elsewhere); ``journal`` the journal's path and
+    ``journal_problem`` why it cannot be written now (``None``: it can).
     """
 
     pid: int
@@ -147,6 +148,8 @@ class ServerInfo(msgspec.Struct, frozen=True, kw_only=True):
     next_expiry_in: float | None = None
     idle_for: float | None = None
     max_loop_lag: float = 0.0
+    journal: str | None = None
+    journal_problem: str | None = None
 
 
 class SupervisorInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -233,6 +236,8 @@ def status_snapshot(snap: ServerSnapshot, *, control: str | None = None) -> Stat
         next_expiry_in=snap.next_expiry_in,
         idle_for=snap.idle_for,
         max_loop_lag=snap.loop_lag.max,
+        journal=snap.journal,
+        journal_problem=snap.journal_problem,
     )
     return StatusSnapshot(
         time=wall,

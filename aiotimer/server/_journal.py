@@ -16,14 +16,14 @@ earliest timer looked up again, at the next write (one pass over that worker's t
 The :meth:`Journal.run` task waits until something changed, encodes every entry and
 hands the bytes to its writer thread (:mod:`aiotimer.server._journal_writer`: the loop
 does not wait for it), which writes a temporary file and renames it over the journal
-(:func:`~aiotimer._edges.files.write_atomic`: never through a symlink, never over
-anything but a regular file of this user; read back the same way, capped). Writes are
-at least ``interval`` (a second) apart, so a busy server writes about once a second, an
-idle one never. A change within ``interval`` of the last write is written with the
-first change after the interval, in the turn of the loop that applies it (a journal
-write costs the loop no wake-up of its own), or half an ``interval`` later at the
-latest. The loop's work per write is bounded by the number of workers (capped at
-``max_workers``).
+(:mod:`aiotimer.server._journal_file`, never through a symlink). The task writes once
+as it starts (what was restored, or nothing), so that a journal that cannot be written
+is said at once; then writes are at least ``interval`` (a second) apart, so a busy
+server writes about once a second, an idle one never again. A change within
+``interval`` of the last write is written with the first change after the interval, in
+the turn of the loop that applies it (a journal write costs the loop no wake-up of its
+own), or half an ``interval`` later at the latest. The loop's work per write is
+bounded by the number of workers (capped at ``max_workers``).
 
 Each entry carries the worker's start time (its identity) and the deadline on
 ``CLOCK_MONOTONIC``; the file carries the boot id. :meth:`Journal.load`, at the next
@@ -40,6 +40,18 @@ hung. Only timers that would signal (``signal > 0``) are journaled, and a worker
 more than :data:`MAX_SCAN` timers drops out when its earliest one goes, until its next
 acquire (then journaled by that timer, which may not be its earliest: a later deadline,
 never a false one).
+
+Squatting
+---------
+No other user can switch the journal off (:mod:`aiotimer.server._journal_file`):
+whatever another user put at its path (a file, a symlink, a FIFO, in a shared directory
+like ``/tmp``) is taken back by the rename, never opened, read, followed or written;
+where the kernel refuses that (another user's file in a sticky directory, for a server
+that may not override the sticky bit) or a directory is there, the journal goes to a
+private directory of this user (said once); a planted journal is never believed. A
+server that still cannot journal (neither place can be written, or a full disk) says so
+once (one error line, and one when writes work again), and :attr:`Journal.problem` says
+why, in ``aiotimer status``; it keeps trying every ``RETRY_INTERVAL``.
 """
 
 from __future__ import annotations
@@ -57,10 +69,10 @@ import anyio
 import anyio.abc
 import msgspec
 
-from aiotimer._edges.files import read_owned, remove_owned, write_atomic
 from aiotimer._edges.procfs import boot_id, read_start_time
 from aiotimer.core._table import ReapOptions, Timer, TimerTable
 from aiotimer.errors import ProcessGoneError
+from aiotimer.server._journal_file import JournalFile
 from aiotimer.server._journal_writer import JournalWriter
 from aiotimer.server._restore import JournalEntry, Restored, restore_entries
 
@@ -85,7 +97,6 @@ _FORMAT: Final[str] = "aiotimer-journal-1"
 MAX_SCAN: Final[int] = 10_000
 #: Bytes per entry a reader accepts at most (an entry is ~150 bytes plus its scope id).
 _MAX_ENTRY_BYTES: Final[int] = 1024
-_WHAT: Final[str] = "journal"
 #: Seconds between attempts while writing fails (a full disk, a squatted path).
 RETRY_INTERVAL: Final[float] = 1.0
 
@@ -152,7 +163,8 @@ class Journal:
     """The journal file ``path`` of one server (see the module docs).
 
     Args:
-        path: the file (mode 0600; the directory must be the server's).
+        path: the file (mode 0600; whatever else is there is replaced, see the module
+            docs).
         interval: the least time between two writes, in seconds.
         max_workers: the most workers journaled; more are left out (and reported once).
         grace: seconds a restored deadline that has already passed is moved ahead.
@@ -166,7 +178,7 @@ class Journal:
         max_workers: int = 65536,
         grace: float = 1.0,
     ) -> None:
-        self.path = Path(path)
+        self._file = JournalFile(Path(path))
         self._interval = interval
         self._max_workers = max_workers
         self._grace = grace
@@ -178,6 +190,7 @@ class Journal:
         self._dirty = False  # changed since the last write
         self._due = -math.inf  # monotonic: when the next write may come
         self._omitted_reported = False
+        self._writer: JournalWriter | None = None
         #: Workers left out because ``max_workers`` were journaled already.
         self.omitted = 0
 
@@ -236,6 +249,17 @@ class Journal:
         self._start_times.pop(pid, None)
         self.cleared(pid)
 
+    @property
+    def path(self) -> Path:
+        """Where the journal is now: the path given, or its fallback (module docs)."""
+        return self._file.where
+
+    @property
+    def problem(self) -> str | None:
+        """Why the journal cannot be written now (``None``: the last write worked, or no
+        write was tried yet)."""
+        return None if self._writer is None else self._writer.problem
+
     # -- restoring -------------------------------------------------------------------
 
     def load(self, mono_now: float) -> Restored:
@@ -261,14 +285,7 @@ class Journal:
         return restore_entries(journal.entries, mono_now, self._grace)
 
     def _read(self) -> bytes | None:
-        limit = 4096 + self._max_workers * _MAX_ENTRY_BYTES
-        try:
-            return read_owned(self.path, limit, what=_WHAT)
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            logger.error("cannot read journal %s (%s); ignored", self.path, exc)
-            return None
+        return self._file.read(4096 + self._max_workers * _MAX_ENTRY_BYTES)
 
     # -- writing ---------------------------------------------------------------------
 
@@ -279,11 +296,18 @@ class Journal:
         *,
         task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
-        """Write the journal whenever timers changed, at most every ``interval`` seconds.
+        """Write the journal now, then whenever timers changed, at most every ``interval``
+        seconds.
 
         ``mono_to_wall()`` is the offset from the server's monotonic clock to epoch time.
         """
-        writer = JournalWriter(self.path, self._write, retry=RETRY_INTERVAL)
+        writer = JournalWriter(self._file.path, self._file.write, retry=RETRY_INTERVAL)
+        self._writer = writer
+        # The first write (what was restored, or nothing) does not count against the
+        # interval: the first change is written at once all the same.
+        self._dirty = False
+        self._update(table, mono_to_wall())
+        writer.offer(self._encode())
         task_status.started()
         try:
             while True:
@@ -339,10 +363,6 @@ class Journal:
         )
         return _encode(body)
 
-    def _write(self, data: bytes) -> None:
-        # Not durable: after a reboot the journal is void anyway (its boot id differs).
-        write_atomic(self.path, data, 0o600, durable=False, what=_WHAT)
-
     def keep(self, table: TimerTable, mono_to_wall: float) -> int:
         """Write the journal complete, now, from ``table`` (a planned stop with live
         timers: the next server on the FIFO restores them); return how many workers it
@@ -358,14 +378,14 @@ class Journal:
             if timer is not None:
                 self._earliest[pid] = timer
         self._update(table, mono_to_wall)
-        self._write(self._encode())
+        self._file.write(self._encode())
         return len(self._entries)
 
     def remove(self) -> None:
         """Delete the journal file (a server that stops on purpose with no live timer);
         something else in its place is reported and left alone."""
         try:
-            remove_owned(self.path, what=_WHAT)
+            self._file.remove()
         except OSError as exc:
             logger.error("cannot remove journal %s (%s)", self.path, exc)
 

@@ -6,7 +6,8 @@ it does not wait for the write, so a write costs the loop no wake-up of its own 
 offer is written; one superseded before the thread got to it is skipped.
 
 A write that fails is reported once and tried again every ``retry`` seconds, with the
-latest offer, until one succeeds (then that is reported too). Nothing offered, the
+latest offer, until one succeeds (then that is reported too); meanwhile :attr:`problem`
+says why, for the server's status. Nothing offered, the
 thread sleeps without a timeout: an idle server wakes nobody.
 """
 
@@ -38,14 +39,19 @@ class JournalWriter:
         self._lock = threading.Condition()
         self._pending: bytes | None = None
         self._closing = False
-        self._failing = False
+        self._problem: str | None = None
         self._thread = threading.Thread(target=self._run, name="aiotimer-journal", daemon=True)
         self._thread.start()
 
     @property
     def failing(self) -> bool:
         """Whether the last write failed."""
-        return self._failing
+        return self._problem is not None
+
+    @property
+    def problem(self) -> str | None:
+        """Why the last write failed (``None``: it worked, or none was tried yet)."""
+        return self._problem
 
     def offer(self, data: bytes) -> None:
         """Write ``data`` soon (replacing what was offered and not yet written)."""
@@ -78,7 +84,7 @@ class JournalWriter:
                 self._attempt(data)
             if closing:
                 return
-            if self._failing:
+            if self._problem is not None:
                 with self._lock:  # try again after ``retry``, with the latest offer
                     if self._pending is None:
                         self._pending = data
@@ -88,7 +94,7 @@ class JournalWriter:
         try:
             self._write(data)
         except OSError as exc:
-            if not self._failing:
+            if self._problem is None:
                 logger.error(
                     "cannot write journal %s (%s); a restarted server may not learn "
                     "the open timers; retrying every %g s",
@@ -96,8 +102,8 @@ class JournalWriter:
                     exc,
                     self._retry,
                 )
-            self._failing = True
+            self._problem = str(exc) or repr(exc)
         else:
-            if self._failing:
+            if self._problem is not None:
                 logger.warning("journal %s is written again", self._path)
-            self._failing = False
+            self._problem = None

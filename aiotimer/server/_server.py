@@ -451,6 +451,7 @@ class TimerServer(TaskOwner):
             events_dropped=0 if run is None else run.events_dropped,
             undelivered=self._bus.dropped,
             incidents=tuple(self._bus.incidents),
+            journal=None if run is None else run.journal,
         )
 
     def get_state(self) -> ServerState:

@@ -39,7 +39,7 @@ from aiotimer.reapers._steps import format_plan
 if TYPE_CHECKING:
     from aiotimer._edges.clock import Clock
     from aiotimer.server._engine import Engine
-    from aiotimer.server._journal import JournalKept
+    from aiotimer.server._journal import Journal, JournalKept
 
 __all__ = [
     "DEFAULT_LIMIT",
@@ -96,7 +96,9 @@ class ServerSnapshot:
     (deadline to first signal) and ``loop_lag`` (how late expiries were handled) are
     copies of the run's histograms; ``undelivered`` counts events dropped for slow
     subscribers; ``incidents`` are the last reaps and refusals, numbered as events,
-    oldest first. A server that is not running lists no
+    oldest first. ``journal`` is the journal's path (``None``: it keeps none) and
+    ``journal_problem`` why it cannot be written now (``None``: it can, or it has not
+    tried yet). A server that is not running lists no
     workers or timers, and keeps its last run's counters, statistics and histograms.
     """
 
@@ -123,6 +125,8 @@ class ServerSnapshot:
     loop_lag: LatencyHistogram = field(default_factory=LatencyHistogram)
     undelivered: int = 0
     incidents: tuple[tuple[int, Event], ...] = ()
+    journal: str | None = None
+    journal_problem: str | None = None
 
     @property
     def uptime(self) -> float | None:
@@ -210,12 +214,13 @@ def take(
     events_dropped: int,
     undelivered: int,
     incidents: tuple[tuple[int, Event], ...] = (),
+    journal: Journal | None = None,
 ) -> ServerSnapshot:
     """A snapshot of ``engine`` (the current or last run; ``None``: never started), in
-    the server's loop. ``live``: the run still serves, so its workers and timers are
-    listed. ``limit``/``sites`` cut the lists (``None``: all); ``by_state`` counts the
-    workers by state. The other arguments are the server's own and go into the snapshot
-    as they are."""
+    the server's loop, with its ``journal`` (if it keeps one). ``live``: the run still
+    serves, so its workers and timers are listed. ``limit``/``sites`` cut the lists
+    (``None``: all); ``by_state`` counts the workers by state. The other arguments are
+    the server's own and go into the snapshot as they are."""
     counters = ServerCounters() if engine is None else engine.counts
     fields: dict[str, Any] = {}
     if engine is not None:
@@ -259,6 +264,8 @@ def take(
         fifo=about.fifo,
         undelivered=undelivered,
         incidents=incidents,
+        journal=None if journal is None else str(journal.path),
+        journal_problem=None if journal is None else journal.problem,
         **fields,
     )
 

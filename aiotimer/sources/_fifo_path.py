@@ -2,6 +2,10 @@
 
 How it works:
 
+* **Its mode** (:func:`check_fifo_mode`): never readable by group or others. A reader
+  takes the lines it reads away from the server (a hung worker's acquire stolen is a
+  hang never reaped, a release stolen is a healthy worker killed), so such a mode is
+  refused, not masked. Write bits for others are allowed (and warned about elsewhere).
 * **Claiming the path.** A missing path gets a new FIFO, chmod-ed to exactly ``mode``
   (umask does not apply). An existing path is replaced only if it is a FIFO owned by
   this user that nobody reads: a live server (aiotimer's or torch's) is detected by
@@ -52,7 +56,7 @@ from aiotimer._version import __version__
 from aiotimer.errors import SourceError
 from aiotimer.sources._pathwatch import PathWatch
 
-__all__ = ["PIPE_SIZE", "FifoPath", "OpenFifo", "grow_pipe"]
+__all__ = ["PIPE_SIZE", "FifoPath", "OpenFifo", "check_fifo_mode", "grow_pipe"]
 
 #: The pipe capacity asked for (Linux ``F_SETPIPE_SZ``; the default is 64 KiB). A larger
 #: buffer absorbs bursts from many writers, so fewer of them meet a full pipe (torch's
@@ -62,12 +66,34 @@ PIPE_SIZE: Final[int] = 1 << 20
 #: by clients) after the path was removed.
 _MAX_FIFOS: Final[int] = 4
 _Inode = tuple[int, int]
+#: The read bits of group and others: a FIFO never has them.
+_FOREIGN_READ: Final[int] = 0o044
 
 logger = logging.getLogger("aiotimer")
 
 
 def _inode(st: os.stat_result) -> _Inode:
     return (st.st_dev, st.st_ino)
+
+
+def check_fifo_mode(mode: int) -> int:
+    """``mode``, if a FIFO may have these permission bits: ``0o000..0o777`` without read
+    for group or others (see the module docs).
+
+    Raises:
+        ValueError: it may not; the message is one line saying why and what to use.
+    """
+    if not 0 <= mode <= 0o777:
+        raise ValueError(f"FIFO mode {mode:#o} is not permission bits between 0000 and 0777")
+    if mode & _FOREIGN_READ:
+        who = " and ".join(
+            name for bit, name in ((0o040, "its group"), (0o004, "every user")) if mode & bit
+        )
+        raise ValueError(
+            f"FIFO mode {mode:04o} would let {who} read the FIFO, taking requests meant "
+            f"for the server (hung workers then go unreaped); use {mode & ~_FOREIGN_READ:04o}"
+        )
+    return mode
 
 
 def grow_pipe(fd: int, size: int = PIPE_SIZE) -> int:

@@ -55,7 +55,7 @@ import anyio.abc
 
 from aiotimer.sources._base import RequestSink, draining
 from aiotimer.sources._budget import lines_end
-from aiotimer.sources._fifo_path import PIPE_SIZE, FifoPath, OpenFifo, grow_pipe
+from aiotimer.sources._fifo_path import PIPE_SIZE, FifoPath, OpenFifo, check_fifo_mode, grow_pipe
 from aiotimer.sources._pipepeek import open_peek, read_exactly
 from aiotimer.sources._trickle import (
     EMPTY_READS,
@@ -100,7 +100,8 @@ class FifoSource:
     Args:
         path: where the FIFO lives. A missing path is created; a stale FIFO of this user
             is replaced; anything else is refused with :class:`~aiotimer.errors.SourceError`.
-        mode: the FIFO's permission bits, applied exactly (umask does not apply).
+        mode: the FIFO's permission bits, applied exactly (umask does not apply); never
+            read for group or others (a reader would take the server's requests).
         max_line: the longest accepted line, newline included.
         chunk_size: bytes per ``read(2)``.
         read_interval: while input trickles in, read it at most this often (seconds;
@@ -108,7 +109,8 @@ class FifoSource:
         marker: extra keys for the marker file (e.g. where stack dumps go).
 
     Raises:
-        ValueError: ``chunk_size`` is not positive, ``read_interval`` is negative or
+        ValueError: ``mode`` grants read to group or others (or is not permission
+            bits), ``chunk_size`` is not positive, ``read_interval`` is negative or
             ``max_line`` is out of range.
 
     :meth:`serve` may be called again after it returned.
@@ -135,6 +137,7 @@ class FifoSource:
         read_interval: float = READ_INTERVAL,
         marker: Mapping[str, object] | None = None,
     ) -> None:
+        check_fifo_mode(mode)
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be positive, got {chunk_size}")
         if not read_interval >= 0:
