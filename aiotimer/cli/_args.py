@@ -6,11 +6,15 @@ from __future__ import annotations
 import argparse
 import functools
 import math
+import os
 import signal
+import stat
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import NoReturn
 
+from aiotimer._edges.files import check_private_dir
+from aiotimer.control._paths import MAX_SOCKET_PATH, fits_socket
 from aiotimer.core._stats import ScopeStats
 from aiotimer.core._stats_format import format_summaries
 from aiotimer.reapers._kill_policy import KillPolicy
@@ -22,6 +26,7 @@ __all__ = [
     "add_metrics_port_argument",
     "add_reap_arguments",
     "argument_error",
+    "control_path",
     "event_log_path",
     "existing_dir",
     "fifo_path",
@@ -31,6 +36,7 @@ __all__ = [
     "policy_from_args",
     "port",
     "positive",
+    "positive_seconds",
     "print_stats",
     "seconds",
     "uid",
@@ -194,6 +200,14 @@ def seconds(text: str) -> float:
     return value
 
 
+def positive_seconds(text: str) -> float:
+    """The argument type of a finite number of seconds > 0."""
+    value = seconds(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"need a number of seconds > 0, got {text!r}")
+    return value
+
+
 def whole_number(minimum: int) -> Callable[[str], int]:
     """The argument type of a whole number ``>= minimum``."""
 
@@ -245,8 +259,45 @@ def _parent_dir(path: Path, what: str) -> None:
         )
 
 
+def _file_path(text: str, what: str) -> Path:
+    path = Path(text)
+    if not text or path.name in ("", ".", ".."):
+        raise argparse.ArgumentTypeError(f"need a file path for {what}, got {text!r}")
+    return path
+
+
 def fifo_path(text: str) -> str:
-    _parent_dir(Path(text), "the FIFO")
+    _parent_dir(_file_path(text, "the FIFO"), "the FIFO")
+    return text
+
+
+def control_path(text: str) -> str:
+    """The argument type of a control socket's path: nothing but a socket there, in a
+    directory that is private (or will be made so, 0700) and whose own directory exists;
+    checked before anything starts (the control plane checks again when it binds)."""
+    path = _file_path(text, "the control socket")
+    if not fits_socket(path):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is longer than {MAX_SOCKET_PATH} bytes, the limit of a Unix socket"
+        )
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"cannot use {text!r}: {exc.strerror}") from None
+    else:
+        if not stat.S_ISSOCK(st.st_mode):
+            raise argparse.ArgumentTypeError(
+                f"{text!r} exists and is not a socket; remove it or choose another path"
+            )
+    if path.parent.exists():
+        try:
+            check_private_dir(path.parent, what="control directory")
+        except OSError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    else:
+        _parent_dir(path.parent, "the control socket's directory")
     return text
 
 

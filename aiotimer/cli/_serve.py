@@ -19,6 +19,7 @@ from aiotimer.cli._args import (
     add_log_level_argument,
     add_metrics_port_argument,
     add_reap_arguments,
+    control_path,
     event_log_path,
     fifo_path,
     kill_policy_from_args,
@@ -113,6 +114,7 @@ def configure_serve(parser: argparse.ArgumentParser) -> None:
     control = parser.add_mutually_exclusive_group()
     control.add_argument(
         "--control",
+        type=control_path,
         metavar="PATH",
         help="path of the control socket (default: FIFO.control/http.sock); `aiotimer "
         "status` and `curl --unix-socket` read the server's state there",

@@ -19,6 +19,7 @@ from typing import NoReturn
 
 import msgspec
 
+from aiotimer.cli._args import positive_seconds
 from aiotimer.cluster._cli import add_job_status_arguments, run_job_status
 from aiotimer.control import ControlPlane
 from aiotimer.control._format import format_status
@@ -60,7 +61,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "--watch",
         nargs="?",
         const=2.0,
-        type=float,
+        type=positive_seconds,
         metavar="SECONDS",
         help="refresh every SECONDS (default 2) until interrupted",
     )
@@ -72,14 +73,13 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--timeout",
-        type=float,
+        type=positive_seconds,
         default=5.0,
         help="seconds the whole exchange with the server may take (default 5)",
     )
 
     def usage_error(message: str) -> NoReturn:
-        parser.print_usage(sys.stderr)
-        parser.exit(EXIT_USAGE, f"{parser.prog}: error: {message}\n")
+        parser.exit(EXIT_USAGE, f"{parser.prog}: error: {message} (see {parser.prog} --help)\n")
 
     parser.error = usage_error  # type: ignore[method-assign]
 
@@ -90,9 +90,6 @@ def run_status(args: argparse.Namespace) -> int:
         return run_job_status(args)
     if not 0 <= args.limit <= MAX_LIMIT:
         print(f"aiotimer status: --limit must be 0..{MAX_LIMIT}", file=sys.stderr)
-        return EXIT_USAGE
-    if args.watch is not None and not args.watch > 0:
-        print("aiotimer status: --watch needs a positive number of seconds", file=sys.stderr)
         return EXIT_USAGE
     try:
         client = (

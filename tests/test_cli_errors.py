@@ -1,0 +1,129 @@
+"""Ctrl-C at any moment of any command, and bad input: one line, never a traceback.
+
+Ctrl-C is sent as a terminal sends it, to the command's whole process group (the
+command runs in a session of its own). The first moment is while the command's modules
+load: the test waits until the process has mapped ``_asyncio``, which the subcommands
+load and the bare package does not.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests._procs import BOUND, env
+
+pytestmark = pytest.mark.process
+
+
+def _start(*argv: str, cwd: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "aiotimer", *argv],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env(),
+        cwd=cwd,
+        start_new_session=True,
+    )
+
+
+def _aiotimer(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "aiotimer", *argv],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=env(),
+        cwd=cwd,
+        timeout=BOUND * 2,
+    )
+
+
+def _loading(proc: subprocess.Popen[str]) -> None:
+    """Wait until ``proc`` is loading the subcommands' modules."""
+    deadline = time.monotonic() + BOUND
+    while "_asyncio" not in Path(f"/proc/{proc.pid}/maps").read_text():
+        assert proc.poll() is None, "the command ended before it loaded asyncio"
+        assert time.monotonic() < deadline, "the command did not load asyncio"
+        time.sleep(0.001)
+
+
+def _interrupt(proc: subprocess.Popen[str]) -> tuple[int, str]:
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=BOUND)
+    return proc.returncode, err
+
+
+COMMANDS = [
+    ("serve", "--fifo", "t.fifo"),
+    ("run", "--", sys.executable, "-c", "import time; time.sleep(30)"),
+    ("status", "--fifo", "t.fifo", "--watch", "0.2"),
+    ("demo",),
+]
+
+
+@pytest.mark.parametrize("argv", COMMANDS, ids=lambda a: a[0])
+def test_ctrl_c_while_loading_exits_130_quietly(argv: tuple[str, ...], tmp_path: Path) -> None:
+    proc = _start(*argv, cwd=tmp_path)
+    _loading(proc)
+    code, err = _interrupt(proc)
+    assert code == 130, err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("delay", [0.5, 1.5, 3.0])
+@pytest.mark.parametrize("argv", COMMANDS, ids=lambda a: a[0])
+def test_ctrl_c_later_is_quiet(argv: tuple[str, ...], delay: float, tmp_path: Path) -> None:
+    proc = _start(*argv, cwd=tmp_path)
+    time.sleep(delay)
+    code, err = _interrupt(proc)
+    # serve and run stop on SIGINT (0 and 130); status --watch ends at 0 or 3 (nothing
+    # serves); an interrupted demo exits 130.
+    assert code in (0, 3, 130), err
+    assert "Traceback" not in err
+    assert "KeyboardInterrupt" not in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "names"),
+    [
+        (("serve", "--fifo", ""), "--fifo"),
+        (("status", "--fifo", "t.fifo", "--timeout", "-1"), "--timeout"),
+        (("status", "--fifo", "t.fifo", "--timeout", "nan"), "--timeout"),
+        (("status", "--fifo", "t.fifo", "--watch", "0"), "--watch"),
+        (("run", "--restart-window", "0", "--", "true"), "--restart-window"),
+        (("run", "--restart-scope", "job", "--", "true"), "--restart-scope job"),
+        (("run", "--control", "regular", "--", "true"), "--control"),
+        (("run", "--control", "missing/dir/ctl.sock", "--", "true"), "--control"),
+        (("run", "--control", "", "--", "true"), "--control"),
+    ],
+)
+def test_bad_input_is_one_line_naming_the_argument(
+    argv: tuple[str, ...], names: str, tmp_path: Path
+) -> None:
+    (tmp_path / "regular").write_text("")
+    proc = _aiotimer(*argv, cwd=tmp_path)
+    usage = 4 if argv[0] == "status" else 2  # status: the LSB's codes
+    assert proc.returncode == usage, proc.stderr
+    assert names in proc.stderr
+    assert len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert "started" not in proc.stderr  # no worker, no server was started
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["regular"]  # nothing created
+
+
+def test_a_budget_without_window_counts_every_restart(tmp_path: Path) -> None:
+    proc = _aiotimer(
+        "run", "--restart-window", "inf", "--max-restarts", "1", "--backoff", "0",
+        "--min-uptime", "0", "--", sys.executable, "-c", "import sys; sys.exit(1)",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 3, proc.stderr  # gave up
+    assert proc.stderr.count("worker 0 started") == 2
+    assert "restart budget exhausted (1 restart(s))" in proc.stderr
