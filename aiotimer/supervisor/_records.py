@@ -13,7 +13,7 @@ import enum
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from aiotimer._edges.lifecycle import LifecycleState
 from aiotimer.events import RankStatus
@@ -33,6 +33,8 @@ __all__ = [
     "SupervisorActions",
     "SupervisorState",
     "WorkerFailure",
+    "attempt_story",
+    "ending_word",
     "format_summary",
     "rank_status",
     "run_outcome",
@@ -163,18 +165,56 @@ def rank_status(slot: SlotRecord, running: tuple[int, float] | None) -> RankStat
 SUMMARY_EXIT_WIDTH: Final[int] = 120
 
 
+#: How many spans of like endings a story tells before it cuts the middle out.
+_STORY_SPANS: Final[int] = 8
+
+
+def ending_word(phrase: str) -> str:
+    """The first word of an exit phrase (:func:`~aiotimer.events.exit_phrase`): what
+    became of the attempt, ``"reaped"``, ``"crashed"``, ``"killed"``, ``"stopped"``,
+    ``"succeeded"``."""
+    return phrase.split(" ", 1)[0]
+
+
+def attempt_story(endings: Sequence[str], last: str | None = None) -> str:
+    """What became of a rank's attempts, oldest first, in one line: like endings in a row
+    told once with their count, a restart between them, the last one told whole.
+
+    ``endings`` are the attempts' words (:func:`ending_word`); ``last`` the last one's
+    whole phrase (default: its word).
+
+    >>> attempt_story(["reaped", "succeeded"], "succeeded (exit code 0)")
+    'reaped, restarted, then succeeded (exit code 0)'
+    >>> attempt_story(["crashed"] * 74 + ["stopped"])
+    'crashed 74 times, restarted, then stopped'
+    """
+    if not endings:
+        return "-"
+    spans: list[list[Any]] = []
+    for word in endings[:-1]:
+        if spans and spans[-1][0] == word:
+            spans[-1][1] += 1
+        else:
+            spans.append([word, 1])
+    told = [w if n == 1 else f"{w} {n} times" for w, n in spans]
+    if len(told) > _STORY_SPANS:
+        cut = len(told) - _STORY_SPANS + 1
+        told = [*told[:2], f"... ({cut} more)", *told[-(_STORY_SPANS - 3) :]]
+    final = last if last is not None else endings[-1]
+    return ", restarted, ".join([*told, ""]) + "then " + final if told else final
+
+
 def format_summary(ranks: Sequence[RankStatus]) -> str:
     """The final summary as a table: one row per rank, one screen wide (its uptime is
-    the sum over its attempts); its last column says why the rank's last attempt ended
-    (how many ended before it), cut at :data:`SUMMARY_EXIT_WIDTH` characters; every
-    reason is in the event log."""
-    rows = [("rank", "state", "attempts", "start failures", "total uptime", "last exit")]
+    the sum over its attempts); its last column says what became of the rank's attempts
+    (:func:`attempt_story`: ``reaped, restarted, then succeeded (exit code 0)``), cut at
+    :data:`SUMMARY_EXIT_WIDTH` characters; every reason is in the event log, and
+    ``aiotimer status --event-log`` tells them."""
+    rows = [("rank", "state", "attempts", "start failures", "total uptime", "what happened")]
     for w in ranks:
-        exits = "-"
-        if w.reasons:
-            earlier = len(w.reasons) - 1
-            exits = clip(w.reasons[-1], SUMMARY_EXIT_WIDTH - 20)
-            exits += f" (+{earlier} earlier)" if earlier else ""
+        story = attempt_story(
+            [ending_word(r) for r in w.reasons], w.reasons[-1] if w.reasons else None
+        )
         rows.append(
             (
                 str(w.rank),
@@ -182,7 +222,7 @@ def format_summary(ranks: Sequence[RankStatus]) -> str:
                 str(w.attempts),
                 str(w.start_failures),
                 f"{w.uptime:.1f}s",
-                exits,
+                clip(story, SUMMARY_EXIT_WIDTH),
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
