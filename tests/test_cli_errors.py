@@ -127,3 +127,33 @@ def test_a_budget_without_window_counts_every_restart(tmp_path: Path) -> None:
     assert proc.returncode == 3, proc.stderr  # gave up
     assert proc.stderr.count("worker 0 started") == 2
     assert "restart budget exhausted (1 restart(s))" in proc.stderr
+
+
+HANG_ONCE = """
+import os, sys, time
+from aiotimer import expires
+with expires(after=0.5, scope="step"):
+    if os.environ["AIOTIMER_RESTART_COUNT"] == "0":
+        time.sleep(60)
+"""
+
+
+def test_what_happened_in_a_run_that_has_ended(tmp_path: Path) -> None:
+    log = tmp_path / "events.jsonl"
+    run = _aiotimer(
+        "run", "--event-log", str(log), "--backoff", "0", "--",
+        sys.executable, "-c", HANG_ONCE, cwd=tmp_path,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert "reaped, restarted, then succeeded (exit code 0)" in run.stderr  # final table
+    assert "(+1 earlier)" not in run.stderr
+    status = _aiotimer("status", "--event-log", str(log), cwd=tmp_path)
+    assert status.returncode == 0, status.stderr
+    text = status.stdout
+    assert "reaped, restarted, then succeeded (exit code 0)" in text
+    [first] = [line for line in text.splitlines() if "rank 0 attempt 1" in line]
+    assert "reaped (SIGKILL): block 'step' outlived its timer" in first
+    assert "after its reap deadline" in first  # how late
+    assert "restart 1 of 3 allowed): after worker 0 reaped" in text  # the restart's cause
+    assert "rank 0: timer 'step' of worker" in text  # the live status's block
+    assert text.endswith("outcome: succeeded (exit code 0)\n")

@@ -6,14 +6,8 @@ import re
 
 import pytest
 
-from aiotimer.supervisor._exits import ExitKind, ExitReason
-from aiotimer.supervisor._records import (
-    RunOutcome,
-    attempt_story,
-    format_summary,
-    rank_status,
-    run_outcome,
-)
+from aiotimer.supervisor._exits import ExitKind, ExitReason, attempt_story
+from aiotimer.supervisor._records import RunOutcome, format_summary, rank_status, run_outcome
 from aiotimer.supervisor._restart import Attempt, SlotRecord, WorkerState
 
 S = WorkerState

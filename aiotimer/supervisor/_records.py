@@ -13,12 +13,12 @@ import enum
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
 from aiotimer._edges.lifecycle import LifecycleState
 from aiotimer.events import RankStatus
 from aiotimer.events._base import clip
-from aiotimer.supervisor._exits import ExitReason
+from aiotimer.supervisor._exits import ExitReason, attempt_story, ending_word
 from aiotimer.supervisor._restart import GiveUp, Restart, RestartPolicy, SlotRecord, WorkerState
 
 if TYPE_CHECKING:
@@ -33,8 +33,6 @@ __all__ = [
     "SupervisorActions",
     "SupervisorState",
     "WorkerFailure",
-    "attempt_story",
-    "ending_word",
     "format_summary",
     "rank_status",
     "run_outcome",
@@ -163,45 +161,6 @@ def rank_status(slot: SlotRecord, running: tuple[int, float] | None) -> RankStat
 
 #: The widest the summary's last column (why the last attempt ended) gets.
 SUMMARY_EXIT_WIDTH: Final[int] = 120
-
-
-#: How many spans of like endings a story tells before it cuts the middle out.
-_STORY_SPANS: Final[int] = 8
-
-
-def ending_word(phrase: str) -> str:
-    """The first word of an exit phrase (:func:`~aiotimer.events.exit_phrase`): what
-    became of the attempt, ``"reaped"``, ``"crashed"``, ``"killed"``, ``"stopped"``,
-    ``"succeeded"``."""
-    return phrase.split(" ", 1)[0]
-
-
-def attempt_story(endings: Sequence[str], last: str | None = None) -> str:
-    """What became of a rank's attempts, oldest first, in one line: like endings in a row
-    told once with their count, a restart between them, the last one told whole.
-
-    ``endings`` are the attempts' words (:func:`ending_word`); ``last`` the last one's
-    whole phrase (default: its word).
-
-    >>> attempt_story(["reaped", "succeeded"], "succeeded (exit code 0)")
-    'reaped, restarted, then succeeded (exit code 0)'
-    >>> attempt_story(["crashed"] * 74 + ["stopped"])
-    'crashed 74 times, restarted, then stopped'
-    """
-    if not endings:
-        return "-"
-    spans: list[list[Any]] = []
-    for word in endings[:-1]:
-        if spans and spans[-1][0] == word:
-            spans[-1][1] += 1
-        else:
-            spans.append([word, 1])
-    told = [w if n == 1 else f"{w} {n} times" for w, n in spans]
-    if len(told) > _STORY_SPANS:
-        cut = len(told) - _STORY_SPANS + 1
-        told = [*told[:2], f"... ({cut} more)", *told[-(_STORY_SPANS - 3) :]]
-    final = last if last is not None else endings[-1]
-    return ", restarted, ".join([*told, ""]) + "then " + final if told else final
 
 
 def format_summary(ranks: Sequence[RankStatus]) -> str:
