@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -103,6 +104,8 @@ def test_ctrl_c_later_is_quiet(argv: tuple[str, ...], delay: float, tmp_path: Pa
         (("run", "--control", "regular", "--", "true"), "--control"),
         (("run", "--control", "missing/dir/ctl.sock", "--", "true"), "--control"),
         (("run", "--control", "", "--", "true"), "--control"),
+        (("run", "--no-restart-exit-code", "256", "--", "true"), "--no-restart-exit-code"),
+        (("serve", "--fifo", "f", "--etcd", "h:1", "--job", "j", "--etcd-ttl", "0"), "--etcd-ttl"),
     ],
 )
 def test_bad_input_is_one_line_naming_the_argument(
@@ -157,3 +160,15 @@ def test_what_happened_in_a_run_that_has_ended(tmp_path: Path) -> None:
     assert "restart 1 of 3 allowed): after worker 0 reaped" in text  # the restart's cause
     assert "rank 0: timer 'step' of worker" in text  # the live status's block
     assert text.endswith("outcome: succeeded (exit code 0)\n")
+
+
+def test_a_live_control_socket_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    private = tmp_path / "ctl"
+    private.mkdir(mode=0o700)
+    with socket.socket(socket.AF_UNIX) as live:
+        live.bind(str(private / "http.sock"))
+        live.listen()
+        proc = _aiotimer("run", "--control", str(private / "http.sock"), "--", "true", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert "another server listens on the control socket" in proc.stderr
+    assert "started" not in proc.stderr

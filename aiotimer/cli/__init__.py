@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, Final
 
-__all__ = ["COMMANDS", "EXIT_INTERRUPTED", "Command", "build_parser", "main"]
+__all__ = ["COMMANDS", "Command", "main"]
 
 #: The exit status of a command interrupted by Ctrl-C (SIGINT): 128 + 2.
 EXIT_INTERRUPTED: Final[int] = 128 + signal.SIGINT
@@ -35,9 +35,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERRUPTED
 
 
+_LAZY: Final = ("COMMANDS", "Command", "build_parser")
+
+
 def __getattr__(name: str) -> Any:
-    if name in ("COMMANDS", "Command", "build_parser"):
+    if name in _LAZY:
         from aiotimer.cli import _commands  # noqa: PLC0415 (heavy: on first use only)
 
         return getattr(_commands, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

@@ -8,6 +8,7 @@ import functools
 import math
 import os
 import signal
+import socket
 import stat
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -200,6 +201,18 @@ def seconds(text: str) -> float:
     return value
 
 
+def _listening(path: str) -> bool:
+    """Whether something accepts connections on the Unix socket ``path`` (a stale socket
+    left by a killed server does not, and is replaced when the control plane binds)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(path)
+        except OSError:
+            return False
+    return True
+
+
 def positive_seconds(text: str) -> float:
     """The argument type of a finite number of seconds > 0."""
     value = seconds(text)
@@ -290,6 +303,11 @@ def control_path(text: str) -> str:
         if not stat.S_ISSOCK(st.st_mode):
             raise argparse.ArgumentTypeError(
                 f"{text!r} exists and is not a socket; remove it or choose another path"
+            )
+        if _listening(text):
+            raise argparse.ArgumentTypeError(
+                f"another server listens on the control socket {text!r}; stop it or "
+                "choose another path"
             )
     if path.parent.exists():
         try:
