@@ -31,6 +31,7 @@ __all__ = [
     "event_log_path",
     "existing_dir",
     "fifo_path",
+    "file_path",
     "kill_policy_from_args",
     "octal_mode",
     "one_line_errors",
@@ -215,9 +216,12 @@ def _listening(path: str) -> bool:
 
 def positive_seconds(text: str) -> float:
     """The argument type of a finite number of seconds > 0."""
-    value = seconds(text)
+    try:
+        value = seconds(text)
+    except argparse.ArgumentTypeError:
+        value = 0.0
     if value <= 0:
-        raise argparse.ArgumentTypeError(f"need a number of seconds > 0, got {text!r}")
+        raise argparse.ArgumentTypeError(f"need a finite number of seconds > 0, got {text!r}")
     return value
 
 
@@ -272,10 +276,11 @@ def _parent_dir(path: Path, what: str) -> None:
         )
 
 
-def _file_path(text: str, what: str) -> Path:
+def _file_path(text: str, what: str | None) -> Path:
     path = Path(text)
     if not text or path.name in ("", ".", ".."):
-        raise argparse.ArgumentTypeError(f"need a file path for {what}, got {text!r}")
+        purpose = "" if what is None else f" for {what}"
+        raise argparse.ArgumentTypeError(f"need a file path{purpose}, got {text!r}")
     return path
 
 
@@ -319,8 +324,14 @@ def control_path(text: str) -> str:
     return text
 
 
+def file_path(text: str) -> str:
+    """The argument type of a path to a file: not empty, not a directory's name."""
+    _file_path(text, None)
+    return text
+
+
 def event_log_path(text: str) -> str:
-    path = Path(text)
+    path = _file_path(text, "the event log")
     if path.is_dir():
         raise argparse.ArgumentTypeError(f"{text!r} is a directory; give a file path")
     _parent_dir(path, "the event log")
@@ -329,6 +340,8 @@ def event_log_path(text: str) -> str:
 
 def existing_dir(text: str) -> str:
     path = Path(text)
+    if not text:
+        raise argparse.ArgumentTypeError("need a directory, got ''")
     if not path.is_dir():
         problem = "is not a directory" if path.exists() else "does not exist"
         raise argparse.ArgumentTypeError(f"{text!r} {problem}; create it or choose another")

@@ -23,7 +23,7 @@ from typing import NoReturn
 
 import msgspec
 
-from aiotimer.cli._args import positive_seconds
+from aiotimer.cli._args import file_path, positive_seconds
 from aiotimer.cluster._cli import add_job_status_arguments, run_job_status
 from aiotimer.control import ControlPlane
 from aiotimer.control._format import format_status
@@ -54,10 +54,13 @@ EXIT_USAGE = 4
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     """Add ``aiotimer status``'s arguments; argument errors exit with :data:`EXIT_USAGE`."""
     where = parser.add_mutually_exclusive_group(required=True)
-    where.add_argument("--fifo", help="the server's FIFO (its marker names the control socket)")
-    where.add_argument("--control", help="the server's control socket")
+    where.add_argument(
+        "--fifo", type=file_path, help="the server's FIFO (its marker names the control socket)"
+    )
+    where.add_argument("--control", type=file_path, help="the server's control socket")
     where.add_argument(
         "--event-log",
+        type=file_path,
         metavar="FILE",
         help="what happened in a run or server that has ended (or still runs), read from "
         "its event log: each rank's attempts and how each ended, restarts and their "
