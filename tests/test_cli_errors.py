@@ -60,9 +60,16 @@ def _loading(proc: subprocess.Popen[str]) -> None:
 
 
 def _interrupt(proc: subprocess.Popen[str]) -> tuple[int, str]:
+    """SIGINT to ``proc``'s group; its exit status as a shell shows it, and its stderr.
+
+    A death by SIGINT counts as 130, as a shell shows it: CPython 3.11 ends a process that
+    caught a KeyboardInterrupt raised inside code it ran through its own eval (a dataclass
+    being made while a module loads) by SIGINT at exit, whatever the exit status given.
+    """
     os.killpg(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=BOUND)
-    return proc.returncode, err
+    code = proc.returncode
+    return (128 + signal.SIGINT if code == -signal.SIGINT else code), err
 
 
 COMMANDS = [
