@@ -74,6 +74,8 @@ __all__ = [
     "history_dict",
 ]
 
+#: The most processes whose attempt :attr:`RunHistory.by_pid` remembers (the newest).
+_KEPT_PIDS: Final[int] = 4096
 #: The most attempts kept in full per rank (the newest; the rest are counted).
 KEPT_ATTEMPTS: Final[int] = 20
 #: The most restarts and hang reports kept in full (the newest).
@@ -185,7 +187,7 @@ class RankHistory:
         default_factory=lambda: collections.deque(maxlen=KEPT_ATTEMPTS)
     )
     count: int = 0
-    endings: list[str] = field(default_factory=list)  # bounded: see _note_ending
+    endings: list[str] = field(default_factory=list)  # bounded: see _bound
 
     def story(self) -> str:
         """What became of its attempts (:func:`~aiotimer.supervisor.attempt_story`)."""
@@ -226,7 +228,7 @@ class RunHistory:
         default_factory=lambda: collections.deque(maxlen=RECENT_INCIDENTS)
     )
     incident_counts: collections.Counter[str] = field(default_factory=collections.Counter)
-    failures: list[str] = field(default_factory=list)
+    failure: str | None = None  # the last source failure, if any
     gave_up: SupervisorGaveUp | None = None
     supervisor: SupervisorStopped | None = None
     server_stopped: float | None = None
@@ -247,15 +249,12 @@ class RunHistory:
             return f"gave up: {self.gave_up.reason} (no end in the log)"
         if self.server_stopped is not None:
             return "the server stopped" + (
-                f" after a failure: {self.failures[-1]}" if self.failures else ""
+                f" after a failure: {self.failure}" if self.failure else ""
             )
         return (
             "no end in the log: still running, or killed before it could write one "
             "(SIGKILL, a crash of the machine)"
         )
-
-
-_KEPT_PIDS: Final[int] = 4096
 
 
 class HistoryReader:
@@ -323,7 +322,7 @@ class HistoryReader:
             run.server_stopped = event.time
             run.counters = event.counters
         elif isinstance(event, SourceFailed):
-            run.failures.append(event.describe())
+            run.failure = event.describe()
         elif isinstance(event, EventsLost):
             run.lost += event.count
         self._fold_reap(run, event)
