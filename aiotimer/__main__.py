@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import sys
 
-from aiotimer.cli import main
+try:
+    from aiotimer.cli import main
+except KeyboardInterrupt:  # Ctrl-C while the package loads: quietly, as the command does
+    sys.exit(130)
 
 if __name__ == "__main__":
     sys.exit(main())

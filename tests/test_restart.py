@@ -120,6 +120,8 @@ def test_policy_rejects_nonsense() -> None:
     with pytest.raises(ValueError):
         RestartPolicy(min_uptime=-0.1)
     RestartPolicy(window=math.inf)  # the budget never refills
+    with pytest.raises(ValueError, match="window must be > 0"):
+        RestartPolicy(window=0.0)  # it would count no restart: never give up
 
 
 # -- decisions --------------------------------------------------------------------------

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from aiotimer.supervisor._exits import ExitKind, ExitReason
+from aiotimer.supervisor._exits import ExitKind, ExitReason, attempt_story
 from aiotimer.supervisor._records import RunOutcome, format_summary, rank_status, run_outcome
 from aiotimer.supervisor._restart import Attempt, SlotRecord, WorkerState
 
@@ -67,4 +67,27 @@ def test_the_summary_says_its_uptime_is_summed_over_attempts() -> None:
     )
     header, row = format_summary([rank_status(slot, None)]).splitlines()
     assert re.split(r"\s{2,}", header)[4] == "total uptime"
-    assert "3.2s" in row.split() and "(+1 earlier)" in row
+    assert "3.2s" in row.split()
+    assert row.endswith("crashed, restarted, then succeeded (exit code 0)")
+
+
+@pytest.mark.parametrize(
+    ("endings", "story"),
+    [
+        ([], "-"),
+        (["succeeded"], "succeeded"),
+        (["reaped", "succeeded"], "reaped, restarted, then succeeded"),
+        (
+            ["crashed"] * 3 + ["reaped", "stopped"],
+            "crashed 3 times, restarted, reaped, restarted, then stopped",
+        ),
+        (
+            ["crashed", "reaped"] * 10,
+            "crashed, restarted, reaped, restarted, ... (12 more), restarted, crashed, restarted, "
+            "reaped, restarted, crashed, restarted, reaped, restarted, crashed, restarted, "
+            "then reaped",
+        ),
+    ],
+)
+def test_the_story_of_a_rank(endings: list[str], story: str) -> None:
+    assert attempt_story(endings) == story

@@ -1,73 +1,50 @@
 """The ``aiotimer`` command line.
 
-Subcommands are registered in one place, :data:`COMMANDS`: each is a
-:class:`Command` with a function that adds its arguments and one that runs it. To add
-one, write both functions and append a :class:`Command`.
+:func:`main` is the entry point of the ``aiotimer`` command and of ``python -m
+aiotimer``. It imports the subcommands only once it is ready for Ctrl-C: an interrupt
+at any moment, while the modules load included, ends the command quietly with exit
+status 130, without a traceback. The subcommands themselves are registered in
+:mod:`aiotimer.cli._commands` (:data:`COMMANDS`, :func:`build_parser`), which this
+module re-exports on first use.
 """
 
 from __future__ import annotations
 
-import argparse
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-
-from aiotimer._version import __version__
-from aiotimer.cli import _demo as demo
-from aiotimer.cli import _run as _cli_run
-from aiotimer.cli import _serve as _cli_serve
-from aiotimer.cli._status import configure_parser as status_args
-from aiotimer.cli._status import run_status
+import signal
+import sys
+from collections.abc import Sequence
+from typing import Any, Final
 
 __all__ = ["COMMANDS", "Command", "main"]
 
-
-@dataclass(frozen=True, slots=True)
-class Command:
-    """One subcommand: its name, one-line help, argument setup and entry point."""
-
-    name: str
-    help: str
-    configure: Callable[[argparse.ArgumentParser], None]
-    run: Callable[[argparse.Namespace], int]
-
-
-#: Every subcommand, in the order ``--help`` lists them.
-COMMANDS: list[Command] = [
-    Command(
-        "serve", "run a timer server on a FIFO", _cli_serve.configure_serve, _cli_serve.run_serve
-    ),
-    Command("status", "show what a running server does", status_args, run_status),
-    Command(
-        "run",
-        "supervise workers: restart them when they hang or fail",
-        _cli_run.configure_run,
-        _cli_run.run_run,
-    ),
-    Command(
-        "demo",
-        "watch a server reap a stuck worker among healthy ones (about 5 seconds)",
-        demo.configure_parser,
-        demo.run_demo,
-    ),
-]
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser with every registered subcommand."""
-    parser = argparse.ArgumentParser(
-        prog="aiotimer", description="asyncio-native expiration-timer service (watchdog)"
-    )
-    parser.add_argument("--version", action="version", version=f"aiotimer {__version__}")
-    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for command in COMMANDS:
-        sub = subparsers.add_parser(command.name, help=command.help, description=command.help)
-        command.configure(sub)
-        sub.set_defaults(run=command.run)
-    return parser
+#: The exit status of a command interrupted by Ctrl-C (SIGINT): 128 + 2.
+EXIT_INTERRUPTED: Final[int] = 128 + signal.SIGINT
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``aiotimer`` command; returns the exit status."""
-    args = build_parser().parse_args(argv)
-    status: int = args.run(args)
-    return status
+    """Entry point of the ``aiotimer`` command; returns the exit status (130 when
+    interrupted by Ctrl-C, at any moment)."""
+    try:
+        from aiotimer.cli._commands import run_command  # noqa: PLC0415 (loads every command)
+
+        return run_command(argv)
+    except KeyboardInterrupt:
+        # A second Ctrl-C while the interpreter winds down must not print a traceback.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        sys.stderr.flush()
+        return EXIT_INTERRUPTED
+
+
+_LAZY: Final = ("COMMANDS", "Command", "build_parser")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        from aiotimer.cli import _commands  # noqa: PLC0415 (heavy: on first use only)
+
+        return getattr(_commands, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

@@ -6,11 +6,16 @@ from __future__ import annotations
 import argparse
 import functools
 import math
+import os
 import signal
+import socket
+import stat
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import NoReturn
 
+from aiotimer._edges.files import check_private_dir
+from aiotimer.control._paths import MAX_SOCKET_PATH, fits_socket
 from aiotimer.core._stats import ScopeStats
 from aiotimer.core._stats_format import format_summaries
 from aiotimer.reapers._dumps import MAX_KEPT_DUMPS
@@ -23,15 +28,18 @@ __all__ = [
     "add_metrics_port_argument",
     "add_reap_arguments",
     "argument_error",
+    "control_path",
     "event_log_path",
     "existing_dir",
     "fifo_path",
+    "file_path",
     "kill_policy_from_args",
     "octal_mode",
     "one_line_errors",
     "policy_from_args",
     "port",
     "positive",
+    "positive_seconds",
     "print_stats",
     "seconds",
     "uid",
@@ -202,6 +210,29 @@ def seconds(text: str) -> float:
     return value
 
 
+def _listening(path: str) -> bool:
+    """Whether something accepts connections on the Unix socket ``path`` (a stale socket
+    left by a killed server does not, and is replaced when the control plane binds)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(path)
+        except OSError:
+            return False
+    return True
+
+
+def positive_seconds(text: str) -> float:
+    """The argument type of a finite number of seconds > 0."""
+    try:
+        value = seconds(text)
+    except argparse.ArgumentTypeError:
+        value = 0.0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"need a finite number of seconds > 0, got {text!r}")
+    return value
+
+
 def whole_number(minimum: int) -> Callable[[str], int]:
     """The argument type of a whole number ``>= minimum``."""
 
@@ -253,13 +284,62 @@ def _parent_dir(path: Path, what: str) -> None:
         )
 
 
+def _file_path(text: str, what: str | None) -> Path:
+    path = Path(text)
+    if not text or path.name in ("", ".", ".."):
+        purpose = "" if what is None else f" for {what}"
+        raise argparse.ArgumentTypeError(f"need a file path{purpose}, got {text!r}")
+    return path
+
+
 def fifo_path(text: str) -> str:
-    _parent_dir(Path(text), "the FIFO")
+    _parent_dir(_file_path(text, "the FIFO"), "the FIFO")
+    return text
+
+
+def control_path(text: str) -> str:
+    """The argument type of a control socket's path: nothing but a socket there, in a
+    directory that is private (or will be made so, 0700) and whose own directory exists;
+    checked before anything starts (the control plane checks again when it binds)."""
+    path = _file_path(text, "the control socket")
+    if not fits_socket(path):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is longer than {MAX_SOCKET_PATH} bytes, the limit of a Unix socket"
+        )
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"cannot use {text!r}: {exc.strerror}") from None
+    else:
+        if not stat.S_ISSOCK(st.st_mode):
+            raise argparse.ArgumentTypeError(
+                f"{text!r} exists and is not a socket; remove it or choose another path"
+            )
+        if _listening(text):
+            raise argparse.ArgumentTypeError(
+                f"another server listens on the control socket {text!r}; stop it or "
+                "choose another path"
+            )
+    if path.parent.exists():
+        try:
+            check_private_dir(path.parent, what="control directory")
+        except OSError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    else:
+        _parent_dir(path.parent, "the control socket's directory")
+    return text
+
+
+def file_path(text: str) -> str:
+    """The argument type of a path to a file: not empty, not a directory's name."""
+    _file_path(text, None)
     return text
 
 
 def event_log_path(text: str) -> str:
-    path = Path(text)
+    path = _file_path(text, "the event log")
     if path.is_dir():
         raise argparse.ArgumentTypeError(f"{text!r} is a directory; give a file path")
     _parent_dir(path, "the event log")
@@ -268,6 +348,8 @@ def event_log_path(text: str) -> str:
 
 def existing_dir(text: str) -> str:
     path = Path(text)
+    if not text:
+        raise argparse.ArgumentTypeError("need a directory, got ''")
     if not path.is_dir():
         problem = "is not a directory" if path.exists() else "does not exist"
         raise argparse.ArgumentTypeError(f"{text!r} {problem}; create it or choose another")

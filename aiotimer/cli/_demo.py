@@ -272,7 +272,12 @@ class _Demo:
             command.append(f"--slow-item={worker.slow_item}")
         # Only the discovery variable: the worker never calls configure().
         env = {**os.environ, ENV_FIFO: str(fifo), "PYTHONUNBUFFERED": "1"}
-        worker.process = await anyio.open_process(command, env=env, stderr=None)
+        # Ctrl-C is the demo's to handle (it stops its workers): each worker runs in a
+        # session of its own, which a terminal's Ctrl-C does not reach, so none prints a
+        # traceback of its own; the demo kills them when it ends, whatever ends it.
+        worker.process = await anyio.open_process(
+            command, env=env, stderr=None, start_new_session=True
+        )
         worker.pid = worker.process.pid
         self.say(f"[{worker.name}] started, pid {worker.pid}", "36")
 

@@ -21,11 +21,13 @@ from aiotimer.cli._args import (
     add_log_level_argument,
     add_metrics_port_argument,
     add_reap_arguments,
+    control_path,
     event_log_path,
     kill_policy_from_args,
     one_line_errors,
     policy_from_args,
     positive,
+    positive_seconds,
     print_stats,
     seconds,
     whole_number,
@@ -35,7 +37,7 @@ from aiotimer.cli._status import log_control_plane
 from aiotimer.cluster._cli import add_node_arguments, node_config
 from aiotimer.cluster._node import ClusterSession, cluster_session
 from aiotimer.control import ControlPlane
-from aiotimer.errors import AiotimerError
+from aiotimer.errors import AiotimerError, ClusterError
 from aiotimer.reapers._signal import SignalReaper
 from aiotimer.server._thread import loop_factory
 from aiotimer.supervisor._guard import start_guard
@@ -62,18 +64,28 @@ logger = logging.getLogger("aiotimer")
 
 
 def _window(text: str) -> float:
-    return math.inf if text in ("inf", "none") else seconds(text)
+    """``inf`` (or ``none``: no window, the budget counts every restart) or seconds > 0;
+    ``0`` is refused: it would count no restart at all, and never give up."""
+    if text in ("inf", "none"):
+        return math.inf
+    try:
+        return positive_seconds(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"need a number of seconds > 0, or 'inf' for no window (the budget then counts "
+            f"every restart), got {text!r}"
+        ) from None
 
 
 _count = whole_number(0)
 
 
-def positive_seconds(text: str) -> float:
-    """A finite number of seconds > 0."""
-    value = seconds(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"need a number of seconds > 0, got {text!r}")
-    return value
+def _exit_code(text: str) -> int:
+    """An exit code a worker can exit with and that means failure: 1..255."""
+    code = whole_number(1)(text)
+    if code > 255:
+        raise argparse.ArgumentTypeError(f"need an exit code 1..255, got {text!r}")
+    return code
 
 
 def _backoff(text: str) -> Backoff:
@@ -113,14 +125,16 @@ def configure_run(parser: argparse.ArgumentParser) -> None:
         type=_count,
         default=3,
         metavar="K",
-        help="give up after K restarts within --restart-window (default 3)",
+        help="give up when a failure would need more than K restarts within "
+        "--restart-window (default 3; 0: never restart)",
     )
     parser.add_argument(
         "--restart-window",
         type=_window,
         default=600.0,
         metavar="SECONDS",
-        help="the restart budget's sliding window; 'inf' never refills it (default 600)",
+        help="the restart budget's sliding window, > 0; 'inf': no window, the budget "
+        "counts every restart and never refills (default 600)",
     )
     parser.add_argument(
         "--backoff",
@@ -140,7 +154,7 @@ def configure_run(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--no-restart-exit-code",
-        type=int,
+        type=_exit_code,
         action="append",
         metavar="CODE",
         help="an exit code that means 'do not restart' (repeatable; default 93)",
@@ -161,6 +175,7 @@ def configure_run(parser: argparse.ArgumentParser) -> None:
     add_log_level_argument(parser)
     parser.add_argument(
         "--control",
+        type=control_path,
         metavar="PATH",
         help="serve the control socket here (default: beside the private FIFO); "
         "`aiotimer status --control PATH` shows the workers, and restarts or stops one",
@@ -267,6 +282,12 @@ def run_run(args: argparse.Namespace) -> int:
             "aiotimer run: error: no command given: aiotimer run [options] -- CMD [ARGS...]",
             file=sys.stderr,
         )
+        return 2
+    try:  # a combination argparse cannot check: said before anything starts
+        if node_config(args) is None and args.restart_scope == "job":
+            raise ClusterError("--restart-scope job needs --etcd HOST:PORT and --job ID")
+    except ClusterError as exc:
+        print(f"aiotimer run: error: {exc} (see aiotimer run --help)", file=sys.stderr)
         return 2
     try:  # before any thread: the guard is forked
         unguarded = start_guard(runs_dir(runtime_parent()))

@@ -19,6 +19,7 @@ from aiotimer.cli._args import (
     add_log_level_argument,
     add_metrics_port_argument,
     add_reap_arguments,
+    control_path,
     event_log_path,
     fifo_path,
     kill_policy_from_args,
@@ -34,7 +35,7 @@ from aiotimer.cluster._cli import add_node_arguments, node_config, publishing, s
 from aiotimer.cluster._publisher import NodePublisher
 from aiotimer.control import ControlPlane
 from aiotimer.diagnostics import private_dump_dir
-from aiotimer.errors import AiotimerError
+from aiotimer.errors import AiotimerError, ClusterError
 from aiotimer.events import Event, ServerStopped, SourceFailed
 from aiotimer.reapers._dumps import py_spy_executable
 from aiotimer.reapers._signal import SignalReaper
@@ -78,7 +79,7 @@ def configure_serve(parser: argparse.ArgumentParser) -> None:
         "--socket",
         nargs="?",
         const="",
-        type=fifo_path,
+        type=_socket_arg,
         metavar="PATH",
         help=(
             "also serve on a Unix socket (default path: the FIFO's plus '.sock'), where "
@@ -124,6 +125,7 @@ def configure_serve(parser: argparse.ArgumentParser) -> None:
     control = parser.add_mutually_exclusive_group()
     control.add_argument(
         "--control",
+        type=control_path,
         metavar="PATH",
         help="path of the control socket (default: FIFO.control/http.sock); `aiotimer "
         "status` and `curl --unix-socket` read the server's state there",
@@ -141,6 +143,11 @@ def configure_serve(parser: argparse.ArgumentParser) -> None:
     add_reap_arguments(parser)
     add_kill_policy_arguments(parser, descendants_only=False)
     add_node_arguments(parser)
+
+
+def _socket_arg(text: str) -> str:
+    """``--socket``'s path; ``""`` (the option alone) means the FIFO's plus ``.sock``."""
+    return text if text == "" else fifo_path(text)
 
 
 def socket_path(args: argparse.Namespace) -> str | None:
@@ -257,6 +264,11 @@ def run_serve(args: argparse.Namespace) -> int:
             "aiotimer serve: error: --socket-mode needs --socket (see aiotimer serve --help)",
             file=sys.stderr,
         )
+        return 2
+    try:  # a combination argparse cannot check: said before anything starts
+        node_config(args)
+    except ClusterError as exc:
+        print(f"aiotimer serve: error: {exc} (see aiotimer serve --help)", file=sys.stderr)
         return 2
     try:
         factory = loop_factory(args.loop)

@@ -19,6 +19,7 @@ __all__ = [
     "MAX_DEADLINE_AHEAD",
     "MAX_FLOAT",
     "MAX_VALID_SCOPES",
+    "argument_type_error",
     "deadline_problem",
     "scope_checked",
     "valid_scopes",
@@ -59,3 +60,30 @@ def deadline_problem(deadline: float) -> str | None:
             "expires_at(time.monotonic() + seconds), or use expires(after=seconds)"
         )
     return problem
+
+
+#: What each argument of ``expires()``/``expires_at()`` takes, in words.
+_TAKES: Final[dict[str, tuple[type | tuple[type, ...], str]]] = {
+    "after": ((int, float), "a number of seconds (int or float)"),
+    "deadline": ((int, float), "a time.monotonic() deadline (int or float)"),
+    "scope": (str, "a str"),
+    "signal": (int, "an int signal number (e.g. signal.SIGTERM) or None"),
+    "kill_after": ((int, float), "a number of seconds (int or float) or None"),
+}
+
+
+def argument_type_error(function: str, **given: object) -> TypeError | None:
+    """A :class:`TypeError` naming the first argument in ``given`` of a type ``function``
+    does not take, and the type it takes (``expires(): after must be a number of seconds
+    (int or float), got str '10'``); ``None`` when every one is of a right type. ``after``
+    and ``deadline`` may not be ``None``; the others may (their default)."""
+    for name, value in given.items():
+        types, words = _TAKES[name]
+        if value is None and name not in ("after", "deadline"):
+            continue
+        if not isinstance(value, types) or (name == "signal" and isinstance(value, bool)):
+            shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+            return TypeError(
+                f"{function}(): {name} must be {words}, got {type(value).__name__} {shown}"
+            )
+    return None

@@ -23,7 +23,7 @@ The block itself, its lifecycle and its two faces: :mod:`aiotimer.client._block`
 from __future__ import annotations
 
 from aiotimer.client._block import DEFAULT_KILL_AFTER, Expires
-from aiotimer.client._block_checks import MAX_DEADLINE_AHEAD
+from aiotimer.client._block_checks import MAX_DEADLINE_AHEAD, argument_type_error
 from aiotimer.client._clients import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_SIGNAL,
@@ -99,6 +99,9 @@ def expires(
             ``0`` asks for one tier: no cancellation, the server reaps at the deadline.
 
     Raises:
+        TypeError: at once, for an argument of a wrong type; the message names it and the
+            type it takes (``expires(): after must be a number of seconds (int or
+            float), got str '10'``).
         ValueError: at once, for a block the server would reject (the message names
             the limit): an empty, too long or invalid scope, a signal outside
             ``1..MAX_SIGNAL`` (and not ``<= 0``), an ``after`` or ``kill_after`` not
@@ -114,9 +117,19 @@ def expires(
     the client can, see docs/clients.md), the block's own exception propagates
     untouched, and a cancelled task still sends its release.
     """
-    if scope is None:
-        return Expires(default_scope(), after, None, client, signal, kill_after, True)
-    return Expires(scope, after, None, client, signal, kill_after)
+    try:
+        if (signal is not None and (not isinstance(signal, int) or isinstance(signal, bool))) or (
+            scope is not None and not isinstance(scope, str)
+        ):
+            raise TypeError  # a float signal, bytes as a scope, would reach the wire
+        if scope is None:
+            return Expires(default_scope(), after, None, client, signal, kill_after, True)
+        return Expires(scope, after, None, client, signal, kill_after)
+    except TypeError as exc:
+        named = argument_type_error(
+            "expires", after=after, scope=scope, signal=signal, kill_after=kill_after
+        )
+        raise (exc if named is None else named) from None
 
 
 def expires_at(
@@ -134,6 +147,16 @@ def expires_at(
     A deadline already past is sent as "expire now"; one more than
     :data:`MAX_DEADLINE_AHEAD` ahead is refused with ``ValueError`` (an epoch time).
     """
-    if scope is None:
-        return Expires(default_scope(), None, deadline, client, signal, kill_after, True)
-    return Expires(scope, None, deadline, client, signal, kill_after)
+    try:
+        if (signal is not None and (not isinstance(signal, int) or isinstance(signal, bool))) or (
+            scope is not None and not isinstance(scope, str)
+        ):
+            raise TypeError  # a float signal, bytes as a scope, would reach the wire
+        if scope is None:
+            return Expires(default_scope(), None, deadline, client, signal, kill_after, True)
+        return Expires(scope, None, deadline, client, signal, kill_after)
+    except TypeError as exc:
+        named = argument_type_error(
+            "expires_at", deadline=deadline, scope=scope, signal=signal, kill_after=kill_after
+        )
+        raise (exc if named is None else named) from None

@@ -3,19 +3,22 @@
 A server line, a counters line, then one row per worker with its open timers (soonest
 first), like ``supervisorctl status``, then the last reaps and refusals, the way
 ``systemctl status`` ends with the last lines of the log. Used by ``aiotimer status``
-and by the state summary ``aiotimer serve`` logs on SIGUSR1. Every counter it shows is
+and by the state summary ``aiotimer serve`` logs on SIGUSR1; its counters line and its
+last block (what happened) are shared with the account of an event log
+(:mod:`aiotimer.control._history`). Every counter it shows is
 explained in docs/status.md.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from typing import Final
 
 from aiotimer.control.snapshot import IncidentInfo, StatusSnapshot, TimerInfo
 from aiotimer.core._stats_format import format_seconds
 
-__all__ = ["RECENT_SHOWN", "format_status"]
+__all__ = ["RECENT_SHOWN", "format_counters", "format_incidents", "format_status"]
 
 _SHOWN_COUNTERS = (
     "requests",
@@ -72,6 +75,27 @@ def _incident(i: IncidentInfo) -> str:
     return line if len(line) <= _RECENT_WIDTH else line[: _RECENT_WIDTH - 3] + "..."
 
 
+def format_counters(counters: Mapping[str, int]) -> str:
+    """The counters line: what a server did (the cap counters only once not zero)."""
+    return "  ".join(
+        f"{k} {counters.get(k, 0):,}"
+        for k in _SHOWN_COUNTERS + _CAP_COUNTERS
+        if k in _SHOWN_COUNTERS or counters.get(k, 0)
+    )
+
+
+def format_incidents(incidents: Sequence[IncidentInfo]) -> list[str]:
+    """What happened: the last :data:`RECENT_SHOWN` reaps and refusals of
+    ``incidents`` (oldest first), one line each, under their heading; no lines when
+    there are none. The live status and the event log's account end with it."""
+    if not incidents:
+        return []
+    return [
+        "recent reaps and refusals (newest last):",
+        *(_incident(i) for i in incidents[-RECENT_SHOWN:]),
+    ]
+
+
 def format_status(snap: StatusSnapshot) -> str:
     """The human view of ``snap`` (several lines, ending with a newline)."""
     srv = snap.server
@@ -82,13 +106,7 @@ def format_status(snap: StatusSnapshot) -> str:
         f"  {where}",
         f"  {snap.timers_total:,} timers, {snap.workers_total:,} workers, {nxt}; "
         f"reaping: {srv.policy}",
-        "  "
-        + "  ".join(
-            f"{k} {snap.counters.get(k, 0):,}"
-            for k in _SHOWN_COUNTERS + _CAP_COUNTERS
-            if k in _SHOWN_COUNTERS or snap.counters.get(k, 0)
-        )
-        + f"  max loop lag {format_seconds(srv.max_loop_lag)}",
+        f"  {format_counters(snap.counters)}  max loop lag {format_seconds(srv.max_loop_lag)}",
     ]
     if srv.journal_problem is not None:
         lines.append(
@@ -137,7 +155,5 @@ def format_status(snap: StatusSnapshot) -> str:
             f"(lists cut: {len(snap.workers)} of {snap.workers_total:,} workers, "
             f"{len(snap.timers)} of {snap.timers_total:,} timers; see --limit)"
         )
-    if snap.recent:
-        lines.append("recent reaps and refusals (newest last):")
-        lines.extend(_incident(i) for i in snap.recent[-RECENT_SHOWN:])
+    lines.extend(format_incidents(snap.recent))
     return "\n".join(line.rstrip() for line in lines) + "\n"

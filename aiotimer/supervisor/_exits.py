@@ -1,16 +1,25 @@
 """How a worker process ended, in words a restart policy can act on: succeeded, crashed,
-killed by a signal, reaped by its timer, or stopped by the supervisor. Pure."""
+killed by a signal, reaped by its timer, or stopped by the supervisor; and what became
+of a rank's attempts, told in one line (:func:`attempt_story`). Pure."""
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from aiotimer.events._base import MAX_LINE_SCOPE, clip
 from aiotimer.events._supervisor import exit_phrase
 
-__all__ = ["KEPT_SCOPES", "ExitKind", "ExitReason", "classify_exit"]
+__all__ = [
+    "KEPT_SCOPES",
+    "ExitKind",
+    "ExitReason",
+    "attempt_story",
+    "classify_exit",
+    "ending_word",
+]
 
 
 class ExitKind(enum.Enum):
@@ -94,3 +103,42 @@ def classify_exit(
     else:
         kind = ExitKind.SUCCEEDED if code == 0 else ExitKind.CRASHED
     return ExitReason(kind, code, sig)
+
+
+#: How many spans of like endings a story tells before it cuts the middle out.
+_STORY_SPANS: Final[int] = 8
+
+
+def ending_word(phrase: str) -> str:
+    """The first word of an exit phrase (:func:`~aiotimer.events.exit_phrase`): what
+    became of the attempt, ``"reaped"``, ``"crashed"``, ``"killed"``, ``"stopped"``,
+    ``"succeeded"``."""
+    return phrase.split(" ", 1)[0]
+
+
+def attempt_story(endings: Sequence[str], last: str | None = None) -> str:
+    """What became of a rank's attempts, oldest first, in one line: like endings in a row
+    told once with their count, a restart between them, the last one told whole.
+
+    ``endings`` are the attempts' words (:func:`ending_word`); ``last`` the last one's
+    whole phrase (default: its word).
+
+    >>> attempt_story(["reaped", "succeeded"], "succeeded (exit code 0)")
+    'reaped, restarted, then succeeded (exit code 0)'
+    >>> attempt_story(["crashed"] * 74 + ["stopped"])
+    'crashed 74 times, restarted, then stopped'
+    """
+    if not endings:
+        return "-"
+    spans: list[list[Any]] = []
+    for word in endings[:-1]:
+        if spans and spans[-1][0] == word:
+            spans[-1][1] += 1
+        else:
+            spans.append([word, 1])
+    told = [w if n == 1 else f"{w} {n} times" for w, n in spans]
+    if len(told) > _STORY_SPANS:
+        cut = len(told) - _STORY_SPANS + 1
+        told = [*told[:2], f"... ({cut} more)", *told[-(_STORY_SPANS - 3) :]]
+    final = last if last is not None else endings[-1]
+    return ", restarted, ".join([*told, ""]) + "then " + final if told else final

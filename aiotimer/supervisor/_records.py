@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Final, Protocol
 from aiotimer._edges.lifecycle import LifecycleState
 from aiotimer.events import RankStatus
 from aiotimer.events._base import clip
-from aiotimer.supervisor._exits import ExitReason
+from aiotimer.supervisor._exits import ExitReason, attempt_story, ending_word
 from aiotimer.supervisor._restart import GiveUp, Restart, RestartPolicy, SlotRecord, WorkerState
 
 if TYPE_CHECKING:
@@ -165,16 +165,15 @@ SUMMARY_EXIT_WIDTH: Final[int] = 120
 
 def format_summary(ranks: Sequence[RankStatus]) -> str:
     """The final summary as a table: one row per rank, one screen wide (its uptime is
-    the sum over its attempts); its last column says why the rank's last attempt ended
-    (how many ended before it), cut at :data:`SUMMARY_EXIT_WIDTH` characters; every
-    reason is in the event log."""
-    rows = [("rank", "state", "attempts", "start failures", "total uptime", "last exit")]
+    the sum over its attempts); its last column says what became of the rank's attempts
+    (:func:`attempt_story`: ``reaped, restarted, then succeeded (exit code 0)``), cut at
+    :data:`SUMMARY_EXIT_WIDTH` characters; every reason is in the event log, and
+    ``aiotimer status --event-log`` tells them."""
+    rows = [("rank", "state", "attempts", "start failures", "total uptime", "what happened")]
     for w in ranks:
-        exits = "-"
-        if w.reasons:
-            earlier = len(w.reasons) - 1
-            exits = clip(w.reasons[-1], SUMMARY_EXIT_WIDTH - 20)
-            exits += f" (+{earlier} earlier)" if earlier else ""
+        story = attempt_story(
+            [ending_word(r) for r in w.reasons], w.reasons[-1] if w.reasons else None
+        )
         rows.append(
             (
                 str(w.rank),
@@ -182,7 +181,7 @@ def format_summary(ranks: Sequence[RankStatus]) -> str:
                 str(w.attempts),
                 str(w.start_failures),
                 f"{w.uptime:.1f}s",
-                exits,
+                clip(story, SUMMARY_EXIT_WIDTH),
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]

@@ -128,15 +128,15 @@ class RestartPolicy:
     Args:
         scope: restart the failed worker alone or the whole group.
         max_restarts: restarts allowed within ``window`` seconds (0: never restart).
-        window: the budget's sliding window in seconds (``math.inf``: the budget never
-            refills, as in torch).
+        window: the budget's sliding window in seconds, > 0 (``math.inf``: no window,
+            the budget counts every restart and never refills, as in torch).
         backoff: the delay before each restart.
         min_uptime: an attempt that ends sooner without having sent a timer request is
             a start failure.
         no_restart_exit_codes: exit codes that mean "do not restart me".
 
     Raises:
-        ValueError: a negative count or duration.
+        ValueError: a negative count or duration, or a zero window.
     """
 
     scope: RestartScope = RestartScope.WORKER
@@ -150,6 +150,10 @@ class RestartPolicy:
         if self.max_restarts < 0:
             raise ValueError(f"max_restarts must be >= 0, got {self.max_restarts}")
         _check_seconds("window", self.window, infinite=True)
+        if self.window == 0:  # it would count no restart, and the run would never give up
+            raise ValueError(
+                "window must be > 0 seconds, or math.inf for no window (every restart counts)"
+            )
         _check_seconds("min_uptime", self.min_uptime)
 
 

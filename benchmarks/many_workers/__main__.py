@@ -8,6 +8,7 @@ import shlex
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from benchmarks._util import format_table
 from benchmarks.many_workers.measure import RunResult, run_one
@@ -38,6 +39,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         help="comma-separated servers (default: all, torch ones when torch imports)",
     )
     parser.add_argument("--quick", action="store_true", help="short runs: under 2 minutes")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 when a verdict is MISSED (default: exit 0 after a measurement, "
+        "whatever it shows)",
+    )
     parser.add_argument("--out", default="many-workers-results", help="output directory")
     parser.add_argument("--duration", type=float, help="seconds of blocks per run (20; quick 3)")
     parser.add_argument("--rate", type=float, default=10.0, help="blocks/s per worker (10)")
@@ -63,18 +70,36 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def _specs(names: str, torch: str | None) -> list[ServerSpec]:
+def _specs(names: str, torch: str | None) -> tuple[list[ServerSpec], list[str]]:
+    """The servers to run, and why each asked for is skipped (``name: reason``)."""
     by_name = {s.name: s for s in SPECS}
     chosen: list[ServerSpec] = []
+    skipped: list[str] = []
     for name in names.split(","):
         if name not in by_name:
             raise SystemExit(f"unknown server {name!r}; choose from {', '.join(by_name)}")
         spec = by_name[name]
         if spec.needs_torch and torch is None:
-            print(f"torch is not importable: skipping {name}", file=sys.stderr)
+            skipped.append(f"{name}: torch is not importable")
             continue
         chosen.append(spec)
-    return chosen
+    for why in skipped:
+        print(f"SKIPPED {why}", file=sys.stderr)
+    return chosen, skipped
+
+
+def conclude(runs: list[dict[str, Any]], *, check: bool) -> int:
+    """Print what the runs show: the headline, each verdict (OK or MISSED) and the
+    notes; return the exit status: 0 after a measurement, whatever it shows, unless
+    ``check`` asks for 1 when a verdict is MISSED."""
+    print(headline(runs))
+    ok = True
+    for claim, holds in verdicts(runs):
+        print(f"{'OK    ' if holds else 'MISSED'} {claim}")
+        ok = ok and holds
+    for warning in warnings(runs):
+        print(f"NOTE   {warning}")
+    return 1 if check and not ok else 0
 
 
 def _summary(runs: list[RunResult]) -> str:
@@ -104,7 +129,8 @@ def _summary(runs: list[RunResult]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the comparison and write the report; 0 when every verdict holds."""
+    """Run the comparison and write the report; 0 once measured (with ``--check``: 1
+    when a verdict is MISSED)."""
     args = _parse(argv)
     try:
         import matplotlib  # noqa: F401, PLC0415
@@ -112,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError as error:
         raise SystemExit(MISSING_EXTRA.format(error=error)) from None
     torch = torch_version()
-    specs = _specs(args.servers, torch)
+    specs, skipped = _specs(args.servers, torch)
     sizes = [int(n) for n in args.workers.split(",")]
     try:
         import uvloop  # noqa: F401, PLC0415
@@ -143,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     config = {
         "workers": sizes,
         "servers": [s.name for s in specs],
+        "skipped": skipped,
         "duration_s": args.duration,
         "rate_per_worker": args.rate,
         "timeout_s": args.timeout,
@@ -162,19 +189,15 @@ def main(argv: list[str] | None = None) -> int:
         "runs": [r.to_json() for r in runs],
     }
     paths = write_all(results, Path(args.out))
+    for why in skipped:  # said first: the table and the verdicts below lack it
+        print(f"SKIPPED {why}: no comparison with it is made")
     print(_summary(runs))
     for r in runs:
         for state in r.missed_states[:3]:
             print(f"missed ({r.server} x {r.workers}): {state}")
-    print(headline(results["runs"]))
-    ok = True
-    for claim, holds in verdicts(results["runs"]):
-        print(f"{'OK    ' if holds else 'MISSED'} {claim}")
-        ok = ok and holds
-    for warning in warnings(results["runs"]):
-        print(f"NOTE   {warning}")
+    status = conclude(results["runs"], check=args.check)
     print(f"wrote {', '.join(str(p) for p in paths)} in {config['wall_s']} s")
-    return 0 if ok else 1
+    return status
 
 
 if __name__ == "__main__":

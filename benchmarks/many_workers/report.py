@@ -138,7 +138,7 @@ def _plot(runs: Sequence[dict[str, Any]], out: Path) -> None:
             ax.step(values, ys, where="post", label=label, color=colours[run["server"]])
         ax.set_xscale("log")
         ax.set_title(f"{size} workers")
-        ax.set_xlabel("reap latency after the deadline (ms, log)")
+        ax.set_xlabel("reap latency after the deadline (ms, log scale: no zero)")
         ax.set_ylabel("fraction of hangs reaped")
         ax.set_ylim(0, 1.02)
         ax.grid(True, which="both", alpha=0.3)
@@ -156,7 +156,7 @@ def _plot(runs: Sequence[dict[str, Any]], out: Path) -> None:
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("worker processes")
-    ax.set_ylabel("reap latency p99 (ms, log)")
+    ax.set_ylabel("reap latency p99 (ms, log scale: no zero)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -170,6 +170,7 @@ def _plot(runs: Sequence[dict[str, Any]], out: Path) -> None:
         cpu_ax.plot(xs, [r["cpu_percent"] for r in mine], marker="o", label=server)
         rss_ax.plot(xs, [r["rss_mb"] for r in mine], marker="o", label=server)
     for ax, what in ((cpu_ax, "server CPU (% of one core)"), (rss_ax, "server peak RSS (MB)")):
+        ax.set_ylim(bottom=0)  # from zero: a 0.5 MB change must not look steep
         ax.set_xscale("log", base=2)
         ax.set_xlabel("worker processes")
         ax.set_ylabel(what)
@@ -196,6 +197,16 @@ def _verdict_items(runs: list[dict[str, Any]]) -> str:
     ]
     items += [f'<li class="note">NOTE: {html.escape(w)}</li>' for w in warnings(runs)]
     return "".join(items)
+
+
+def _skipped(results: dict[str, Any]) -> str:
+    """The servers asked for and not run, and why: said before anything else."""
+    skipped = results["config"].get("skipped", [])
+    return "".join(
+        f'<p class="missed"><strong>SKIPPED {html.escape(why)}</strong>: no comparison '
+        "with it is made below.</p>\n"
+        for why in skipped
+    )
 
 
 def _cpu_table(runs: list[dict[str, Any]]) -> str:
@@ -244,7 +255,7 @@ th {{ background: #f3f3f3; }} img {{ max-width: 100%; }}
 .ok {{ color: #17612a; }} .missed {{ color: #a01818; }} .note {{ color: #8a5a00; }}
 </style></head><body>
 <h1>Many workers: reap latency, false kills, missed reaps, server cost</h1>
-<p class="headline">{html.escape(headline(runs))}</p>
+{_skipped(results)}<p class="headline">{html.escape(headline(runs))}</p>
 <ul class="verdicts">{_verdict_items(runs)}</ul>
 {_cpu_table(runs)}
 <p>Command: <code>{html.escape(results["command"])}</code>. Latency is measured from each
