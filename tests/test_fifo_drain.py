@@ -1,6 +1,6 @@
 """Before an expiry, a server reading a real FIFO applies what the pipe holds for the
-due workers (and all before it), and nothing more: a flood of other workers' lines is
-left to the reader, so it never delays the reap.
+due workers, and nothing more: a flood of other workers' lines, before or after theirs,
+is left to the reader, in order, so it never delays the reap.
 
 The loop is stalled on purpose: the test writes to the pipe and moves the (fake) clock
 without awaiting, so the FIFO's reader task cannot run, then hands the server one
@@ -135,8 +135,7 @@ async def test_a_release_behind_a_backlog_wins_and_the_flood_after_it_waits(
     async with rig(tmp_path) as r:
         r.server.submit(Request(DUE, "a", 1.0, KILL, mono=1.0))
         r.server.submit(Request(OTHER_DUE, "b", 1.0, KILL, mono=1.0))
-        # Little before the release (the drain budget bounds what is applied before an
-        # expiry), a lot after it.
+        # Lines before the release and after it.
         before, after = flood(400), flood(r.capacity // 2 // 70, first_pid=fake_pid(6000))
         r.write(before + release(DUE, "a") + after)
         applied = r.requests()
@@ -144,9 +143,10 @@ async def test_a_release_behind_a_backlog_wins_and_the_flood_after_it_waits(
         # DUE released in time; OTHER_DUE, named nowhere, reaped at once.
         assert r.reaper.signals() == [(OTHER_DUE, KILL)]
         assert [e.pid for e in r.events if isinstance(e, TimerExpired)] == [OTHER_DUE]
-        # Applied when it acted: the lines up to the release, not the flood after it.
+        # Applied when it acted: the release alone (and the tick), not the flood around
+        # it, left to the reader in order.
         lines_before = before.count(b"\n")
-        assert r.requests() == applied + lines_before + 1 + 1  # + the release, the tick
+        assert r.requests() == applied + 1 + 1
         # Peeking, the lines after the release were left in the pipe: writers waiting
         # for room there were not woken.
         assert r.in_pipe() == (len(after) if peeking else 0)
@@ -171,11 +171,12 @@ async def test_a_due_worker_named_nowhere_is_reaped_before_any_of_the_flood(
 
 
 @pytest.mark.asyncio
-async def test_an_expired_acquire_applied_first_is_looked_for_before_it_is_reaped(
+async def test_an_expired_acquire_of_another_worker_waits_and_its_release_wins_too(
     tmp_path: pathlib.Path,
 ) -> None:
-    """The drain applies an acquire that has expired already (LATE's): its worker is
-    looked for in turn, and its release, further on in the pipe, wins."""
+    """An acquire that has expired already (LATE's) before a due worker's release: the
+    drain leaves it to the reader, in order (it names no due worker); once the reader
+    applies it, its worker is due, and its release, further on in the pipe, wins."""
     async with rig(tmp_path) as r:
         r.server.submit(Request(DUE, "a", 1.0, KILL, mono=1.0))
         chunk = flood(200)
@@ -193,7 +194,7 @@ async def test_an_expired_acquire_applied_first_is_looked_for_before_it_is_reape
         assert r.reaper.signals() == []
         assert r.server.get_state().timers == ()
         lines = chunk.count(b"\n")
-        assert r.requests() == applied + 2 * lines + 3 + 1
+        assert r.requests() == applied + 1 + 1  # DUE's release alone, and the tick
         await settle_all(r, applied + 2 * lines + 3 + rest.count(b"\n") + 1)
         assert r.reaper.signals() == []
 

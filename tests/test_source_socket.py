@@ -334,10 +334,14 @@ async def test_a_connection_is_drained_only_when_its_own_peer_is_due() -> None:
         me = os.getpid()
         connection = _Connection(server_end, peer_credentials(server_end), "s", 4096)
         client_end.send(encode(Request(me, "a", -1, 0)))
+        connection.hold()
         assert connection.look({me + 1}) is False  # not due: left unread
         assert connection.look({me + 1, me}) is True
         batch = connection.step()
         assert batch is not None
         assert [(r.pid, r.scope_id) for r in batch.requests] == [(me, "a")]
         assert connection.step() is None  # nothing more queued
+        client_end.send(encode(Request(me, "b", -1, 0)))
+        assert connection.look(None) is False  # sent after the decision: the reader's
+        connection.hold()
         assert connection.look(None) is True  # anyone: read it

@@ -37,13 +37,16 @@ How it works:
 
 from __future__ import annotations
 
+import array
 import contextlib
+import fcntl
 import os
 import pathlib
 import select
 import socket
 import stat
 import struct
+import termios
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Final
@@ -297,7 +300,7 @@ class SocketSource:
                         await anyio.lowlevel.checkpoint()
                     else:
                         await anyio.wait_readable(conn)
-                    batch = connection.step()
+                    batch = connection.receive()
                     if batch is not None and (batch.requests or batch.rejections):
                         sink.submit(batch, self._name)
 
@@ -309,9 +312,11 @@ class _Connection:
     """One accepted connection: its decoder, and its drain (a
     :class:`~aiotimer.sources._base.Drain`). Every request it accepts names its peer
     (the others are rejected), so only an expiry of the peer's own timers needs it
-    drained."""
+    drained; then every message queued on it when the decision was made
+    (:meth:`hold`) is applied, however many: the queue is the peer's own, so what
+    other peers send costs this drain nothing."""
 
-    __slots__ = ("_conn", "_decoder", "_peer", "ended", "held", "name")
+    __slots__ = ("_conn", "_decoder", "_limit", "_peer", "_received", "ended", "held", "name")
 
     def __init__(self, conn: socket.socket, peer: Peer, name: str, max_line: int) -> None:
         self._conn = conn
@@ -321,12 +326,31 @@ class _Connection:
         self.ended = False
         #: What a message held past one step's lines, decoded by the next steps.
         self.held = b""
+        self._received = 0  # bytes received so far
+        self._limit = 0  # the drain's bound: bytes received plus those queued at hold()
+
+    def hold(self) -> None:
+        """A decision is made now: bound the drain to the messages queued now."""
+        if not self.ended:
+            self._limit = self._received + _queued(self._conn)
 
     def look(self, pids: AbstractSet[int] | None) -> bool:
-        """``True`` when the peer is one of ``pids`` (what it sent may concern it)."""
-        return not self.ended and (pids is None or self._peer.pid in pids)
+        """``True`` when the peer is one of ``pids`` and messages it sent before the
+        decision are still to decode."""
+        return (
+            not self.ended
+            and (pids is None or self._peer.pid in pids)
+            and (bool(self.held) or self._received < self._limit)
+        )
 
     def step(self) -> Decoded | None:
+        """The drain's step: :meth:`receive`, within the bound; ``None`` once every
+        message queued at the decision was decoded."""
+        if self.ended or (not self.held and self._received >= self._limit):
+            return None
+        return self.receive()
+
+    def receive(self) -> Decoded | None:
         """Decode the next message (or the rest of one: at most one step's lines, see
         :mod:`aiotimer.sources._budget`): what it held, bound to the peer (at end of
         stream: the partial line held, rejected); ``None`` when nothing is queued or it
@@ -341,6 +365,7 @@ class _Connection:
                 return None
             except OSError:
                 chunk = b""  # ECONNRESET: the peer is gone, as at end of stream
+            self._received += len(chunk)
         end = lines_end(chunk)
         if end < len(chunk):
             chunk, self.held = chunk[:end], chunk[end:]
@@ -349,3 +374,14 @@ class _Connection:
         if batch.requests or batch.rejections:
             return _bind_to_peer(batch, self._peer)
         return batch
+
+
+def _queued(conn: socket.socket) -> int:
+    """Bytes queued on ``conn`` (``FIONREAD``: every message, for a Unix socket); 0 if
+    it cannot tell (a closed socket)."""
+    count = array.array("i", [0])
+    try:
+        fcntl.ioctl(conn.fileno(), termios.FIONREAD, count)
+    except OSError:
+        return 0
+    return count[0]

@@ -1,0 +1,170 @@
+"""A release sent before the deadline always wins, under contention, with real
+processes: a rank flooding the FIFO of ``aiotimer run`` with lines that name every
+process, the same flood by another user through a ``--mode 0622`` FIFO, and a server
+stopped (SIGSTOP) while 20 socket clients keep sending. No healthy worker is killed,
+and hung workers are still reaped, a bounded time late.
+
+Healthy workers loop ``with expires(after=1.0): sleep(0.2)``, each block with its own
+scope, and log when each release returned. A kill is counted against the server only
+when the expired block's release had returned before its deadline (it was in the pipe
+or the socket then): a release that a full pipe held up past the deadline may be
+reaped, and is not counted. Each scenario runs several times, as the faults it guards
+against struck some runs only; the bounds are generous for a loaded 2-core machine
+(the server under test competes with the flood for the CPU).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _procs import BOUND, env, events, wait_for_marker
+
+pytestmark = [pytest.mark.process, pytest.mark.timeout(120)]
+
+#: How late a hung worker may be reaped under the flood (the p99 of its samples).
+LATE_BOUND = 0.25
+
+# One healthy worker: blocks of 0.2 s with a 1 s timeout, each logged when its release
+# returned, with the block's deadline (monotonic).
+HEALTHY = r"""
+import os, sys, time
+from aiotimer import expires
+name = sys.argv[1]
+log = os.open(sys.argv[2], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+k = 0
+while True:
+    k += 1
+    scope = f"{name}-{k}"
+    deadline = time.monotonic() + 1.0
+    with expires(after=1.0, scope=scope):
+        time.sleep(0.2)
+    os.write(log, f"{scope} {time.monotonic()} {deadline}\n".encode())
+"""
+
+# The flood: 4 KiB writes of {"pid": N} for every process under /proc, forever.
+FLOOD = r"""
+import os, sys
+fd = os.open(sys.argv[1], os.O_WRONLY)
+while True:
+    pids = [name for name in os.listdir("/proc") if name.isdigit()]
+    data = b"".join(b'{"pid":%s}\n' % p.encode() for p in pids)
+    while data:
+        cut = data.rfind(b"\n", 0, 4096) + 1
+        os.write(fd, data[:cut])
+        data = data[cut:]
+"""
+
+# A rank of ``aiotimer run``: rank 0 floods, ranks 1-5 are healthy, ranks 6-7 hang.
+RANK = r"""
+import os, sys, time
+rank = int(os.environ["RANK"])
+fifo, logs = os.environ["AIOTIMER_FIFO"], sys.argv[1]
+if rank == 0:
+    sys.argv = ["flood", fifo]
+    exec(FLOOD)
+elif rank <= 5:
+    sys.argv = ["healthy", f"r{rank}p{os.getpid()}", os.path.join(logs, f"{rank}.log")]
+    exec(HEALTHY)
+else:
+    from aiotimer import expires
+    with expires(after=0.5, scope="hung"):
+        time.sleep(3600)
+"""
+
+
+def returned_in_time(logs: Path) -> dict[str, tuple[float, float]]:
+    """Each logged block: scope -> (when its release returned, its deadline)."""
+    out: dict[str, tuple[float, float]] = {}
+    for path in logs.glob("*.log"):
+        for raw in path.read_text().splitlines():
+            parts = raw.split()
+            if len(parts) == 3:
+                out[parts[0]] = (float(parts[1]), float(parts[2]))
+    return out
+
+
+def false_kills(records: Sequence[dict[str, Any]], logs: Path) -> list[str]:
+    """Expired blocks of healthy workers whose release had returned before the deadline."""
+    blocks = returned_in_time(logs)
+    wrong = []
+    for record in records:
+        if record["event"] != "timer_expired":
+            continue
+        scope = str(record["scope_id"])
+        done = blocks.get(scope)
+        if done is not None and done[0] < done[1]:
+            wrong.append(f"{scope}: released {done[1] - done[0]:.3f} s before its deadline")
+    return wrong
+
+
+def hung_lateness(records: Sequence[dict[str, Any]]) -> list[float]:
+    return [
+        float(r["late"])
+        for r in records
+        if r["event"] == "timer_expired" and str(r["scope_id"]).startswith("hung")
+    ]
+
+
+def p99(samples: Sequence[float]) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+
+
+@contextmanager
+def running(argv: list[str], **kwargs: Any) -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen(argv, env=env(), **kwargs)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=BOUND)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then wait (bounded) for it to end."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=BOUND)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=BOUND)
+
+
+def test_a_flooding_rank_gets_no_healthy_sibling_killed(tmp_path: Path) -> None:
+    """Item 1: under ``aiotimer run --nproc 8``, rank 0 floods, ranks 1-5 are healthy,
+    ranks 6-7 hang (reaped and restarted over and over). Three runs of 5 s."""
+    script = tmp_path / "rank.py"
+    script.write_text(f"FLOOD = {FLOOD!r}\nHEALTHY = {HEALTHY!r}\n{RANK}")
+    late: list[float] = []
+    for run in range(3):
+        logs = tmp_path / f"run{run}"
+        logs.mkdir()
+        log = logs / "events.jsonl"
+        argv = [
+            sys.executable, "-m", "aiotimer", "run", "--nproc", "8",
+            "--event-log", str(log), "--log-level", "ERROR",
+            "--max-restarts", "1000", "--backoff", "0.05:0.05:1", "--min-uptime", "0",
+            "--stop-timeout", "1", "--no-hang-report",
+            "--", sys.executable, str(script), str(logs),
+        ]  # fmt: skip
+        with running(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as proc:
+            time.sleep(5.0)
+            assert proc.poll() is None, f"aiotimer run ended early ({proc.returncode})"
+            stop(proc)
+        records = events(log)
+        assert returned_in_time(logs), "the healthy workers logged no block"
+        assert false_kills(records, logs) == [], f"run {run}"
+        late += hung_lateness(records)
+    assert late, "no hung worker was reaped"
+    assert p99(late) <= LATE_BOUND, f"hung workers reaped late: {sorted(late)}"
