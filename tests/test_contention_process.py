@@ -15,11 +15,13 @@ against struck some runs only; the bounds are generous for a loaded 2-core machi
 
 from __future__ import annotations
 
-import json
+import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -27,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _procs import BOUND, env, events, wait_for_marker
+from _procs import BOUND, Sentinel, env, events, wait_for_marker
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(120)]
 
@@ -168,3 +170,163 @@ def test_a_flooding_rank_gets_no_healthy_sibling_killed(tmp_path: Path) -> None:
         late += hung_lateness(records)
     assert late, "no hung worker was reaped"
     assert p99(late) <= LATE_BOUND, f"hung workers reaped late: {sorted(late)}"
+
+
+# Healthy workers in one process tree: the parent imports aiotimer once and forks
+# ``count`` children, each a healthy worker (see HEALTHY) with its own scope prefix.
+FORKED = r"""
+import os, sys, time
+from aiotimer import expires
+count, logs = int(sys.argv[1]), sys.argv[2]
+children = []
+for i in range(count):
+    pid = os.fork()
+    if pid == 0:
+        sys.argv = ["healthy", f"h{i}p{os.getpid()}", os.path.join(logs, f"{i}.log")]
+        exec(HEALTHY)
+    children.append(pid)
+for pid in children:
+    os.waitpid(pid, 0)
+"""
+
+
+def forked_workers(count: int, logs: Path, fifo: Path) -> subprocess.Popen[bytes]:
+    """``count`` healthy workers (see FORKED) on ``fifo``, in a session of their own."""
+    script = f"HEALTHY = {HEALTHY!r}\n{FORKED}"
+    return subprocess.Popen(
+        [sys.executable, "-c", script, str(count), str(logs)],
+        env={**env(), "AIOTIMER_FIFO": str(fifo)},
+        start_new_session=True,
+    )
+
+
+def end_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL ``proc``'s process group (it leads one) and wait for ``proc``."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=BOUND)
+
+
+def wait_for_blocks(logs: Path, count: int) -> None:
+    """Wait (bounded) until ``count`` workers have each logged a block."""
+    deadline = time.monotonic() + BOUND
+    while len([p for p in logs.glob("*.log") if p.stat().st_size]) < count:
+        assert time.monotonic() < deadline, "the healthy workers did not start"
+        time.sleep(0.05)
+
+
+def nobody_python() -> str:
+    """An interpreter uid 65534 may run (the test's own may live where it cannot)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root, to run the flood as another user (uid 65534)")
+    for candidate in (sys.executable, "/usr/bin/python3", "/usr/local/bin/python3"):
+        try:
+            probe = subprocess.run(
+                [candidate, "-c", "pass"], user=65534, group=65534, capture_output=True
+            )
+        except OSError:
+            continue
+        if probe.returncode == 0:
+            return candidate
+    pytest.skip("no Python interpreter that uid 65534 may run")
+
+
+def test_a_flood_by_another_user_through_a_0622_fifo_kills_no_healthy_worker(
+    tmp_path: Path,
+) -> None:
+    """Item 1, the same flood by uid 65534 through a FIFO of mode 0622: 5 healthy
+    workers, and sleeping sentinels armed with a 0.5 s timer every 0.25 s, whose reaps
+    are timed. Three runs of 4 s."""
+    python = nobody_python()
+    place = Path(tempfile.mkdtemp(prefix="aiotimer-flood-", dir="/tmp"))
+    try:
+        place.chmod(0o711)  # the other user reaches the FIFO, nothing else
+        late: list[float] = []
+        for run in range(3):
+            logs = tmp_path / f"run{run}"
+            logs.mkdir()
+            fifo, log = place / f"t{run}.fifo", logs / "events.jsonl"
+            serve = [
+                sys.executable, "-m", "aiotimer", "serve", "--fifo", str(fifo),
+                "--mode", "0622", "--event-log", str(log), "--log-level", "ERROR",
+                "--no-control",
+            ]  # fmt: skip
+            with running(serve, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as server:
+                wait_for_marker(server, fifo)
+                flood = subprocess.Popen(
+                    [python, "-c", FLOOD, str(fifo)], user=65534, group=65534, env={}
+                )
+                healthy = [sys.executable, "-c", f"HEALTHY = {HEALTHY!r}\n{FORKED}"]
+                workers = forked_workers(5, logs, fifo)
+                try:
+                    wait_for_blocks(logs, 5)
+                    late += sentinels_reaped(fifo, log, seconds=4.0)
+                finally:
+                    flood.kill()
+                    flood.wait(timeout=BOUND)
+                    end_group(workers)
+                stop(server)
+            records = events(log)
+            assert false_kills(records, logs) == [], f"run {run}"
+        assert late, "no sentinel was reaped"
+        assert p99(late) <= LATE_BOUND, f"hung workers reaped late: {sorted(late)}"
+    finally:
+        shutil.rmtree(place, ignore_errors=True)
+
+
+def sentinels_reaped(fifo: Path, log: Path, *, seconds: float) -> list[float]:
+    """Arm a sleeping sentinel with a 0.5 s timer every 0.25 s for ``seconds``; wait for
+    each to be killed (bounded); how late each was reaped (its ``timer_expired``)."""
+    armed: list[Sentinel] = []
+    try:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            sentinel = Sentinel()
+            armed.append(sentinel)
+            sentinel.arm(fifo, 0.5, scope=f"hung-{len(armed)}")
+            time.sleep(0.25)
+        for sentinel in armed:
+            sentinel.wait_dead()
+    finally:
+        for sentinel in armed:
+            sentinel.close()
+    deadline = time.monotonic() + BOUND
+    while True:  # the event log is written by a thread of the server: wait for it
+        late = hung_lateness(events(log))
+        if len(late) >= len(armed) or time.monotonic() > deadline:
+            return late
+        time.sleep(0.05)
+
+
+def test_a_stalled_socket_server_kills_no_healthy_worker(tmp_path: Path) -> None:
+    """Item 2: 20 clients on the server's Unix socket loop 0.2 s blocks with a 1 s
+    timeout; the server is stopped (SIGSTOP) for 3 s, then continued, three times.
+    Each peer then has ~30 messages queued on its connection: all are applied before
+    any deadline that fell during the stop is acted on."""
+    fifo, log, logs = tmp_path / "t.fifo", tmp_path / "events.jsonl", tmp_path / "logs"
+    logs.mkdir()
+    serve = [
+        sys.executable, "-m", "aiotimer", "serve", "--fifo", str(fifo), "--socket",
+        "--event-log", str(log), "--log-level", "ERROR", "--no-control",
+    ]  # fmt: skip
+    with running(serve, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as server:
+        wait_for_marker(server, fifo)
+        workers = forked_workers(20, logs, fifo)
+        try:
+            wait_for_blocks(logs, 20)
+            for _ in range(3):
+                time.sleep(0.5)
+                server.send_signal(signal.SIGSTOP)
+                time.sleep(3.0)
+                server.send_signal(signal.SIGCONT)
+                time.sleep(1.5)
+            assert workers.poll() is None, "the healthy workers' parent ended"
+        finally:
+            server.send_signal(signal.SIGCONT)
+            end_group(workers)
+        stop(server)
+    records = events(log)
+    assert any(r["event"] == "timer_acquired" or r["event"] == "server_started" for r in records)
+    sources = {r.get("source") for r in records if r["event"] == "request_rejected"}
+    assert not sources, f"requests rejected: {sources}"
+    assert false_kills(records, logs) == []

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from aiotimer.wire import Request, encode
 from aiotimer.wire._decoder import LineDecoder
-from aiotimer.wire._mentions import MAX_SCANNED_PIDS, mentions_end, take_due
+from aiotimer.wire._mentions import MAX_SCANNED_PIDS, mentions_end, split_junk, take_due
 
 # Pids that are prefixes, suffixes and infixes of each other's digits.
 PIDS = st.sampled_from([1, 2, 12, 21, 123, 1234, 2341, 12345, 41234, 9])
@@ -151,3 +151,30 @@ def test_a_flood_of_garbage_naming_a_due_pid_is_left_to_the_reader() -> None:
     taken, left = take_due(flood + release + flood, {7}, LineDecoder())
     assert [r.scope_id for r in taken.requests] == ["s"] and not taken.rejections
     assert left == flood + flood
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    lines=st.lists(mixed_line() | st.sampled_from([b"\n", b"  \n", b"x\\y\n"]), max_size=20),
+    cut=st.integers(0, 4000),
+    tail=st.sampled_from([b"", b'{"pid": 3', b"junk"]),
+)
+def test_split_junk_keeps_every_request_in_order_and_junk_is_only_rejections(
+    lines: list[bytes], cut: int, tail: bytes
+) -> None:
+    stream = b"".join(lines) + tail
+    cut = min(cut, len(stream))
+    whole = LineDecoder()
+    whole.feed(stream[:cut])
+    partial = whole.pending > 0
+    expected = whole.feed(stream[cut:])
+    split = LineDecoder()
+    split.feed(stream[:cut])
+    candidates, junk = split_junk(stream[cut:], partial=partial)
+    got = split.feed(candidates)
+    assert got.requests == expected.requests
+    assert split.pending == whole.pending
+    for line in junk:
+        one = LineDecoder().feed(line + b"\n")
+        assert not one.requests and len(one.rejections) == 1
+    assert len(got.rejections) + len(junk) == len(expected.rejections)

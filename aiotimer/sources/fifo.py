@@ -68,8 +68,8 @@ from aiotimer.sources._trickle import (
     shortest_lead,
     trickle_interval,
 )
-from aiotimer.wire import MAX_LINE_BYTES, Decoded, LineDecoder
-from aiotimer.wire._mentions import mentions_end
+from aiotimer.wire import MAX_LINE_BYTES, Decoded, LineDecoder, Rejection
+from aiotimer.wire._mentions import mentions_end, split_junk
 
 __all__ = [
     "BACKLOG_LIMIT",
@@ -93,6 +93,15 @@ MAX_READS_PER_WAKE: Final[int] = 16
 #: filled by the server's drain before an expiry; see :class:`_Reader`). Clients count
 #: these bytes as delivered, so the backlog is bounded: one pipe's worth.
 BACKLOG_LIMIT: Final[int] = 2 * PIPE_SIZE
+
+#: A chunk with this many bad lines makes the reader set aside, in the next, the lines
+#: that cannot be requests (a flood of garbage then costs a scan, not a decode).
+FLOODED: Final[int] = 64
+#: How often lines set aside in a flood are reported (seconds).
+JUNK_REPORT_INTERVAL: Final[float] = 0.25
+_NOT_A_REQUEST: Final[str] = (
+    "not a request (no scope_id key); one of many such lines in a flood, counted, not decoded"
+)
 
 logger = logging.getLogger("aiotimer")
 
@@ -242,7 +251,11 @@ class _Reader:
         "_chunk_size",
         "_decoder",
         "_fd",
+        "_flooded",
         "_interval",
+        "_junk",
+        "_junk_due",
+        "_junk_sample",
         "_leads",
         "_limit",
         "_lines",
@@ -285,6 +298,10 @@ class _Reader:
         self._pids: AbstractSet[int] | None = None  # the current pass's workers
         self._pipe_done = True  # the pass has taken in what it needs of the pipe
         self._waiting: asyncio.Future[None] | None = None  # the read loop's wait for input
+        self._flooded = False  # the last chunk held at least FLOODED bad lines
+        self._junk = 0  # lines set aside as junk, not reported yet
+        self._junk_sample = b""  # the first of them
+        self._junk_due = 0.0  # when to report them (monotonic)
         self._peek = open_peek(fd)  # None: the drain reads the pipe instead
 
     def close(self) -> None:
@@ -321,7 +338,7 @@ class _Reader:
         if len(backlog) >= BACKLOG_LIMIT:
             # No room for the rest of the pipe's part: decode the front in order, as
             # the read loop would, to make some (late, never wrong).
-            return self._decoder.feed(backlog.take(self._chunk_size))
+            return self._decode(backlog.take(self._chunk_size))
         self._pull()
         return Decoded()
 
@@ -362,7 +379,7 @@ class _Reader:
 
     def _feed(self, chunk: bytes) -> bool:
         """Decode ``chunk`` and submit what it held; ``True`` if it held anything."""
-        batch = self._decoder.feed(chunk)
+        batch = self._decode(chunk)
         if batch.requests or batch.rejections:
             if len(chunk) < self._chunk_size and self._interval > 0:
                 # A short read (a trickle, maybe): how soon its acquires fall due.
@@ -370,6 +387,42 @@ class _Reader:
             self._sink.submit(batch, self.name)
             return True
         return False
+
+    def _decode(self, chunk: bytes) -> Decoded:
+        """Decode ``chunk``, the stream's next bytes (see :meth:`_decode_flooded`)."""
+        if self._flooded:
+            return self._decode_flooded(chunk)
+        batch = self._decoder.feed(chunk)
+        self._flooded = len(batch.rejections) >= FLOODED
+        return batch
+
+    def _decode_flooded(self, chunk: bytes) -> Decoded:
+        """Decode ``chunk`` when the last one held :data:`FLOODED` bad lines or more:
+        the lines that cannot be requests (:func:`~aiotimer.wire._mentions.split_junk`)
+        cost a scan, not a decode; they are counted, and reported as rejections (the
+        first with its exact reason) every :data:`JUNK_REPORT_INTERVAL` seconds and when
+        the flood ends, so a flood costs a bounded number of events too. Back to plain
+        decoding once a chunk holds fewer."""
+        candidates, junk = split_junk(chunk, partial=self._decoder.pending > 0)
+        batch = self._decoder.feed(candidates)
+        if junk:
+            if not self._junk:
+                self._junk_sample = junk[0]
+            self._junk += len(junk)
+        self._flooded = len(junk) >= FLOODED
+        if self._junk:
+            now = time.monotonic()
+            if not self._flooded or now >= self._junk_due:
+                self._junk_due = now + JUNK_REPORT_INTERVAL
+                batch.rejections += self._junk_rejections()
+        return batch
+
+    def _junk_rejections(self) -> list[Rejection]:
+        """The rejections of the lines set aside since the last report (and reset)."""
+        sample, count = self._junk_sample, self._junk
+        self._junk, self._junk_sample = 0, b""
+        first = self._lines.feed(sample + b"\n").rejections[:1]
+        return first + [Rejection.of(_NOT_A_REQUEST, sample)] * (count - len(first))
 
     async def run(self) -> None:
         """Decode the backlog, then what the pipe holds, a chunk at a time; forever."""
@@ -383,6 +436,8 @@ class _Reader:
             await self._run(loop)
         finally:
             loop.remove_reader(self._fd)
+            if self._junk:  # counted, not reported yet
+                self._sink.submit(Decoded(rejections=self._junk_rejections()), self.name)
 
     def _wake_loop(self) -> None:
         """End the read loop's wait for input, if it waits (the pipe is readable, or the

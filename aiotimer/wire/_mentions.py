@@ -46,7 +46,7 @@ from typing import Final
 
 from aiotimer.wire._decoder import Decoded, LineDecoder
 
-__all__ = ["MAX_SCANNED_PIDS", "due_lines", "mentions_end", "scanned", "take_due"]
+__all__ = ["MAX_SCANNED_PIDS", "due_lines", "mentions_end", "scanned", "split_junk", "take_due"]
 
 #: The most pids one scan looks for; with more, every complete line may concern them.
 MAX_SCANNED_PIDS: Final[int] = 64
@@ -198,3 +198,37 @@ def _without(data: bytes, spans: list[tuple[int, int]]) -> bytes:
         pos = end
     parts.append(data[pos:])
     return b"".join(parts)
+
+
+def split_junk(data: bytes, *, partial: bool) -> tuple[bytes, list[bytes]]:
+    """Cut ``data`` into what may hold requests, in order, and the complete lines that
+    cannot (no ``scope_id`` key spelt out and no backslash, see the module docs; blank
+    lines, which decode to nothing, are dropped): ``(candidates, junk)``.
+
+    ``candidates`` keeps an incomplete last line, and, when ``partial`` (a decoder
+    holds the start of a line that ``data`` continues), the first line whatever it
+    holds. Decoding ``candidates`` yields exactly the requests decoding ``data`` would,
+    in the same order; ``junk`` holds only lines that decode to a rejection each.
+    """
+    if data.find(_KEY) == -1 and data.find(b"\\") == -1:
+        keep: list[bytes] = []
+        lines = data.split(b"\n")
+        tail = lines.pop()
+        if partial and lines:
+            keep.append(lines[0] + b"\n")
+            del lines[0]
+        junk = [line for line in lines if line and not line.isspace()]
+        keep.append(tail)
+        return b"".join(keep), junk
+    lines = data.split(b"\n")
+    tail = lines.pop()
+    kept, junk = [], []
+    for i, line in enumerate(lines):
+        if (partial and i == 0) or _KEY in line or b"\\" in line:
+            kept.append(line)
+        elif line and not line.isspace():
+            junk.append(line)
+    if kept:
+        kept.append(tail)
+        return b"\n".join(kept), junk
+    return tail, junk
