@@ -45,6 +45,7 @@ OPS = st.lists(
         st.tuples(st.just("take"), st.integers(1, 200)),
         st.tuples(st.just("pass"), st.sets(PIDS, min_size=1, max_size=3) | st.none()),
         st.tuples(st.just("step"), st.integers(1, 300)),
+        st.tuples(st.just("names"), st.just(0)),
     ),
     max_size=40,
 )
@@ -75,6 +76,18 @@ def test_the_reader_and_the_drain_share_the_backlog(
         elif op == "take":
             assert isinstance(arg, int)
             apply(decoder.feed(backlog.take(arg)))
+        elif op == "names":
+            # A pass begins: when the scan says none of its lines names the pass's
+            # workers, none decodes to a request of theirs.
+            backlog.rewind()
+            if pids is not None:
+                partial = backlog.at_front and decoder.pending > 0
+                if not backlog.names(pids, partial=partial):
+                    ahead = copy.deepcopy(backlog)
+                    probe = copy.copy(decoder)
+                    while ahead:
+                        found = probe.feed(ahead.take(PIECE)).requests
+                        assert not [r for r in found if r.pid in pids]
         elif op == "pass":
             pids = None if arg is None else frozenset(arg)  # type: ignore[arg-type]
             backlog.rewind()

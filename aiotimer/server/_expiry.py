@@ -13,19 +13,31 @@ acquire due sooner; later: the earliest timer was released). With the production
 that is one ``timerfd_settime`` and wakes nobody, so the task wakes only for a deadline
 that is still live.
 
-Before acting on expired timers (:meth:`Expiry.expire_due`) the engine asks the sources'
-*drains* (the protocol in :mod:`aiotimer.sources._base`) about the workers whose timers
-are due (:meth:`~aiotimer.core._table.TimerTable.due_pids`, a peek; about anyone when
-more than :data:`EXPIRE_BUDGET` heap entries are due): each takes in what its transport
-holds right now and returns, a step at a time, the batches that may concern them, which
-the engine applies (:class:`~aiotimer.server._ingest.Ingest`). So a release that reached
-the FIFO before the deadline wins, even when this loop was stalled (a SIGSTOP, a GC or
-VM pause) and wakes up after it: the stall is the server's lateness, not the worker's.
-Only input that may name a due worker is decoded and applied first (with whatever
-precedes it); a FIFO flooded by other workers costs a byte scan of the pipe's contents,
-not their decoding (:mod:`aiotimer.wire._mentions`). Applying input may make more timers
-due; their workers are looked for in turn. A timer is acted on once its worker was looked
-for, or once the drains' batches have cost :data:`DRAIN_BUDGET` of CPU time.
+Before acting on expired timers (:meth:`Expiry.expire_due`) the engine applies what the
+sources held for their workers: *the rule* is that before a worker is acted on at
+deadline ``D``, everything its transport held for it at ``D`` is applied, so a release
+sent before the deadline always wins, even when this loop was stalled (a SIGSTOP, a GC
+or VM pause) and wakes up after it: the stall is the server's lateness, not the
+worker's. A :class:`~aiotimer.server._decision.Decision` is made at the instant the
+expiry is handled; every source's *drain* (the protocol in
+:mod:`aiotimer.sources._base`) bounds what it holds at that instant, and the decision
+names the workers to look for (:meth:`~aiotimer.core._table.TimerTable.due_pids`, a
+peek; anyone when more than :data:`EXPIRE_BUDGET` heap entries are due). The drains
+return, a step at a time, what may concern them, and the engine applies it
+(:class:`~aiotimer.server._ingest.Ingest`). Only input that names a due worker is
+decoded and applied first; a FIFO flooded by other workers costs a byte scan of what the
+pipe held, not its decoding (:mod:`aiotimer.wire._mentions`). Applying input may make
+more timers due (an acquire that had expired already); their workers are looked for in
+turn, within the same bounds. The timers due at the decision's instant are acted on once
+every worker due was looked for and the drains are done: never before. The drains' work
+is spread over turns of the loop, :data:`DRAIN_SLICE` of CPU time at most per turn: when
+a turn's share is spent, :meth:`Expiry.expire_due` returns ``False`` and the next turn
+(of the expiry task, or of :meth:`Expiry.catch_up` after a batch) carries the same
+decision on. So the reap is late, never wrong, and late by at most what the drains had
+to do with the input bounded at the decision, whatever arrives meanwhile: at most one
+pipe-full's scan plus the decoding of the lines in it that name a due worker, for a
+FIFO; the messages queued on a due worker's own connection, for a socket. Timers that
+fall due meanwhile wait for the next decision, with bounds of their own.
 
 Work per loop iteration is bounded: expired timers are popped in slices of
 :data:`EXPIRE_BUDGET` heap entries, and the expiry task yields between slices.
@@ -251,9 +263,8 @@ class Expiry:
             self.handling = False
         now = self._clock.monotonic()
         while (deadline := self._table.next_deadline(budget=EXPIRE_BUDGET)) is not None:
-            if deadline > now:
+            if deadline > now or not self.expire_due(now, slice_=math.inf):
                 break
-            self.expire_due(now, slice_=math.inf)
         self.catch_up()
 
     def expire_due(self, now: float, *, slice_: float = DRAIN_SLICE) -> bool:

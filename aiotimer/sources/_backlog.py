@@ -25,7 +25,7 @@ from typing import Final
 
 from aiotimer.sources._budget import lines_end
 from aiotimer.wire import Decoded, LineDecoder
-from aiotimer.wire._mentions import scanned, take_due
+from aiotimer.wire._mentions import mentions_end, scanned, take_due
 
 __all__ = ["PIECE", "Backlog"]
 
@@ -144,6 +144,21 @@ class Backlog:
         taken, left = take_due(data, pids, lines)
         self.put_done(left)
         return taken
+
+    def names(self, pids: AbstractSet[int] | None, *, partial: bool) -> bool:
+        """Whether a complete line of *todo* may hold a request for one of ``pids``
+        (:func:`~aiotimer.wire._mentions.mentions_end`); ``partial``: a decoder holds
+        the start of the line *todo* begins with (counted when complete)."""
+        carry = b""
+        for piece in self._todo:
+            data = carry + piece if carry else piece
+            cut = data.rfind(b"\n") + 1
+            if cut:
+                if mentions_end(data[:cut], pids, partial=partial):
+                    return True
+                partial = False
+            carry = data[cut:]
+        return False
 
     def put_done(self, data: bytes) -> None:
         """Add ``data`` (complete lines a pass left) at the end of *done*."""

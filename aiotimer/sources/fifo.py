@@ -26,14 +26,27 @@ How it works:
   every line and reads the pipe once per interval while input keeps trickling in, an
   interval bounded by how soon the acquires it read fall due
   (:mod:`aiotimer.sources._trickle`); the drain below keeps releases from being late.
-* **Before an expiry** the server's drain (:class:`_Reader`) scans what the pipe holds
-  for the due workers' pids through a copy (Linux ``tee(2)``,
-  :mod:`aiotimer.sources._pipepeek`), leaving it in the pipe, so clients waiting for room
-  do not all wake and compete with the reap for a CPU. Only the lines up to the last one
-  that may name a due worker are taken out, into the reader's backlog, decoded and
-  returned to the server to apply. Without ``tee`` the drain moves what the pipe holds
-  into the backlog (at most ``BACKLOG_LIMIT`` bytes) and scans it there. The read loop
-  decodes the backlog, a chunk at a time, before it reads the pipe again.
+* **A flood of garbage.** Once a chunk held :data:`FLOODED` bad lines, the reader sets
+  aside, in the next ones, the lines that cannot be requests (no ``scope_id`` key, see
+  :mod:`aiotimer.wire._mentions`): they cost a scan, not a decode, and are counted and
+  reported as rejections every :data:`JUNK_REPORT_INTERVAL` seconds (the first with its
+  exact reason). So a flood of ``{"pid": N}`` lines costs the server about 10 ms of CPU
+  per MiB, and the requests among them are not read seconds late.
+* **Before an expiry** the server's drain (:class:`_Reader`) applies what the FIFO held
+  for the due workers when the server decided to act (see :mod:`aiotimer.sources._base`):
+  its bound (:meth:`_Reader.hold`) is what was read so far plus what the pipe held then
+  (``FIONREAD``: at most the pipe's capacity); what is written later is never waited
+  for. It scans what the pipe holds of that bound for the due workers' pids through a
+  copy (Linux ``tee(2)``, :mod:`aiotimer.sources._pipepeek`), leaving it in the pipe,
+  so clients waiting for room do not all wake and compete with the reap for a CPU; only
+  the lines up to the last one that may name a due worker are taken out, into the
+  reader's backlog (:mod:`aiotimer.sources._backlog`, at most ``BACKLOG_LIMIT`` bytes).
+  Without ``tee`` the drain moves the bound's bytes into the backlog. Then the drain
+  takes out of the backlog, decodes and returns only the lines that name a due worker
+  (:func:`~aiotimer.wire._mentions.take_due`), leaving the others in order for the read
+  loop, which decodes the backlog, a chunk at a time, before it reads the pipe again.
+  A backlog full to its limit is decoded from its front, in order, to make room: late,
+  never wrong.
 """
 
 from __future__ import annotations
@@ -91,7 +104,8 @@ CHUNK_SIZE: Final[int] = 32768
 MAX_READS_PER_WAKE: Final[int] = 16
 #: The most bytes a reader holds read from its pipe but not decoded yet (its backlog,
 #: filled by the server's drain before an expiry; see :class:`_Reader`). Clients count
-#: these bytes as delivered, so the backlog is bounded: one pipe's worth.
+#: these bytes as delivered, so the backlog is bounded: two pipes' worth, so that a
+#: drain can always take in a full pipe on top of a backlog of one.
 BACKLOG_LIMIT: Final[int] = 2 * PIPE_SIZE
 
 #: A chunk with this many bad lines makes the reader set aside, in the next, the lines
@@ -323,7 +337,8 @@ class _Reader:
         self._backlog.rewind()
         self._pipe_done = False
         self._pull()
-        return bool(self._backlog) or not self._pipe_done
+        partial = self._backlog.at_front and self._decoder.pending > 0
+        return not self._pipe_done or self._backlog.names(pids, partial=partial)
 
     def step(self) -> Decoded | None:
         """Decode the next part of what this pass must apply and return it for the
@@ -400,8 +415,9 @@ class _Reader:
         """Decode ``chunk`` when the last one held :data:`FLOODED` bad lines or more:
         the lines that cannot be requests (:func:`~aiotimer.wire._mentions.split_junk`)
         cost a scan, not a decode; they are counted, and reported as rejections (the
-        first with its exact reason) every :data:`JUNK_REPORT_INTERVAL` seconds and when
-        the flood ends, so a flood costs a bounded number of events too. Back to plain
+        first with its exact reason) every :data:`JUNK_REPORT_INTERVAL` seconds, when
+        the flood ends and when the pipe is read to its end, so a flood costs a bounded
+        number of events too. Back to plain
         decoding once a chunk holds fewer."""
         candidates, junk = split_junk(chunk, partial=self._decoder.pending > 0)
         batch = self._decoder.feed(candidates)
@@ -416,6 +432,11 @@ class _Reader:
                 self._junk_due = now + JUNK_REPORT_INTERVAL
                 batch.rejections += self._junk_rejections()
         return batch
+
+    def _report_junk(self) -> None:
+        """Submit the rejections of the lines set aside and not reported yet, if any."""
+        if self._junk:
+            self._sink.submit(Decoded(rejections=self._junk_rejections()), self.name)
 
     def _junk_rejections(self) -> list[Rejection]:
         """The rejections of the lines set aside since the last report (and reset)."""
@@ -436,8 +457,7 @@ class _Reader:
             await self._run(loop)
         finally:
             loop.remove_reader(self._fd)
-            if self._junk:  # counted, not reported yet
-                self._sink.submit(Decoded(rejections=self._junk_rejections()), self.name)
+            self._report_junk()
 
     def _wake_loop(self) -> None:
         """End the read loop's wait for input, if it waits (the pipe is readable, or the
@@ -451,6 +471,7 @@ class _Reader:
             if self._backlog:
                 await asyncio.sleep(0)  # what anyio's checkpoint does on asyncio
             else:
+                self._report_junk()  # the flood (if any) is read: say how much of it
                 self._waiting = waiting = loop.create_future()
                 try:
                     await waiting
