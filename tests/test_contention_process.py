@@ -226,7 +226,7 @@ def nobody_python() -> str:
     for candidate in (sys.executable, "/usr/bin/python3", "/usr/local/bin/python3"):
         try:
             probe = subprocess.run(
-                [candidate, "-c", "pass"], user=65534, group=65534, capture_output=True
+                [candidate, "-c", "pass"], check=False, user=65534, group=65534, capture_output=True
             )
         except OSError:
             continue
@@ -260,7 +260,6 @@ def test_a_flood_by_another_user_through_a_0622_fifo_kills_no_healthy_worker(
                 flood = subprocess.Popen(
                     [python, "-c", FLOOD, str(fifo)], user=65534, group=65534, env={}
                 )
-                healthy = [sys.executable, "-c", f"HEALTHY = {HEALTHY!r}\n{FORKED}"]
                 workers = forked_workers(5, logs, fifo)
                 try:
                     wait_for_blocks(logs, 5)

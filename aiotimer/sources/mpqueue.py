@@ -5,8 +5,13 @@ wake-ups), then drains up to ``max_batch`` more items with ``get_nowait()``, con
 them to requests or rejections (off the event loop), queues the batch and has the loop
 submit it with one ``anyio.from_thread.run_sync`` call, which also paces the thread to
 the loop. A batch the thread has queued is also returned by the server's drain before an
-expiry (whichever workers are due), so it is applied before a deadline that fell while
-the loop was busy. To stop,
+expiry (whichever workers are due; those queued when the server decided to act, see
+:mod:`aiotimer.sources._base`), so it is applied before a deadline that fell while the
+loop was busy. What the drain cannot promise: the thread takes one batch ahead of the
+loop, so items still in the queue's pipe when the server decides are not applied first,
+nor items still in the sending process (``put()`` returns before the sender's feeder
+thread writes the item). A release put before its deadline can then lose to it when the
+server's loop stalls; the FIFO and the socket keep that promise. To stop,
 :meth:`QueueSource.serve` puts a private stop token on the queue and waits for the thread
 to end; the token is unique to that run, so a stale one never stops a later run.
 

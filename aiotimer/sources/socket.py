@@ -25,9 +25,10 @@ How it works:
   :class:`~aiotimer.wire.LineDecoder` (lines of different clients never mix) and
   hands each batch to the sink, and registers a drain (see :mod:`aiotimer.sources._base`)
   that returns what a peer sent before a deadline, for the server to apply before it
-  acts on that deadline:
-  only when one of the peer's own timers is due, as a connection carries requests for
-  its peer alone.
+  acts on that deadline: every message queued on the connection when the server decided
+  to act (``FIONREAD``), however many, and only when one of the peer's own timers is due,
+  as a connection carries requests for its peer alone (a flood by other peers costs it
+  nothing; the peer's own is bounded by what was queued at the decision).
   End of stream flushes a partial line as a rejection.
   A closed connection is not an exit by itself (a forked child may hold the socket);
   the worker's exit is seen through its pidfd as for every source.
@@ -327,26 +328,31 @@ class _Connection:
         #: What a message held past one step's lines, decoded by the next steps.
         self.held = b""
         self._received = 0  # bytes received so far
-        self._limit = 0  # the drain's bound: bytes received plus those queued at hold()
+        # The drain's bound: bytes received plus those queued at the decision (None:
+        # not measured yet in this decision).
+        self._limit: int | None = 0
 
     def hold(self) -> None:
-        """A decision is made now: bound the drain to the messages queued now."""
-        if not self.ended:
-            self._limit = self._received + _queued(self._conn)
+        """A decision is made now: the drain is bounded to the messages queued now,
+        measured when the decision first looks for the peer (at once, in the same
+        call, unless the peer falls due later in the decision), so that a decision
+        costs nothing on the connections of workers that are not due."""
+        self._limit = None
 
     def look(self, pids: AbstractSet[int] | None) -> bool:
         """``True`` when the peer is one of ``pids`` and messages it sent before the
         decision are still to decode."""
-        return (
-            not self.ended
-            and (pids is None or self._peer.pid in pids)
-            and (bool(self.held) or self._received < self._limit)
-        )
+        if self.ended or not (pids is None or self._peer.pid in pids):
+            return False
+        if self._limit is None:
+            self._limit = self._received + _queued(self._conn)
+        return bool(self.held) or self._received < self._limit
 
     def step(self) -> Decoded | None:
         """The drain's step: :meth:`receive`, within the bound; ``None`` once every
         message queued at the decision was decoded."""
-        if self.ended or (not self.held and self._received >= self._limit):
+        limit = self._received if self._limit is None else self._limit
+        if self.ended or (not self.held and self._received >= limit):
             return None
         return self.receive()
 
