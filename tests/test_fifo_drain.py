@@ -31,7 +31,7 @@ from aiotimer import TimerServer
 from aiotimer.events import Event, TimerExpired
 from aiotimer.sources import fifo
 from aiotimer.sources.fifo import FifoSource
-from aiotimer.testing import FakeClock, RecordingReaper, settle
+from aiotimer.testing import FakeClock, RecordingReaper, RecordingSink, settle
 from aiotimer.wire import Request, encode
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(30)]
@@ -214,3 +214,29 @@ async def test_a_release_split_across_the_readers_partial_line_wins(
         r.stall_until(1.0)
         assert r.reaper.signals() == []
         assert r.server.get_state().timers == ()
+
+
+def test_a_drain_never_reads_past_what_the_pipe_held_at_the_decision(peeking: bool) -> None:
+    """Lines naming the due worker written after the decision are not the drain's:
+    a flood of them cannot put the decision off; the read loop gets them, in order."""
+    r, w = os.pipe2(os.O_NONBLOCK)
+    try:
+        sink = RecordingSink()
+        reader = fifo._Reader(r, sink, "fifo:t", chunk_size=4096, max_line=4096, interval=0.0)
+        before = b"".join(release(DUE, f"b{i}") for i in range(50))
+        after = b"".join(release(DUE, f"a{i}") for i in range(50))
+        os.write(w, before)
+        reader.hold()
+        os.write(w, after)
+        assert reader.look({DUE})
+        drained = []
+        while (batch := reader.step()) is not None:
+            drained += [req.scope_id for req in batch.requests]
+        assert drained == [f"b{i}" for i in range(50)]
+        count = array.array("i", [0])
+        fcntl.ioctl(r, termios.FIONREAD, count)
+        assert count[0] == len(after)  # left in the pipe, for the read loop
+        reader.close()
+    finally:
+        os.close(r)
+        os.close(w)
