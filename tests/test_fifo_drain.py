@@ -29,6 +29,7 @@ from _pids import fake_pid
 
 from aiotimer import TimerServer
 from aiotimer.events import Event, TimerExpired
+from aiotimer.server import _expiry
 from aiotimer.sources import fifo
 from aiotimer.sources.fifo import FifoSource
 from aiotimer.testing import FakeClock, RecordingReaper, RecordingSink, settle
@@ -48,6 +49,15 @@ def peeking(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
         monkeypatch.setattr(fifo, "open_peek", lambda fd: None)
         return False
     return True
+
+
+@pytest.fixture(autouse=True)
+def one_turn(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests check what the server had applied when it acted, so each decision
+    is taken in one turn of the loop: on a loaded machine the CPU time of the first
+    pass (a copy and a scan of a pipe-full) may pass the slice a turn allows, and the
+    decision would then go on in later turns, with the reader running in between."""
+    monkeypatch.setattr(_expiry, "DRAIN_SLICE", 10.0)
 
 
 @dataclass
@@ -240,3 +250,25 @@ def test_a_drain_never_reads_past_what_the_pipe_held_at_the_decision(peeking: bo
     finally:
         os.close(r)
         os.close(w)
+
+
+@pytest.mark.asyncio
+async def test_a_decision_spread_over_many_turns_is_late_never_wrong(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no CPU time allowed per turn, every decision takes a step per turn, the
+    reader running in between: the release still wins, and the worker named nowhere
+    is reaped once the drain is done."""
+    monkeypatch.setattr(_expiry, "DRAIN_SLICE", 0.0)
+    async with rig(tmp_path) as r:
+        r.server.submit(Request(DUE, "a", 1.0, KILL, mono=1.0))
+        r.server.submit(Request(OTHER_DUE, "b", 1.0, KILL, mono=1.0))
+        before, after = flood(3000), flood(r.capacity // 2 // 70, first_pid=fake_pid(6000))
+        names = b"".join(release(DUE, f"x{i}") for i in range(500))  # no-ops naming DUE
+        r.write(before + names + release(DUE, "a") + names + after)
+        r.stall_until(1.0)
+        with anyio.fail_after(10):
+            while not r.reaper.signals():
+                await anyio.sleep(0.01)
+        assert r.reaper.signals() == [(OTHER_DUE, KILL)]
+        assert [e.pid for e in r.events if isinstance(e, TimerExpired)] == [OTHER_DUE]

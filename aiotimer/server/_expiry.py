@@ -267,19 +267,19 @@ class Expiry:
                 break
         self.catch_up()
 
-    def expire_due(self, now: float, *, slice_: float = DRAIN_SLICE) -> bool:
+    def expire_due(self, now: float, *, slice_: float | None = None) -> bool:
         """Handle the timers due at ``now``, in deadline order (one slice of them), once
         the sources' input that may concern them is applied: a release that reached a
         source before a deadline (written while this loop stalled) wins over it.
 
-        ``False``: the input is not all applied yet (``slice_`` seconds of CPU time were
-        spent on it in this call, see :data:`DRAIN_SLICE`); nothing was acted on, and
-        the next call goes on with the same decision."""
+        ``False``: the input is not all applied yet (``slice_`` seconds of CPU time,
+        :data:`DRAIN_SLICE` by default, were spent on it in this call); nothing was
+        acted on, and the next call goes on with the same decision."""
         if self.handling:  # inside this very work (a drained batch's event): it goes on
             return False
         self.handling = True
         try:
-            return self._expire_due(now, slice_)
+            return self._expire_due(now, DRAIN_SLICE if slice_ is None else slice_)
         finally:
             self.handling = False
 
