@@ -51,7 +51,7 @@ OPS = st.lists(
 )
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(lines=st.lists(line(), max_size=30), first=st.sets(PIDS, min_size=1), ops=OPS)
 def test_the_reader_and_the_drain_share_the_backlog(
     lines: list[bytes], first: set[int], ops: list[tuple[str, object]]

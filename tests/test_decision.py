@@ -11,7 +11,7 @@ from aiotimer.server._decision import Decision, Look
 DUE = st.sets(st.integers(1, 30), max_size=8) | st.none()
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(dues=st.lists(DUE, min_size=1, max_size=50))
 def test_it_acts_only_once_every_due_worker_was_looked_for_and_always_comes_to_act(
     dues: list[set[int] | None],

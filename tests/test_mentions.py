@@ -121,7 +121,7 @@ def _by_pid(requests: list[Request]) -> dict[int, list[Request]]:
     return out
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(lines=st.lists(mixed_line(), max_size=20), pids=st.sets(PIDS, max_size=3) | st.none())
 def test_take_due_takes_every_due_request_and_keeps_each_workers_order(
     lines: list[bytes], pids: set[int] | None
@@ -153,7 +153,7 @@ def test_a_flood_of_garbage_naming_a_due_pid_is_left_to_the_reader() -> None:
     assert left == flood + flood
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(
     lines=st.lists(mixed_line() | st.sampled_from([b"\n", b"  \n", b"x\\y\n"]), max_size=20),
     cut=st.integers(0, 4000),
