@@ -1,6 +1,6 @@
 """Before an expiry, a server reading a real FIFO applies what the pipe holds for the
-due workers (and all before it), and nothing more: a flood of other workers' lines is
-left to the reader, so it never delays the reap.
+due workers, and nothing more: a flood of other workers' lines, before or after theirs,
+is left to the reader, in order, so it never delays the reap.
 
 The loop is stalled on purpose: the test writes to the pipe and moves the (fake) clock
 without awaiting, so the FIFO's reader task cannot run, then hands the server one
@@ -29,9 +29,10 @@ from _pids import fake_pid
 
 from aiotimer import TimerServer
 from aiotimer.events import Event, TimerExpired
+from aiotimer.server import _expiry
 from aiotimer.sources import fifo
 from aiotimer.sources.fifo import FifoSource
-from aiotimer.testing import FakeClock, RecordingReaper, settle
+from aiotimer.testing import FakeClock, RecordingReaper, RecordingSink, settle
 from aiotimer.wire import Request, encode
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(30)]
@@ -48,6 +49,15 @@ def peeking(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
         monkeypatch.setattr(fifo, "open_peek", lambda fd: None)
         return False
     return True
+
+
+@pytest.fixture(autouse=True)
+def one_turn(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests check what the server had applied when it acted, so each decision
+    is taken in one turn of the loop: on a loaded machine the CPU time of the first
+    pass (a copy and a scan of a pipe-full) may pass the slice a turn allows, and the
+    decision would then go on in later turns, with the reader running in between."""
+    monkeypatch.setattr(_expiry, "DRAIN_SLICE", 10.0)
 
 
 @dataclass
@@ -135,8 +145,7 @@ async def test_a_release_behind_a_backlog_wins_and_the_flood_after_it_waits(
     async with rig(tmp_path) as r:
         r.server.submit(Request(DUE, "a", 1.0, KILL, mono=1.0))
         r.server.submit(Request(OTHER_DUE, "b", 1.0, KILL, mono=1.0))
-        # Little before the release (the drain budget bounds what is applied before an
-        # expiry), a lot after it.
+        # Lines before the release and after it.
         before, after = flood(400), flood(r.capacity // 2 // 70, first_pid=fake_pid(6000))
         r.write(before + release(DUE, "a") + after)
         applied = r.requests()
@@ -144,9 +153,10 @@ async def test_a_release_behind_a_backlog_wins_and_the_flood_after_it_waits(
         # DUE released in time; OTHER_DUE, named nowhere, reaped at once.
         assert r.reaper.signals() == [(OTHER_DUE, KILL)]
         assert [e.pid for e in r.events if isinstance(e, TimerExpired)] == [OTHER_DUE]
-        # Applied when it acted: the lines up to the release, not the flood after it.
+        # Applied when it acted: the release alone (and the tick), not the flood around
+        # it, left to the reader in order.
         lines_before = before.count(b"\n")
-        assert r.requests() == applied + lines_before + 1 + 1  # + the release, the tick
+        assert r.requests() == applied + 1 + 1
         # Peeking, the lines after the release were left in the pipe: writers waiting
         # for room there were not woken.
         assert r.in_pipe() == (len(after) if peeking else 0)
@@ -171,11 +181,12 @@ async def test_a_due_worker_named_nowhere_is_reaped_before_any_of_the_flood(
 
 
 @pytest.mark.asyncio
-async def test_an_expired_acquire_applied_first_is_looked_for_before_it_is_reaped(
+async def test_an_expired_acquire_of_another_worker_waits_and_its_release_wins_too(
     tmp_path: pathlib.Path,
 ) -> None:
-    """The drain applies an acquire that has expired already (LATE's): its worker is
-    looked for in turn, and its release, further on in the pipe, wins."""
+    """An acquire that has expired already (LATE's) before a due worker's release: the
+    drain leaves it to the reader, in order (it names no due worker); once the reader
+    applies it, its worker is due, and its release, further on in the pipe, wins."""
     async with rig(tmp_path) as r:
         r.server.submit(Request(DUE, "a", 1.0, KILL, mono=1.0))
         chunk = flood(200)
@@ -193,7 +204,7 @@ async def test_an_expired_acquire_applied_first_is_looked_for_before_it_is_reape
         assert r.reaper.signals() == []
         assert r.server.get_state().timers == ()
         lines = chunk.count(b"\n")
-        assert r.requests() == applied + 2 * lines + 3 + 1
+        assert r.requests() == applied + 1 + 1  # DUE's release alone, and the tick
         await settle_all(r, applied + 2 * lines + 3 + rest.count(b"\n") + 1)
         assert r.reaper.signals() == []
 
@@ -213,3 +224,51 @@ async def test_a_release_split_across_the_readers_partial_line_wins(
         r.stall_until(1.0)
         assert r.reaper.signals() == []
         assert r.server.get_state().timers == ()
+
+
+def test_a_drain_never_reads_past_what_the_pipe_held_at_the_decision(peeking: bool) -> None:
+    """Lines naming the due worker written after the decision are not the drain's:
+    a flood of them cannot put the decision off; the read loop gets them, in order."""
+    r, w = os.pipe2(os.O_NONBLOCK)
+    try:
+        sink = RecordingSink()
+        reader = fifo._Reader(r, sink, "fifo:t", chunk_size=4096, max_line=4096, interval=0.0)
+        before = b"".join(release(DUE, f"b{i}") for i in range(50))
+        after = b"".join(release(DUE, f"a{i}") for i in range(50))
+        os.write(w, before)
+        reader.hold()
+        os.write(w, after)
+        assert reader.look({DUE})
+        drained = []
+        while (batch := reader.step()) is not None:
+            drained += [req.scope_id for req in batch.requests]
+        assert drained == [f"b{i}" for i in range(50)]
+        count = array.array("i", [0])
+        fcntl.ioctl(r, termios.FIONREAD, count)
+        assert count[0] == len(after)  # left in the pipe, for the read loop
+        reader.close()
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+@pytest.mark.asyncio
+async def test_a_decision_spread_over_many_turns_is_late_never_wrong(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no CPU time allowed per turn, every decision takes a step per turn, the
+    reader running in between: the release still wins, and the worker named nowhere
+    is reaped once the drain is done."""
+    monkeypatch.setattr(_expiry, "DRAIN_SLICE", 0.0)
+    async with rig(tmp_path) as r:
+        r.server.submit(Request(DUE, "a", 1.0, KILL, mono=1.0))
+        r.server.submit(Request(OTHER_DUE, "b", 1.0, KILL, mono=1.0))
+        before, after = flood(3000), flood(r.capacity // 2 // 70, first_pid=fake_pid(6000))
+        names = b"".join(release(DUE, f"x{i}") for i in range(500))  # no-ops naming DUE
+        r.write(before + names + release(DUE, "a") + names + after)
+        r.stall_until(1.0)
+        with anyio.fail_after(10):
+            while not r.reaper.signals():
+                await anyio.sleep(0.01)
+        assert r.reaper.signals() == [(OTHER_DUE, KILL)]
+        assert [e.pid for e in r.events if isinstance(e, TimerExpired)] == [OTHER_DUE]

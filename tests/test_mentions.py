@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from aiotimer.wire import Request, encode
 from aiotimer.wire._decoder import LineDecoder
-from aiotimer.wire._mentions import MAX_SCANNED_PIDS, mentions_end
+from aiotimer.wire._mentions import MAX_SCANNED_PIDS, mentions_end, split_junk, take_due
 
 # Pids that are prefixes, suffixes and infixes of each other's digits.
 PIDS = st.sampled_from([1, 2, 12, 21, 123, 1234, 2341, 12345, 41234, 9])
@@ -91,3 +91,90 @@ def test_many_pids_count_every_complete_line() -> None:
     data = encode(Request(7, "s", -1, 0)) + b'{"pid": 8'
     pids = set(range(100, 100 + MAX_SCANNED_PIDS + 1))
     assert mentions_end(data, pids, partial=False) == data.index(b"\n") + 1
+
+
+# -- taking the due workers' lines out ------------------------------------------------------
+
+
+@st.composite
+def mixed_line(draw: st.DrawFn) -> bytes:
+    """A request line, garbage naming a pid, a request whose scope holds another pid's
+    digits, or one whose scope_id key is spelt with an escape."""
+    pid = draw(PIDS)
+    kind = draw(st.integers(0, 3))
+    if kind == 0:
+        return draw(request_line())
+    if kind == 1:
+        return (
+            draw(st.sampled_from([b'{"pid":%d}\n', b"junk %d\n", b'{"pid":%d,"scope_id":1}\n']))
+            % pid
+        )
+    if kind == 2:
+        return encode(Request(pid, f"at {draw(PIDS)}", -1, 0))
+    return b'{"pid":%d,"scope\\u005fid":"e","expiration_time":-1,"signal":0}\n' % pid
+
+
+def _by_pid(requests: list[Request]) -> dict[int, list[Request]]:
+    out: dict[int, list[Request]] = {}
+    for req in requests:
+        out.setdefault(req.pid, []).append(req)
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(lines=st.lists(mixed_line(), max_size=20), pids=st.sets(PIDS, max_size=3) | st.none())
+def test_take_due_takes_every_due_request_and_keeps_each_workers_order(
+    lines: list[bytes], pids: set[int] | None
+) -> None:
+    data = b"".join(lines)
+    whole = LineDecoder().feed(data)
+    taken, left = take_due(data, pids, LineDecoder())
+    rest = LineDecoder().feed(left)
+    # Every line is decoded once: taken now, or left, in order, for the reader.
+    assert len(taken.rejections) + len(rest.rejections) == len(whole.rejections)
+    before = _by_pid(whole.requests)
+    now, later = _by_pid(taken.requests), _by_pid(rest.requests)
+    for pid, requests in before.items():
+        if pids is None or pid in pids:
+            # A due worker's requests are all taken, in order; none is left.
+            assert now.get(pid) == requests and pid not in later
+        else:
+            # Another worker's are all left, in order.
+            assert later.get(pid) == requests and pid not in now
+
+
+def test_a_flood_of_garbage_naming_a_due_pid_is_left_to_the_reader() -> None:
+    """``{"pid": P}`` has no scope_id: it cannot be a request, so a drain leaves it."""
+    flood = b'{"pid":7}\n' * 1000
+    release = encode(Request(7, "s", -1, 0))
+    assert mentions_end(flood, {7}, partial=False) == 0
+    taken, left = take_due(flood + release + flood, {7}, LineDecoder())
+    assert [r.scope_id for r in taken.requests] == ["s"] and not taken.rejections
+    assert left == flood + flood
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    lines=st.lists(mixed_line() | st.sampled_from([b"\n", b"  \n", b"x\\y\n"]), max_size=20),
+    cut=st.integers(0, 4000),
+    tail=st.sampled_from([b"", b'{"pid": 3', b"junk"]),
+)
+def test_split_junk_keeps_every_request_in_order_and_junk_is_only_rejections(
+    lines: list[bytes], cut: int, tail: bytes
+) -> None:
+    stream = b"".join(lines) + tail
+    cut = min(cut, len(stream))
+    whole = LineDecoder()
+    whole.feed(stream[:cut])
+    partial = whole.pending > 0
+    expected = whole.feed(stream[cut:])
+    split = LineDecoder()
+    split.feed(stream[:cut])
+    candidates, junk = split_junk(stream[cut:], partial=partial)
+    got = split.feed(candidates)
+    assert got.requests == expected.requests
+    assert split.pending == whole.pending
+    for line in junk:
+        one = LineDecoder().feed(line + b"\n")
+        assert not one.requests and len(one.rejections) == 1
+    assert len(got.rejections) + len(junk) == len(expected.rejections)

@@ -1117,6 +1117,9 @@ class HeldSource:
         self.pause = pause  # wall time each step waits without using the CPU
         self._due = 0  # held requests the current drain returns
 
+    def hold(self) -> None:
+        pass
+
     def look(self, pids: AbstractSet[int] | None) -> bool:
         self.looked.append(set(pids) if pids is not None else {-1})
         named = [i for i, req in enumerate(self.held) if pids is None or req.pid in pids]

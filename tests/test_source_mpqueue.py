@@ -299,10 +299,12 @@ def test_batches_the_bridge_queued_are_submitted_by_a_drain_in_order() -> None:
     bridge = _Bridge(QueueSource(queue.Queue()), sink, cast(Any, None), cast(Any, None))
     first, second = Request(1, "a", -1, 0), Request(2, "b", -1, 0)
     bridge.pending.extend([Decoded([first], []), Decoded([second], [])])
+    bridge.hold()
     assert bridge.look({7}) is True  # whoever is due: queued batches are applied
     drained = bridge.step()
     assert drained is not None and drained.requests == [first]
     assert sink.requests == []  # returned to the server, not submitted
     bridge.flush()  # what the thread's own hand-over does: the rest, once
     assert sink.requests == [second]
+    bridge.hold()
     assert bridge.look({7}) is False and bridge.step() is None

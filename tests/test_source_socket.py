@@ -334,10 +334,35 @@ async def test_a_connection_is_drained_only_when_its_own_peer_is_due() -> None:
         me = os.getpid()
         connection = _Connection(server_end, peer_credentials(server_end), "s", 4096)
         client_end.send(encode(Request(me, "a", -1, 0)))
+        connection.hold()
         assert connection.look({me + 1}) is False  # not due: left unread
         assert connection.look({me + 1, me}) is True
         batch = connection.step()
         assert batch is not None
         assert [(r.pid, r.scope_id) for r in batch.requests] == [(me, "a")]
         assert connection.step() is None  # nothing more queued
+        client_end.send(encode(Request(me, "b", -1, 0)))
+        assert connection.look(None) is False  # sent after the decision: the reader's
+        connection.hold()
         assert connection.look(None) is True  # anyone: read it
+
+
+async def test_a_connection_is_drained_up_to_what_was_queued_at_the_decision() -> None:
+    """Messages the peer sends after the decision are not the drain's (its own flood
+    cannot put off its reap); the connection's reader gets them."""
+    server_end, client_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    with server_end, client_end:
+        server_end.setblocking(False)
+        me = os.getpid()
+        connection = _Connection(server_end, peer_credentials(server_end), "s", 4096)
+        for i in range(20):
+            client_end.send(encode(Request(me, f"b{i}", -1, 0)))
+        connection.hold()
+        assert connection.look({me})
+        client_end.send(encode(Request(me, "after", -1, 0)))
+        drained = []
+        while (batch := connection.step()) is not None:
+            drained += [r.scope_id for r in batch.requests]
+        assert drained == [f"b{i}" for i in range(20)]
+        batch = connection.receive()
+        assert batch is not None and [r.scope_id for r in batch.requests] == ["after"]

@@ -13,19 +13,31 @@ acquire due sooner; later: the earliest timer was released). With the production
 that is one ``timerfd_settime`` and wakes nobody, so the task wakes only for a deadline
 that is still live.
 
-Before acting on expired timers (:meth:`Expiry.expire_due`) the engine asks the sources'
-*drains* (the protocol in :mod:`aiotimer.sources._base`) about the workers whose timers
-are due (:meth:`~aiotimer.core._table.TimerTable.due_pids`, a peek; about anyone when
-more than :data:`EXPIRE_BUDGET` heap entries are due): each takes in what its transport
-holds right now and returns, a step at a time, the batches that may concern them, which
-the engine applies (:class:`~aiotimer.server._ingest.Ingest`). So a release that reached
-the FIFO before the deadline wins, even when this loop was stalled (a SIGSTOP, a GC or
-VM pause) and wakes up after it: the stall is the server's lateness, not the worker's.
-Only input that may name a due worker is decoded and applied first (with whatever
-precedes it); a FIFO flooded by other workers costs a byte scan of the pipe's contents,
-not their decoding (:mod:`aiotimer.wire._mentions`). Applying input may make more timers
-due; their workers are looked for in turn. A timer is acted on once its worker was looked
-for, or once the drains' batches have cost :data:`DRAIN_BUDGET` of CPU time.
+Before acting on expired timers (:meth:`Expiry.expire_due`) the engine applies what the
+sources held for their workers: *the rule* is that before a worker is acted on at
+deadline ``D``, everything its transport held for it at ``D`` is applied, so a release
+sent before the deadline always wins, even when this loop was stalled (a SIGSTOP, a GC
+or VM pause) and wakes up after it: the stall is the server's lateness, not the
+worker's. A :class:`~aiotimer.server._decision.Decision` is made at the instant the
+expiry is handled; every source's *drain* (the protocol in
+:mod:`aiotimer.sources._base`) bounds what it holds at that instant, and the decision
+names the workers to look for (:meth:`~aiotimer.core._table.TimerTable.due_pids`, a
+peek; anyone when more than :data:`EXPIRE_BUDGET` heap entries are due). The drains
+return, a step at a time, what may concern them, and the engine applies it
+(:class:`~aiotimer.server._ingest.Ingest`). Only input that names a due worker is
+decoded and applied first; a FIFO flooded by other workers costs a byte scan of what the
+pipe held, not its decoding (:mod:`aiotimer.wire._mentions`). Applying input may make
+more timers due (an acquire that had expired already); their workers are looked for in
+turn, within the same bounds. The timers due at the decision's instant are acted on once
+every worker due was looked for and the drains are done: never before. The drains' work
+is spread over turns of the loop, :data:`DRAIN_SLICE` of CPU time at most per turn: when
+a turn's share is spent, :meth:`Expiry.expire_due` returns ``False`` and the next turn
+(of the expiry task, or of :meth:`Expiry.catch_up` after a batch) carries the same
+decision on. So the reap is late, never wrong, and late by at most what the drains had
+to do with the input bounded at the decision, whatever arrives meanwhile: at most one
+pipe-full's scan plus the decoding of the lines in it that name a due worker, for a
+FIFO; the messages queued on a due worker's own connection, for a socket. Timers that
+fall due meanwhile wait for the next decision, with bounds of their own.
 
 Work per loop iteration is bounded: expired timers are popped in slices of
 :data:`EXPIRE_BUDGET` heap entries, and the expiry task yields between slices.
@@ -56,6 +68,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 import anyio
@@ -70,26 +83,26 @@ from aiotimer.reapers._policy import ReapPolicy
 from aiotimer.reapers._reaps import Reap, Reaps
 from aiotimer.reapers._steps import Step, format_plan
 from aiotimer.reapers._watch import Watchlist, WatchState
+from aiotimer.server._decision import Decision
 from aiotimer.server._ingest import Ingest
 from aiotimer.server._journal import Journal
 from aiotimer.sources._base import Drain
 from aiotimer.wire import Decoded
 
-__all__ = ["DRAIN_BUDGET", "EXPIRE_BUDGET", "LAG_THRESHOLD", "MAX_DRAIN_CALLS", "Expiry"]
+__all__ = ["DRAIN_SLICE", "EXPIRE_BUDGET", "LAG_THRESHOLD", "MAX_DRAIN_STEPS", "Expiry"]
 
 logger = logging.getLogger("aiotimer")
 
 #: Default :attr:`Expiry.lag_threshold`: expiries handled later than this (seconds) are
 #: reported as :class:`~aiotimer.events.LoopLagged`.
 LAG_THRESHOLD = 0.1
-#: The most work the sources' drains may do applying input that may concern the workers
-#: due before their expiry is acted on: seconds of the loop thread's CPU time
-#: (``time.thread_time``), not of wall time, so a server starved of CPU (a loaded host)
-#: still applies the releases already written before it kills. Input that names none of
-#: them costs only the drains' scan, never this budget.
-DRAIN_BUDGET = 0.005
-#: The most drain steps before one expiry (a bound also where the clock stands still).
-MAX_DRAIN_CALLS = 256
+#: The most work the sources' drains do in one turn of the loop before an expiry:
+#: seconds of the loop thread's CPU time (``time.thread_time``). Once it is spent, the
+#: decision is carried on in the next turn, after the loop ran other work (the reap is
+#: late, never wrong: nothing is acted on before its input is applied).
+DRAIN_SLICE = 0.005
+#: The most drain steps in one turn (a bound also where the clock stands still).
+MAX_DRAIN_STEPS = 256
 #: The most heap entries (expired or stale) one expiry slice handles; the expiry task
 #: lets the loop run other work between slices, so however many timers fall due at once,
 #: nobody waits for more than one slice (~1-2 ms).
@@ -113,7 +126,15 @@ def _known_due(timer: Timer) -> float:
     return max(timer.deadline, timer.acquired_at)
 
 
-def _look(drain: Drain, pids: set[int] | None) -> bool:
+def _hold(drain: Drain) -> None:
+    """``drain.hold()``; logged if it raised (its looks then go by its last bound)."""
+    try:
+        drain.hold()
+    except Exception:
+        logger.exception("draining %s before an expiry failed", drain.name)
+
+
+def _look(drain: Drain, pids: AbstractSet[int] | None) -> bool:
     """``drain.look(pids)``; ``False`` (logged) if it raised: a broken drain skips its turn."""
     try:
         return drain.look(pids)
@@ -161,6 +182,8 @@ class Expiry:
         self._emit = emit
         self._ingest = ingest
         self._drains: list[Drain] = []
+        self._decision: Decision | None = None  # the decision in progress
+        self._pending: list[Drain] = []  # drains not done with its last look
         #: True while expired timers are being handled (see :attr:`Engine.busy`).
         self.handling = False
         self._alarm: Alarm | None = None  # while the task runs
@@ -175,7 +198,15 @@ class Expiry:
     def add_drain(self, drain: Drain) -> Callable[[], None]:
         """Ask ``drain`` before every expiry; returns the function that removes it."""
         self._drains.append(drain)
-        return lambda: self._drains.remove(drain)
+        if self._decision is not None:  # a decision in progress bounds it too
+            _hold(drain)
+
+        def remove() -> None:
+            self._drains.remove(drain)
+            if drain in self._pending:
+                self._pending.remove(drain)
+
+        return remove
 
     async def run(self) -> None:
         """Sleep until the next deadline (re-armed as it moves), then handle what
@@ -216,14 +247,17 @@ class Expiry:
 
     def flush(self) -> None:
         """A synchronous round (:meth:`~aiotimer.server.TimerServer.flush`): apply what
-        every drain holds now, for any worker (each looked into at most
-        :data:`MAX_DRAIN_CALLS` times), then handle every timer due, and re-arm the task."""
+        every drain holds now, for any worker, then handle every timer due, and re-arm
+        the task."""
+        if self.handling:
+            return
         self.handling = True
         try:
-            for drain in tuple(self._drains):
-                for _ in range(MAX_DRAIN_CALLS):
-                    if not _look(drain, None):
-                        break
+            drains = tuple(self._drains)
+            for drain in drains:
+                _hold(drain)
+            for drain in drains:
+                if _look(drain, None):
                     while (batch := _step(drain)) is not None:
                         if batch.requests or batch.rejections:
                             self._ingest.apply(batch, drain.name)
@@ -231,28 +265,42 @@ class Expiry:
             self.handling = False
         now = self._clock.monotonic()
         while (deadline := self._table.next_deadline(budget=EXPIRE_BUDGET)) is not None:
-            if deadline > now:
+            if deadline > now or not self.expire_due(now, slice_=math.inf):
                 break
-            self.expire_due(now)
         self.catch_up()
 
-    def expire_due(self, now: float) -> None:
+    def expire_due(self, now: float, *, slice_: float | None = None) -> bool:
         """Handle the timers due at ``now``, in deadline order (one slice of them), once
-        the sources' input that may concern them is applied: a release that arrived
-        before a deadline (written while this loop stalled) wins over it."""
+        the sources' input that may concern them is applied: a release that reached a
+        source before a deadline (written while this loop stalled) wins over it.
+
+        ``False``: the input is not all applied yet (``slice_`` seconds of CPU time,
+        :data:`DRAIN_SLICE` by default, were spent on it in this call); nothing was
+        acted on, and the next call goes on with the same decision."""
+        if self.handling:  # inside this very work (a drained batch's event): it goes on
+            return False
         self.handling = True
         try:
-            self._expire_due(now)
+            return self._expire_due(now, DRAIN_SLICE if slice_ is None else slice_)
         finally:
             self.handling = False
 
-    def _expire_due(self, now: float) -> None:
-        if self._drains:
-            self._drain(now)
+    def _expire_due(self, now: float, slice_: float) -> bool:
+        at = now
+        if self._drains or self._decision is not None:
+            decision = self._decision
+            if decision is None:
+                decision = self._decision = Decision(now)
+                for drain in tuple(self._drains):
+                    _hold(drain)
+            if not self._drain(decision, time.thread_time() + slice_):
+                return False
+            self._decision = None
+            at = decision.at
         self.last_progress = now
         begun: dict[int, _Begun] = {}
         journal = self._journal
-        expired = self._table.pop_expired(now, budget=EXPIRE_BUDGET)
+        expired = self._table.pop_expired(at, budget=EXPIRE_BUDGET)
         for timer in expired:
             if journal is not None:
                 journal.released(timer.pid, timer.scope_id)
@@ -284,57 +332,56 @@ class Expiry:
             self.loop_lag.observe(lag)
             if lag > self.lag_threshold:
                 self._emit(LoopLagged(time=self._clock.time(), lag=lag, expired=len(expired)))
+        return True
 
     def drain_for(self, pids: set[int]) -> None:
         """Apply what the drains hold that may concern ``pids`` (workers that have gone:
         the lines they wrote come before their exit, however late a trickle is read),
-        within the drain's budget (see :meth:`_drain`)."""
+        for at most :data:`DRAIN_SLICE` of CPU time. Best effort: a gone worker's timers
+        are cleared whatever it wrote; this only gets its last releases right. Skipped
+        while a decision is in progress (its drains are in the middle of a pass)."""
+        if self.handling or self._decision is not None:
+            return
         self.handling = True
         try:
-            self._apply_looked(pids, 0, time.thread_time() + DRAIN_BUDGET)
+            for drain in tuple(self._drains):
+                _hold(drain)
+            self._pending = [drain for drain in self._drains if _look(drain, pids)]
+            self._step_pending(time.thread_time() + DRAIN_SLICE)
+            self._pending = []
         finally:
             self.handling = False
 
-    def _apply_looked(self, pids: set[int] | None, calls: int, stop_at: float) -> int | None:
-        """Ask each drain about ``pids`` and apply what they return, a step of each in
-        turn, until they are done, ``MAX_DRAIN_CALLS`` steps were taken in all (counting
-        ``calls`` already taken) or this thread's CPU clock reaches ``stop_at``: the
-        steps taken, or ``None`` when the time ran out."""
-        pending = [drain for drain in self._drains if _look(drain, pids)]
-        while pending and calls < MAX_DRAIN_CALLS:
+    def _step_pending(self, stop_at: float) -> bool:
+        """Step the pending drains in turn, applying what they return, until they are
+        done (``True``), or this turn's work is spent (``False``): this thread's CPU
+        clock reached ``stop_at`` or :data:`MAX_DRAIN_STEPS` steps were taken."""
+        pending = self._pending
+        steps = 0
+        while pending:
             for drain in tuple(pending):
-                calls += 1
+                steps += 1
                 batch = _step(drain)
                 if batch is None:
-                    pending.remove(drain)
+                    if drain in pending:
+                        pending.remove(drain)
                 elif batch.requests or batch.rejections:
                     self._ingest.apply(batch, drain.name)
-            if time.thread_time() >= stop_at:
-                return None
-        return calls
+            if pending and (steps >= MAX_DRAIN_STEPS or time.thread_time() >= stop_at):
+                return False
+        return True
 
-    def _drain(self, now: float) -> None:
-        """Apply what the drains return that may concern the workers due at ``now`` (see
-        the module docs), the drains a step at a time in turn, for at most
-        ``DRAIN_BUDGET`` seconds of this thread's CPU time (a flood of input must not
-        hold up the reaps; wall time would run out while the host runs other processes,
-        and leave releases written before the deadline unread)."""
-        looked: set[int] | None = set()  # None: looked for anyone
-        stop_at = time.thread_time() + DRAIN_BUDGET
-        calls = 0
-        while looked is not None and calls < MAX_DRAIN_CALLS:
-            due = self._table.due_pids(now, limit=EXPIRE_BUDGET)
-            if due is None:  # too many due to name: look for anyone, once
-                looked = None
-            else:
-                due -= looked
-                if not due:
-                    return
-                looked |= due
-            taken = self._apply_looked(due, calls, stop_at)
-            if taken is None:
-                return
-            calls = taken
+    def _drain(self, decision: Decision, stop_at: float) -> bool:
+        """Carry ``decision`` on (see :mod:`aiotimer.server._decision`): step the drains
+        through what they hold for the workers it looks for, applying what they return,
+        until it says act (``True``) or this turn's work is spent (``False``)."""
+        while True:
+            if not self._step_pending(stop_at):
+                return False
+            look = decision.next(self._table.due_pids(decision.at, limit=EXPIRE_BUDGET))
+            if look is None:
+                return True
+            self._pending = [drain for drain in self._drains if _look(drain, look.pids)]
 
     def _expire(self, timer: Timer, now: float) -> Reap | None:
         """Report ``timer``'s expiry; the reap it begins, if it begins one."""

@@ -7,29 +7,34 @@ event loop's thread.
 
 A source whose transport can be read synchronously without blocking (a FIFO, a socket,
 a queue's bridge) also registers a :class:`Drain` with the sink (:func:`draining`).
-Before acting on expired timers the server asks every drain about the workers whose
-timers are due, so input that reached the transport before the deadline (a release
-written while the server's loop was stalled, say) is applied first: the stall is the
-server's lateness, not the worker's. A drain *returns* what to apply and never calls
-the sink: the server applies it, and stays the only caller of its own ingest.
+Before acting on expired timers the server applies, through the drains, what each
+transport held for the due workers when it decided to act: a release sent before the
+deadline always wins, even when the server's loop was stalled (a SIGSTOP, a GC or VM
+pause); the stall is the server's lateness, not the worker's. A drain *returns* what to
+apply and never calls the sink: the server applies it, and stays the only caller of
+its own ingest.
 
-The drain protocol, per expiry:
+The drain protocol, per decision (see :mod:`aiotimer.server._decision`):
 
-1. ``look(pids)``: the drain takes in, without blocking and without decoding, what its
-   transport holds right now (a bounded amount; a FIFO scans a copy of its pipe and
-   moves into its own backlog only the lines it must apply, which its reader then
-   decodes first, in order), and says whether any of it may hold
-   a request for one of ``pids`` (``None``: for anyone, as too many timers are due to
-   name their workers). ``False`` means nothing taken in can change those workers'
-   timers, so the server acts on them at once.
-2. While it said ``True``: ``step()`` decodes the next chunk of that input, in arrival
-   order (whatever comes before the last request that may concern ``pids`` too, as
-   order is never changed), and returns it as a batch, which the server applies under
-   the drain's ``name``; ``None`` once none of it is left. Steps are bounded by the
-   server's drain budget (CPU time).
-3. Applying input can make more timers due (an acquire that has already expired): the
-   server then looks again with the workers not yet looked for, until no new worker is
-   due or the budget is spent.
+1. ``hold()``: the decision is made now. The drain bounds what it will look at to what
+   its transport holds now (a FIFO: the bytes read so far plus those in the pipe; a
+   socket: those queued on the connection; the queue: the batches its thread has
+   taken). Input that arrives later is never waited for, so a flood cannot put off
+   a reap for ever.
+2. ``look(pids)``: a pass for the workers ``pids`` (``None``: anyone, as too many are
+   due to name them) over that bounded input; ``True`` if some of it may hold a request
+   for one of them. ``False`` means nothing it holds can change those workers' timers.
+3. While it said ``True``: ``step()`` returns the next part of that input that may
+   concern them, decoded, as a batch the server applies under the drain's ``name``
+   (possibly empty: a step that only moved input), never reordering the requests of
+   any one worker; ``None`` once it holds nothing more for them. The server steps its
+   drains for a few milliseconds of CPU per turn of the loop and carries the decision
+   on in the next turn: a drain must be done with a pass after a bounded number of
+   steps, and a reader of the same transport may run between two steps (both take
+   from the same front, so nothing is read twice or skipped).
+4. Applying input can make more timers due (an acquire that has already expired): the
+   server then looks again with the workers not yet looked for, within the same bound.
+   Once no worker due is left to look for, it acts.
 """
 
 from __future__ import annotations
@@ -57,16 +62,20 @@ class Drain(Protocol):
         """The source's name, which the batches :meth:`step` returns are applied under."""
         ...
 
+    def hold(self) -> None:
+        """A decision is made now: bound the looks and steps until the next ``hold`` to
+        what the transport holds now."""
+        ...
+
     def look(self, pids: AbstractSet[int] | None) -> bool:
-        """Take in what the transport holds now; ``True`` if some of it may hold a
-        request for one of ``pids`` (``None``: for anyone), which :meth:`step` must
-        then return."""
+        """Begin a pass over the bounded input for ``pids`` (``None``: anyone); ``True``
+        if some of it may hold a request for one of them, which :meth:`step` must then
+        return."""
         ...
 
     def step(self) -> Decoded | None:
-        """Decode the next chunk of what the last :meth:`look` found, in order, and
-        return it for the server to apply (possibly empty: a partial line); ``None``
-        once none of it is left."""
+        """Decode the next part of what the pass must apply and return it for the
+        server to apply (possibly empty); ``None`` once none of it is left."""
         ...
 
 

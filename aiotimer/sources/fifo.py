@@ -26,18 +26,32 @@ How it works:
   every line and reads the pipe once per interval while input keeps trickling in, an
   interval bounded by how soon the acquires it read fall due
   (:mod:`aiotimer.sources._trickle`); the drain below keeps releases from being late.
-* **Before an expiry** the server's drain (:class:`_Reader`) scans what the pipe holds
-  for the due workers' pids through a copy (Linux ``tee(2)``,
-  :mod:`aiotimer.sources._pipepeek`), leaving it in the pipe, so clients waiting for room
-  do not all wake and compete with the reap for a CPU. Only the lines up to the last one
-  that may name a due worker are taken out, into the reader's backlog, decoded and
-  returned to the server to apply. Without ``tee`` the drain moves what the pipe holds
-  into the backlog (at most ``BACKLOG_LIMIT`` bytes) and scans it there. The read loop
-  decodes the backlog, a chunk at a time, before it reads the pipe again.
+* **A flood of garbage.** Once a chunk held :data:`FLOODED` bad lines, the reader sets
+  aside, in the next ones, the lines that cannot be requests (no ``scope_id`` key, see
+  :mod:`aiotimer.wire._mentions`): they cost a scan, not a decode, and are counted and
+  reported as rejections every :data:`JUNK_REPORT_INTERVAL` seconds (the first with its
+  exact reason). So a flood of ``{"pid": N}`` lines costs the server about 10 ms of CPU
+  per MiB, and the requests among them are not read seconds late.
+* **Before an expiry** the server's drain (:class:`_Reader`) applies what the FIFO held
+  for the due workers when the server decided to act (see :mod:`aiotimer.sources._base`):
+  its bound (:meth:`_Reader.hold`) is what was read so far plus what the pipe held then
+  (``FIONREAD``: at most the pipe's capacity); what is written later is never waited
+  for. It scans what the pipe holds of that bound for the due workers' pids through a
+  copy (Linux ``tee(2)``, :mod:`aiotimer.sources._pipepeek`), leaving it in the pipe,
+  so clients waiting for room do not all wake and compete with the reap for a CPU; only
+  the lines up to the last one that may name a due worker are taken out, into the
+  reader's backlog (:mod:`aiotimer.sources._backlog`, at most ``BACKLOG_LIMIT`` bytes).
+  Without ``tee`` the drain moves the bound's bytes into the backlog. Then the drain
+  takes out of the backlog, decodes and returns only the lines that name a due worker
+  (:func:`~aiotimer.wire._mentions.take_due`), leaving the others in order for the read
+  loop, which decodes the backlog, a chunk at a time, before it reads the pipe again.
+  A backlog full to its limit is decoded from its front, in order, to make room: late,
+  never wrong.
 """
 
 from __future__ import annotations
 
+import array
 import asyncio
 import contextlib
 import fcntl
@@ -45,6 +59,7 @@ import logging
 import math
 import os
 import pathlib
+import termios
 import time
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
@@ -53,6 +68,7 @@ from typing import Final
 import anyio
 import anyio.abc
 
+from aiotimer.sources._backlog import Backlog
 from aiotimer.sources._base import RequestSink, draining
 from aiotimer.sources._budget import lines_end
 from aiotimer.sources._fifo_path import PIPE_SIZE, FifoPath, OpenFifo, check_fifo_mode, grow_pipe
@@ -65,8 +81,8 @@ from aiotimer.sources._trickle import (
     shortest_lead,
     trickle_interval,
 )
-from aiotimer.wire import MAX_LINE_BYTES, Decoded, LineDecoder
-from aiotimer.wire._mentions import mentions_end
+from aiotimer.wire import MAX_LINE_BYTES, Decoded, LineDecoder, Rejection
+from aiotimer.wire._mentions import mentions_end, split_junk
 
 __all__ = [
     "BACKLOG_LIMIT",
@@ -88,8 +104,18 @@ CHUNK_SIZE: Final[int] = 32768
 MAX_READS_PER_WAKE: Final[int] = 16
 #: The most bytes a reader holds read from its pipe but not decoded yet (its backlog,
 #: filled by the server's drain before an expiry; see :class:`_Reader`). Clients count
-#: these bytes as delivered, so the backlog is bounded: one pipe's worth.
-BACKLOG_LIMIT: Final[int] = PIPE_SIZE
+#: these bytes as delivered, so the backlog is bounded: two pipes' worth, so that a
+#: drain can always take in a full pipe on top of a backlog of one.
+BACKLOG_LIMIT: Final[int] = 2 * PIPE_SIZE
+
+#: A chunk with this many bad lines makes the reader set aside, in the next, the lines
+#: that cannot be requests (a flood of garbage then costs a scan, not a decode).
+FLOODED: Final[int] = 64
+#: How often lines set aside in a flood are reported (seconds).
+JUNK_REPORT_INTERVAL: Final[float] = 0.25
+_NOT_A_REQUEST: Final[str] = (
+    "not a request (no scope_id key); one of many such lines in a flood, counted, not decoded"
+)
 
 logger = logging.getLogger("aiotimer")
 
@@ -226,24 +252,34 @@ class _Reader:
     """Reads one FIFO: the read loop, and the drain the server runs before an expiry
     (a :class:`~aiotimer.sources._base.Drain`).
 
-    The drain scans what the pipe holds without taking it out
-    (:mod:`aiotimer.sources._pipepeek`) and moves into the backlog, undecoded, only the
-    lines up to the last one that may name a due worker
-    (:func:`~aiotimer.wire._mentions.mentions_end`); its steps decode them from the
-    backlog's front and return them to the server. The read loop decodes the backlog
-    before it reads the pipe again, so every byte is decoded once, in arrival order.
+    The drain's bound (:meth:`hold`) is the stream's offset at the decision: what was
+    read so far plus what the pipe holds (``FIONREAD``). Each pass (:meth:`look`) scans
+    what the pipe holds of it without taking it out (:mod:`aiotimer.sources._pipepeek`),
+    moves into the backlog only the lines up to the last one that may name a due worker
+    (:func:`~aiotimer.wire._mentions.mentions_end`), and its steps take out of the
+    backlog, decode and return the lines that name one
+    (:func:`~aiotimer.wire._mentions.take_due`), leaving the others in order for the read
+    loop. The read loop decodes the backlog (:class:`~aiotimer.sources._backlog.Backlog`)
+    before it reads the pipe again, so every byte is decoded once.
     """
 
     __slots__ = (
         "_backlog",
         "_chunk_size",
         "_decoder",
-        "_due",
         "_fd",
+        "_flooded",
         "_interval",
+        "_junk",
+        "_junk_due",
+        "_junk_sample",
         "_leads",
+        "_limit",
+        "_lines",
         "_peek",
-        "_pos",
+        "_pids",
+        "_pipe_done",
+        "_read_total",
         "_sink",
         "_trickle_max",
         "_waiting",
@@ -270,13 +306,19 @@ class _Reader:
         self._sink = sink
         self.name = name  # the source's, which its batches are applied under
         self._chunk_size = chunk_size
-        self._decoder = LineDecoder(max_line)
-        # Read from the pipe, not decoded yet: ``_backlog[_pos:]``. Whole reads (bytes,
-        # sliced as they are decoded) copy less than a bytearray would.
-        self._backlog = b""
-        self._pos = 0
-        self._due = 0  # backlog bytes the current drain still has to decode
+        self._decoder = LineDecoder(max_line)  # the stream's, in arrival order
+        self._lines = LineDecoder(max_line)  # the drain's, for whole lines taken out
+        # Read from the pipe, not decoded yet.
+        self._backlog = Backlog()
+        self._read_total = 0  # bytes read from the pipe so far
+        self._limit = 0  # the drain's bound: the stream's offset at the decision
+        self._pids: AbstractSet[int] | None = None  # the current pass's workers
+        self._pipe_done = True  # the pass has taken in what it needs of the pipe
         self._waiting: asyncio.Future[None] | None = None  # the read loop's wait for input
+        self._flooded = False  # the last chunk held at least FLOODED bad lines
+        self._junk = 0  # lines set aside as junk, not reported yet
+        self._junk_sample = b""  # the first of them
+        self._junk_due = 0.0  # when to report them (monotonic)
         self._peek = open_peek(fd)  # None: the drain reads the pipe instead
 
     def close(self) -> None:
@@ -285,87 +327,77 @@ class _Reader:
             self._peek.close()
             self._peek = None
 
+    def hold(self) -> None:
+        """A decision begins: bound the drain to what was read so far and what the pipe
+        holds now; what is written after this is the read loop's alone."""
+        self._limit = self._read_total + _in_pipe(self._fd)
+
     def look(self, pids: AbstractSet[int] | None) -> bool:
-        """Scan the backlog and what the pipe holds for lines that may name one of
-        ``pids``, and take out of the pipe (into the backlog) what must be decoded to
-        apply them: ``True`` if there is such input.
-
-        The pipe's contents are seen through a copy (:mod:`aiotimer.sources._pipepeek`) and
-        left in place, so writers waiting for room do not wake; only the lines up to the
-        last mention are taken out. Without a copy, the pipe's contents are moved into the
-        backlog (up to ``BACKLOG_LIMIT`` bytes in all: one ``read(2)``).
-        """
-        if self._peek is None:
-            return self._look_by_reading(pids)
-        backlog, pos = self._backlog, self._pos
-        held = len(backlog) - pos
-        try:
-            peeked = self._peek.peek(self._fd)
-        except OSError as exc:
-            logger.warning("cannot copy what the FIFO holds (%s); reading it instead", exc)
-            self._peek.close()
-            self._peek = None
-            return self._look_by_reading(pids)
-        # The input in arrival order: the backlog's undecoded part, then the pipe's.
-        if not peeked:
-            view, start = backlog, pos
-        elif held:
-            view, start = backlog[pos:] + peeked, 0
-        else:
-            view, start = peeked, 0
-        # How much of it, from its front, to decode now.
-        due = mentions_end(view, pids, partial=self._decoder.pending > 0, start=start)
-        take = min(due - held, BACKLOG_LIMIT - held)
-        if take > 0:
-            taken = read_exactly(self._fd, take)
-            if taken:
-                self._extend(taken)
-        # What the backlog holds of it (less only when the backlog is full).
-        self._due = min(due, len(self._backlog) - self._pos)
-        return self._due > 0
-
-    def _look_by_reading(self, pids: AbstractSet[int] | None) -> bool:
-        room = BACKLOG_LIMIT - (len(self._backlog) - self._pos)
-        if room > 0:
-            with contextlib.suppress(BlockingIOError):
-                self._extend(os.read(self._fd, room))  # the pipe may be empty now
-        partial = self._decoder.pending > 0
-        self._due = mentions_end(self._backlog, pids, partial=partial, start=self._pos)
-        return self._due > 0
-
-    def _extend(self, data: bytes) -> None:
-        """Append ``data``, read from the pipe, to the backlog's undecoded part, and wake
-        the read loop: the backlog is to read."""
-        backlog, pos = self._backlog, self._pos
-        self._backlog = data if pos == len(backlog) else backlog[pos:] + data
-        self._pos = 0
-        self._wake_loop()
+        """Begin a pass for ``pids`` over the bounded input: take into the backlog the
+        part of what the pipe held that may name one of them; ``True`` if there is input
+        to step through (the backlog, or more of the pipe's part)."""
+        self._pids = None if pids is None else frozenset(pids)
+        self._backlog.rewind()
+        self._pipe_done = False
+        self._pull()
+        partial = self._backlog.at_front and self._decoder.pending > 0
+        return not self._pipe_done or self._backlog.names(pids, partial=partial)
 
     def step(self) -> Decoded | None:
-        """Decode the next chunk of what :meth:`look` found and return it (the server
-        applies it); ``None`` once none of it is left."""
-        if self._due <= 0:
+        """Decode the next part of what this pass must apply and return it for the
+        server to apply (possibly empty); ``None`` once the bounded input holds nothing
+        more for the pass's workers."""
+        backlog = self._backlog
+        batch = backlog.pass_step(self._pids, self._decoder, self._lines, self._chunk_size)
+        if batch is not None:
+            return batch
+        if self._pipe_done:
             return None
-        chunk = self._take(min(self._due, self._chunk_size))
-        self._due = self._due - len(chunk) if chunk else 0
-        return self._decoder.feed(chunk)
+        if len(backlog) >= BACKLOG_LIMIT:
+            # No room for the rest of the pipe's part: decode the front in order, as
+            # the read loop would, to make some (late, never wrong).
+            return self._decode(backlog.take(self._chunk_size))
+        self._pull()
+        return Decoded()
 
-    def _take(self, size: int) -> bytes:
-        """Up to ``size`` bytes from the front of the backlog, and no more than one
-        step's lines (:func:`~aiotimer.sources._budget.lines_end`)."""
-        pos = self._pos
-        chunk = self._backlog[pos : pos + size]
-        end = lines_end(chunk)
-        if end < len(chunk):
-            chunk = chunk[:end]
-        self._pos = pos + len(chunk)
-        if self._pos == len(self._backlog):
-            self._backlog, self._pos = b"", 0
-        return chunk
+    def _pull(self) -> None:
+        """Move into the backlog what the pipe still holds of the bound that the pass
+        needs: up to its last line that may name one of the pass's workers (all of it
+        without a peek), as much as the backlog has room for."""
+        owed = self._limit - self._read_total
+        room = BACKLOG_LIMIT - len(self._backlog)
+        if owed <= 0 or self._pipe_done:
+            self._pipe_done = True
+            return
+        if room <= 0:
+            return
+        need = owed
+        if self._peek is not None:
+            try:
+                peeked = self._peek.peek(self._fd)
+            except OSError as exc:
+                logger.warning("cannot copy what the FIFO holds (%s); reading it instead", exc)
+                self._peek.close()
+                self._peek = None
+            else:
+                tail, newline = self._backlog.tail()
+                view = tail + peeked[:owed]
+                partial = not newline and self._decoder.pending > 0
+                need = mentions_end(view, self._pids, partial=partial) - len(tail)
+        if need <= 0:
+            self._pipe_done = True
+            return
+        taken = read_exactly(self._fd, min(need, room))
+        self._read_total += len(taken)
+        if len(taken) >= need or len(taken) < min(need, room):
+            self._pipe_done = True  # all it needs (or the pipe had less: another reader)
+        if taken:
+            self._backlog.append(taken)
+            self._wake_loop()  # the backlog is to read
 
     def _feed(self, chunk: bytes) -> bool:
         """Decode ``chunk`` and submit what it held; ``True`` if it held anything."""
-        batch = self._decoder.feed(chunk)
+        batch = self._decode(chunk)
         if batch.requests or batch.rejections:
             if len(chunk) < self._chunk_size and self._interval > 0:
                 # A short read (a trickle, maybe): how soon its acquires fall due.
@@ -373,6 +405,48 @@ class _Reader:
             self._sink.submit(batch, self.name)
             return True
         return False
+
+    def _decode(self, chunk: bytes) -> Decoded:
+        """Decode ``chunk``, the stream's next bytes (see :meth:`_decode_flooded`)."""
+        if self._flooded:
+            return self._decode_flooded(chunk)
+        batch = self._decoder.feed(chunk)
+        self._flooded = len(batch.rejections) >= FLOODED
+        return batch
+
+    def _decode_flooded(self, chunk: bytes) -> Decoded:
+        """Decode ``chunk`` when the last one held :data:`FLOODED` bad lines or more:
+        the lines that cannot be requests (:func:`~aiotimer.wire._mentions.split_junk`)
+        cost a scan, not a decode; they are counted, and reported as rejections (the
+        first with its exact reason) every :data:`JUNK_REPORT_INTERVAL` seconds, when
+        the flood ends and when the pipe is read to its end, so a flood costs a bounded
+        number of events too. Back to plain
+        decoding once a chunk holds fewer."""
+        candidates, junk = split_junk(chunk, partial=self._decoder.pending > 0)
+        batch = self._decoder.feed(candidates)
+        if junk:
+            if not self._junk:
+                self._junk_sample = junk[0]
+            self._junk += len(junk)
+        self._flooded = len(junk) >= FLOODED
+        if self._junk:
+            now = time.monotonic()
+            if not self._flooded or now >= self._junk_due:
+                self._junk_due = now + JUNK_REPORT_INTERVAL
+                batch.rejections += self._junk_rejections()
+        return batch
+
+    def _report_junk(self) -> None:
+        """Submit the rejections of the lines set aside and not reported yet, if any."""
+        if self._junk:
+            self._sink.submit(Decoded(rejections=self._junk_rejections()), self.name)
+
+    def _junk_rejections(self) -> list[Rejection]:
+        """The rejections of the lines set aside since the last report (and reset)."""
+        sample, count = self._junk_sample, self._junk
+        self._junk, self._junk_sample = 0, b""
+        first = self._lines.feed(sample + b"\n").rejections[:1]
+        return first + [Rejection.of(_NOT_A_REQUEST, sample)] * (count - len(first))
 
     async def run(self) -> None:
         """Decode the backlog, then what the pipe holds, a chunk at a time; forever."""
@@ -386,6 +460,7 @@ class _Reader:
             await self._run(loop)
         finally:
             loop.remove_reader(self._fd)
+            self._report_junk()
 
     def _wake_loop(self) -> None:
         """End the read loop's wait for input, if it waits (the pipe is readable, or the
@@ -399,6 +474,7 @@ class _Reader:
             if self._backlog:
                 await asyncio.sleep(0)  # what anyio's checkpoint does on asyncio
             else:
+                self._report_junk()  # the flood (if any) is read: say how much of it
                 self._waiting = waiting = loop.create_future()
                 try:
                     await waiting
@@ -419,23 +495,25 @@ class _Reader:
         to the sink as one batch, up to ``MAX_READS_PER_WAKE`` chunks: the bytes read
         from the pipe if that emptied it, else ``None``."""
         fd, chunk_size, read = self._fd, self._chunk_size, os.read
+        backlog = self._backlog
         total = 0
         short = False  # the last read(2) found less than a chunk: it emptied the pipe
         for _ in range(MAX_READS_PER_WAKE):
-            if self._backlog:
-                chunk = self._take(chunk_size)
+            if backlog:
+                chunk = backlog.take(chunk_size)
             else:
                 try:
                     chunk = read(fd, chunk_size)
                 except BlockingIOError:
                     return total
+                self._read_total += len(chunk)
                 total += len(chunk)
                 short = len(chunk) < chunk_size
                 end = lines_end(chunk)
                 if end < len(chunk):  # garbage: the rest waits for the next step
-                    self._backlog, self._pos = chunk, end
+                    backlog.append(chunk[end:])
                     chunk = chunk[:end]
-            emptied = short and not self._backlog
+            emptied = short and not backlog
             if self._feed(chunk) and not emptied:
                 # One chunk at a time: the sink handles the deadlines that fell
                 # meanwhile, and the loop runs other work, before the next chunk.
@@ -471,6 +549,13 @@ class _Reader:
 
     def _next_interval(self) -> float:
         return trickle_interval(self._interval, self._leads.shortest(time.monotonic()))
+
+
+def _in_pipe(fd: int) -> int:
+    """How many bytes pipe ``fd`` holds (``FIONREAD``)."""
+    count = array.array("i", [0])
+    fcntl.ioctl(fd, termios.FIONREAD, count)
+    return count[0]
 
 
 def _capacity(fd: int) -> int:

@@ -5,8 +5,13 @@ wake-ups), then drains up to ``max_batch`` more items with ``get_nowait()``, con
 them to requests or rejections (off the event loop), queues the batch and has the loop
 submit it with one ``anyio.from_thread.run_sync`` call, which also paces the thread to
 the loop. A batch the thread has queued is also returned by the server's drain before an
-expiry (whichever workers are due), so it is applied before a deadline that fell while
-the loop was busy. To stop,
+expiry (whichever workers are due; those queued when the server decided to act, see
+:mod:`aiotimer.sources._base`), so it is applied before a deadline that fell while the
+loop was busy. What the drain cannot promise: the thread takes one batch ahead of the
+loop, so items still in the queue's pipe when the server decides are not applied first,
+nor items still in the sending process (``put()`` returns before the sender's feeder
+thread writes the item). A release put before its deadline can then lose to it when the
+server's loop stalls; the FIFO and the socket keep that promise. To stop,
 :meth:`QueueSource.serve` puts a private stop token on the queue and waits for the thread
 to end; the token is unique to that run, so a stale one never stops a later run.
 
@@ -298,6 +303,8 @@ class _Bridge:
         # Batches taken off the queue, not applied yet: the loop submits them when the
         # thread asks it to (flush), or the drain returns them earlier, before an expiry.
         self.pending: deque[Decoded] = deque()
+        self._popped = 0  # batches taken off ``pending`` so far (in the loop)
+        self._limit = 0  # the drain's bound: ``_popped`` plus those pending at hold()
 
     def request_stop(self) -> None:
         """Ask the thread to end (from the loop; never blocks)."""
@@ -331,7 +338,7 @@ class _Bridge:
 
     def flush(self) -> None:
         """In the loop: submit every pending batch, oldest first."""
-        while (batch := self.step()) is not None:
+        while (batch := self._pop()) is not None:
             self.sink.submit(batch, _NAME)
 
     @property
@@ -339,18 +346,31 @@ class _Bridge:
         """The source's name (the drain's batches are applied under it)."""
         return _NAME
 
+    def hold(self) -> None:
+        """In the loop, as a drain: a decision is made now; bound the drain to the
+        batches the thread has queued by now."""
+        self._limit = self._popped + len(self.pending)
+
     def look(self, pids: AbstractSet[int] | None) -> bool:
-        """In the loop, as a drain: ``True`` while the thread has batches queued (they
-        are decoded already; applying them all is cheaper than looking into them)."""
-        return bool(self.pending)
+        """In the loop, as a drain: ``True`` while batches queued before the decision
+        are left (they are decoded already; applying them all is cheaper than looking
+        into them)."""
+        return self._popped < self._limit and bool(self.pending)
 
     def step(self) -> Decoded | None:
-        """In the loop: take the oldest pending batch (``None`` if there is none); the
-        caller applies it."""
+        """In the loop, as a drain: take the oldest pending batch queued before the
+        decision (``None`` if there is none); the caller applies it."""
+        if self._popped >= self._limit:
+            return None
+        return self._pop()
+
+    def _pop(self) -> Decoded | None:
         try:
-            return self.pending.popleft()
+            batch = self.pending.popleft()
         except IndexError:
             return None
+        self._popped += 1
+        return batch
 
     def _next_batch(self) -> tuple[list[object], bool]:
         """Block for one item, then take what is already there, up to ``max_batch``.

@@ -25,9 +25,10 @@ How it works:
   :class:`~aiotimer.wire.LineDecoder` (lines of different clients never mix) and
   hands each batch to the sink, and registers a drain (see :mod:`aiotimer.sources._base`)
   that returns what a peer sent before a deadline, for the server to apply before it
-  acts on that deadline:
-  only when one of the peer's own timers is due, as a connection carries requests for
-  its peer alone.
+  acts on that deadline: every message queued on the connection when the server decided
+  to act (``FIONREAD``), however many, and only when one of the peer's own timers is due,
+  as a connection carries requests for its peer alone (a flood by other peers costs it
+  nothing; the peer's own is bounded by what was queued at the decision).
   End of stream flushes a partial line as a rejection.
   A closed connection is not an exit by itself (a forked child may hold the socket);
   the worker's exit is seen through its pidfd as for every source.
@@ -37,13 +38,16 @@ How it works:
 
 from __future__ import annotations
 
+import array
 import contextlib
+import fcntl
 import os
 import pathlib
 import select
 import socket
 import stat
 import struct
+import termios
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Final
@@ -297,7 +301,7 @@ class SocketSource:
                         await anyio.lowlevel.checkpoint()
                     else:
                         await anyio.wait_readable(conn)
-                    batch = connection.step()
+                    batch = connection.receive()
                     if batch is not None and (batch.requests or batch.rejections):
                         sink.submit(batch, self._name)
 
@@ -309,9 +313,11 @@ class _Connection:
     """One accepted connection: its decoder, and its drain (a
     :class:`~aiotimer.sources._base.Drain`). Every request it accepts names its peer
     (the others are rejected), so only an expiry of the peer's own timers needs it
-    drained."""
+    drained; then every message queued on it when the decision was made
+    (:meth:`hold`) is applied, however many: the queue is the peer's own, so what
+    other peers send costs this drain nothing."""
 
-    __slots__ = ("_conn", "_decoder", "_peer", "ended", "held", "name")
+    __slots__ = ("_conn", "_decoder", "_limit", "_peer", "_received", "ended", "held", "name")
 
     def __init__(self, conn: socket.socket, peer: Peer, name: str, max_line: int) -> None:
         self._conn = conn
@@ -321,12 +327,36 @@ class _Connection:
         self.ended = False
         #: What a message held past one step's lines, decoded by the next steps.
         self.held = b""
+        self._received = 0  # bytes received so far
+        # The drain's bound: bytes received plus those queued at the decision (None:
+        # not measured yet in this decision).
+        self._limit: int | None = 0
+
+    def hold(self) -> None:
+        """A decision is made now: the drain is bounded to the messages queued now,
+        measured when the decision first looks for the peer (at once, in the same
+        call, unless the peer falls due later in the decision), so that a decision
+        costs nothing on the connections of workers that are not due."""
+        self._limit = None
 
     def look(self, pids: AbstractSet[int] | None) -> bool:
-        """``True`` when the peer is one of ``pids`` (what it sent may concern it)."""
-        return not self.ended and (pids is None or self._peer.pid in pids)
+        """``True`` when the peer is one of ``pids`` and messages it sent before the
+        decision are still to decode."""
+        if self.ended or not (pids is None or self._peer.pid in pids):
+            return False
+        if self._limit is None:
+            self._limit = self._received + _queued(self._conn)
+        return bool(self.held) or self._received < self._limit
 
     def step(self) -> Decoded | None:
+        """The drain's step: :meth:`receive`, within the bound; ``None`` once every
+        message queued at the decision was decoded."""
+        limit = self._received if self._limit is None else self._limit
+        if self.ended or (not self.held and self._received >= limit):
+            return None
+        return self.receive()
+
+    def receive(self) -> Decoded | None:
         """Decode the next message (or the rest of one: at most one step's lines, see
         :mod:`aiotimer.sources._budget`): what it held, bound to the peer (at end of
         stream: the partial line held, rejected); ``None`` when nothing is queued or it
@@ -341,6 +371,7 @@ class _Connection:
                 return None
             except OSError:
                 chunk = b""  # ECONNRESET: the peer is gone, as at end of stream
+            self._received += len(chunk)
         end = lines_end(chunk)
         if end < len(chunk):
             chunk, self.held = chunk[:end], chunk[end:]
@@ -349,3 +380,14 @@ class _Connection:
         if batch.requests or batch.rejections:
             return _bind_to_peer(batch, self._peer)
         return batch
+
+
+def _queued(conn: socket.socket) -> int:
+    """Bytes queued on ``conn`` (``FIONREAD``: every message, for a Unix socket); 0 if
+    it cannot tell (a closed socket)."""
+    count = array.array("i", [0])
+    try:
+        fcntl.ioctl(conn.fileno(), termios.FIONREAD, count)
+    except OSError:
+        return 0
+    return count[0]
