@@ -109,7 +109,7 @@ time.sleep(60)
 #: PID 1 of a fresh PID namespace (so dead workers come to it, and it decides when one
 #: is reaped, and ns_last_pid steers the next pid). Prints what it saw as JSON.
 REUSE_HARNESS = """
-import json, os, select, signal, subprocess, sys, time
+import atexit, json, os, select, signal, subprocess, sys, time
 
 mode, tmp, worker, freezer = sys.argv[1:5]
 run = json.loads(sys.argv[5])
@@ -127,6 +127,15 @@ def until(test, what, timeout=20.0):
 
 frozen = os.path.join(freezer, f"aiotimer-test-{os.getppid()}-{time.time_ns()}")
 os.mkdir(frozen)
+
+def thaw():  # also when the harness gives up: never leave a frozen process behind
+    try:
+        with open(os.path.join(frozen, "freezer.state"), "w") as f:
+            f.write("THAWED")
+    except OSError:
+        pass
+
+atexit.register(thaw)
 pids = os.path.join(tmp, "pids")
 env = {**os.environ, "TEST_PIDS": pids}
 sup = subprocess.Popen([*run, "--nproc", "2", "--", sys.executable, worker],

@@ -6,8 +6,9 @@ torch's epoch deadlines); tests use :class:`aiotimer.testing.FakeClock`, which o
 when told to, so timeout tests run instantly and never flake.
 
 Waking at a deadline: on Linux under asyncio (or uvloop) :class:`MonotonicClock` waits on
-a ``timerfd`` (:mod:`aiotimer._edges.timerfd`), which fires at the deadline itself and
-costs nothing until then. Elsewhere it sleeps on the loop's timer until
+a ``timerfd`` (:mod:`aiotimer._edges.timerfd`), which fires :data:`WAKE_EARLY` before the
+deadline, to the kernel's timer resolution, and costs nothing until then; the task then
+yields until the deadline. Elsewhere it sleeps on the loop's timer until
 :data:`SLEEP_MARGIN` before the deadline and yields until the deadline. A task that
 sleeps until a deadline which keeps moving (the expiry task: until the table's next
 deadline) holds an :class:`Alarm` (:func:`open_alarm`): re-arming a timerfd is one
@@ -28,7 +29,15 @@ import anyio.lowlevel
 
 from aiotimer._edges.timerfd import TimerFd, open_timerfd
 
-__all__ = ["SLEEP_MARGIN", "Alarm", "Clock", "MonotonicClock", "open_alarm", "run_until"]
+__all__ = [
+    "SLEEP_MARGIN",
+    "WAKE_EARLY",
+    "Alarm",
+    "Clock",
+    "MonotonicClock",
+    "open_alarm",
+    "run_until",
+]
 
 
 @runtime_checkable
@@ -62,6 +71,13 @@ class Clock(Protocol):
 #: asyncio rounds epoll's timeout up and wakes ~0.3 ms late on average, up to ~1.5 ms.
 #: The price of waking at the deadline itself: up to this much CPU per sleep.
 SLEEP_MARGIN = 0.001
+#: A timerfd alarm fires this many seconds before its deadline, and its task yields to
+#: the loop from then until the deadline, as the loop-timer path does from
+#: :data:`SLEEP_MARGIN` on: waking a sleeping thread and resuming its task takes
+#: ~0.1-0.2 ms unloaded and more on a busy host, which would otherwise be added to every
+#: reap (``python -m benchmarks.bench_reap_latency``: p50 0.15 ms with a timerfd firing at
+#: the deadline, 0.03 ms with this). The price: up to this much CPU per deadline reached.
+WAKE_EARLY = SLEEP_MARGIN
 
 
 class MonotonicClock:
@@ -165,7 +181,7 @@ class _TimerfdAlarm:
     def set(self, deadline: float) -> None:
         if deadline != self._deadline:
             self._deadline = deadline
-            self._timerfd.arm(deadline)
+            self._timerfd.arm(deadline - WAKE_EARLY)
 
     def _fired(self) -> None:
         self._timerfd.clear()
@@ -174,13 +190,19 @@ class _TimerfdAlarm:
             waiter.set_result(None)
 
     async def wait(self) -> None:
-        while time.monotonic() < self._deadline:
-            self._waiter = self._loop.create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
-        await anyio.lowlevel.checkpoint()
+        yielded = False
+        while (left := self._deadline - time.monotonic()) > 0:
+            if left > WAKE_EARLY:  # the timerfd fires WAKE_EARLY before the deadline
+                self._waiter = self._loop.create_future()
+                try:
+                    await self._waiter
+                finally:
+                    self._waiter = None
+            else:  # awake: yield to the loop (its I/O goes on) until the deadline
+                await asyncio.sleep(0)
+            yielded = True
+        if not yielded:
+            await anyio.lowlevel.checkpoint()
 
     def __enter__(self) -> _TimerfdAlarm:
         return self

@@ -82,6 +82,11 @@ class Marker(msgspec.Struct, frozen=True, kw_only=True):
     fifo_ino: int | None = None
     #: The path of the server's control socket (``aiotimer status``), if it serves one.
     control: str | None = None
+    #: The FIFO's bell, if it has one: a client writes a byte there after an acquire
+    #: with less than ``bell_lead`` seconds to its deadline, so the server reads the
+    #: FIFO at once rather than at its trickle pace (:mod:`aiotimer.sources._bell`).
+    bell: str | None = None
+    bell_lead: float | None = None
 
     def reads(self, st: os.stat_result) -> bool:
         """Whether the file ``st`` describes is the FIFO this server reads (``True`` when

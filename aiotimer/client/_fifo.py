@@ -10,7 +10,9 @@ How it works:
 * **The fast path** (:meth:`FifoClient.send_nowait`): with the descriptor open and room
   in the pipe, a request is one ``os.write`` under a lock. An acquire of this process
   encodes both lines of its block at once (:func:`~aiotimer.wire.block_encoder`),
-  so the release line is ready when the block ends.
+  so the release line is ready when the block ends. An acquire due in less than the
+  server's ``bell_lead`` also rings its bell (:mod:`aiotimer.client._fifo_link`), so a
+  server pacing a trickle reads it at once.
 * **The slow path** (:meth:`FifoClient._sending`, driven blocking or awaiting): connect,
   retry while no server reads, reopen after a broken pipe, wait for room in a full pipe.
 * **Replay.** The client remembers the acquire line of every open block it delivered
@@ -223,9 +225,12 @@ class FifoClient:
             else:
                 line = tracked[1]
             lines = None
+            urgent = False
         else:
-            if mono is None or _monotonic() > link.recheck_at:
+            now = _monotonic()
+            if mono is None or now > link.recheck_at:
                 return False
+            urgent = mono - now < link.bell_lead
             encode_block = (
                 self._encode_block
                 if signal is None and not dump and not kill_after
@@ -240,6 +245,8 @@ class FifoClient:
             if fd is None or link.backlog:
                 return False
             os.write(fd, line)
+            if urgent:
+                link.ring_locked()
         except OSError:
             return False  # full, or broken: the slow path knows what to do
         finally:
@@ -392,6 +399,8 @@ class FifoClient:
             if persistent:
                 link.write_backlog_locked(fd)
                 os.write(fd, encode(request) if lines is None else lines[0])
+                if lines is not None and _lead(request) < link.bell_lead:
+                    link.ring_locked()
             else:
                 os.write(fd, encode(torch_request(request)))
         except BlockingIOError:
@@ -421,6 +430,13 @@ class FifoClient:
         self._encoders.clear()
         self._open_scopes.clear()  # the parent's blocks are not the child's
         self._link.reset_in_child()
+
+
+def _lead(request: Request) -> float:
+    """Seconds from now to the deadline of the acquire ``request``."""
+    if request.mono is not None:
+        return request.mono - _monotonic()
+    return request.expiration_time - time.time()
 
 
 def _reset_fifo_clients_in_child() -> None:

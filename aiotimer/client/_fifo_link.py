@@ -8,6 +8,10 @@ server, and the lines that must reach that server before anything else.
   ``marker_check_interval`` seconds the marker is read again: gone, the aiotimer server
   left (the descriptor is closed, the client talks torch's way); another one, a new
   server took over the FIFO.
+* **The bell** (:mod:`aiotimer.sources._bell`): when the marker names one and the
+  descriptor is the FIFO, a second descriptor to the bell, which the client rings
+  (:meth:`FifoLink.ring_locked`) after an acquire with less than ``bell_lead`` seconds
+  to its deadline, so the server reads it at once.
 * **The backlog**: lines written before anything else. A new server starts empty, so
   on reconnecting (a reopen after the first, or a new marker) the acquire lines of the
   client's open blocks are queued (replay); a release that found the pipe full for
@@ -21,9 +25,11 @@ A lock guards all of it; the methods named ``*_locked`` are called with it held.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import select
+import stat
 import threading
 import time
 from collections.abc import Mapping
@@ -47,16 +53,20 @@ class FifoLink:
         fd: the persistent descriptor, or ``None`` (not connected, or not an aiotimer
             server).
         backlog: the lines to write before any other, oldest first.
+        bell_lead: an acquire with less than this many seconds to its deadline rings
+            the bell (``0.0``: no bell).
         recheck_at: when the marker is due to be checked again (``time.monotonic()``).
     """
 
     __slots__ = (
+        "_bell",
         "_connected_before",
         "_flusher",
         "_open_scopes",
         "_path",
         "_server",
         "backlog",
+        "bell_lead",
         "fd",
         "lock",
         "recheck_at",
@@ -72,6 +82,8 @@ class FifoLink:
         self._connected_before = False
         self.backlog: list[bytes] = []
         self._flusher: threading.Thread | None = None
+        self._bell: int | None = None  # the bell's descriptor
+        self.bell_lead = 0.0
 
     def open_locked(self, recheck_every: float) -> int:
         """A descriptor to the server reading the FIFO, kept (with a replay queued on a
@@ -84,6 +96,7 @@ class FifoLink:
         fd, server = open_server(self._path)
         if server is not None:
             self.fd, self._server = fd, server
+            self._open_bell_locked(fd, server)
             self.recheck_at = time.monotonic() + recheck_every
             if self._connected_before:
                 self._queue_replay_locked()
@@ -105,7 +118,46 @@ class FifoLink:
             self.close_locked()
             return
         self._server = server  # a new server reads the same FIFO: it starts empty
+        if self.fd is not None:
+            self._open_bell_locked(self.fd, server)
         self._queue_replay_locked()
+
+    def ring_locked(self) -> None:
+        """Ring the bell, if there is one. A ring that fails is no loss: a full bell
+        (``EAGAIN``) has rings the server has yet to read, and a server that left
+        (``EPIPE``) is found by the next write to the FIFO."""
+        if self._bell is not None:
+            with contextlib.suppress(OSError):
+                os.write(self._bell, b"!")
+
+    def _open_bell_locked(self, fd: int, server: MarkerFile) -> None:
+        """Open the bell ``server``'s marker names, if ``fd`` is its FIFO (a socket
+        needs none) and the bell is a FIFO of the FIFO's owner; else go without."""
+        self._close_bell_locked()
+        marker = server.marker
+        if marker.bell is None or not marker.bell_lead or marker.bell_lead <= 0:
+            return
+        st = os.fstat(fd)
+        if not stat.S_ISFIFO(st.st_mode):
+            return
+        flags = os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW
+        try:
+            bell = os.open(marker.bell, flags)
+        except OSError as exc:
+            log.info("cannot open the timer server's bell %s (%s)", marker.bell, exc)
+            return
+        bst = os.fstat(bell)
+        if not stat.S_ISFIFO(bst.st_mode) or bst.st_uid != st.st_uid:
+            os.close(bell)
+            log.warning("%s is not the timer server's bell; not ringing it", marker.bell)
+            return
+        self._bell, self.bell_lead = bell, marker.bell_lead
+
+    def _close_bell_locked(self) -> None:
+        bell, self._bell = self._bell, None
+        self.bell_lead = 0.0
+        if bell is not None:
+            os.close(bell)
 
     def write_backlog_locked(self, fd: int) -> None:
         """Write the backlog, oldest first (raises what ``os.write`` raises; what was
@@ -135,6 +187,7 @@ class FifoLink:
         fd, self.fd = self.fd, None
         self._server = None
         self.backlog = []
+        self._close_bell_locked()
         if fd is not None:
             os.close(fd)
 
@@ -146,6 +199,7 @@ class FifoLink:
             os.close(fd)
         self._server = None
         self.backlog = []
+        self._close_bell_locked()
         self._flusher = None  # threads do not survive a fork
         self._connected_before = False
 
@@ -177,7 +231,8 @@ class FifoLink:
                 os.close(wait_fd)
 
     def __del__(self) -> None:
-        fd = getattr(self, "fd", None)  # None also when __init__ raised early
-        if fd is not None:
-            self.fd = None
-            os.close(fd)
+        for name in ("fd", "_bell"):
+            fd = getattr(self, name, None)  # None also when __init__ raised early
+            if fd is not None:
+                setattr(self, name, None)
+                os.close(fd)

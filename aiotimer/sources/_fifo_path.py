@@ -114,6 +114,7 @@ def grow_pipe(fd: int, size: int = PIPE_SIZE) -> int:
 
 class OpenFifo:
     """A FIFO this run made at ``path`` and opened: its inode, our two descriptors.
+    Its buffer is grown to :data:`PIPE_SIZE` unless ``grow`` is false.
 
     Raises:
         SourceError: the path cannot be claimed, or the FIFO not opened.
@@ -121,7 +122,7 @@ class OpenFifo:
 
     __slots__ = ("inode", "path", "read_fd", "reading", "write_fd")
 
-    def __init__(self, path: pathlib.Path, mode: int) -> None:
+    def __init__(self, path: pathlib.Path, mode: int, *, grow: bool = True) -> None:
         self.path = path
         self.reading = anyio.CancelScope()  # the task reading it
         _create(path, mode)
@@ -136,7 +137,8 @@ class OpenFifo:
             self.inode = _inode(st)
             # mkfifo applied the umask; through the descriptor no symlink can interfere.
             os.fchmod(self.read_fd, mode)
-            grow_pipe(self.read_fd)
+            if grow:
+                grow_pipe(self.read_fd)
             # The dummy writer: with it, read() never returns end-of-file.
             self.write_fd = os.open(path, os.O_WRONLY | flags)
         except OSError as exc:

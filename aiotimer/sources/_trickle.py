@@ -18,7 +18,10 @@ What that interval may cost:
   other one read in the last one to two :data:`LEAD_WINDOW` (:class:`Leads`: a job's
   blocks tend to keep their timeouts): that one is applied up to the interval late,
   and shortens the intervals that follow. An acquire already due when read says
-  nothing about the others (a late write) and is left out.
+  nothing about the others (a late write) and is left out. aiotimer's client rings the
+  bell beside the FIFO after an acquire with a lead under :func:`bell_lead`
+  (:mod:`aiotimer.sources._bell`), which ends the interval at once: its acquires are
+  read in time from the first one on.
 * **Durations** (the scope statistics) are timed by when the server applies the
   acquire and the release, so while input trickles in each is off by up to an
   interval.
@@ -40,6 +43,7 @@ __all__ = [
     "MIN_INTERVAL",
     "READ_INTERVAL",
     "Leads",
+    "bell_lead",
     "paced",
     "shortest_lead",
     "trickle_interval",
@@ -89,6 +93,13 @@ def trickle_interval(limit: float, lead: float) -> float:
     :data:`MIN_INTERVAL`."""
     interval = min(limit, lead * LEAD_SHARE)
     return interval if interval >= MIN_INTERVAL else 0.0
+
+
+def bell_lead(limit: float) -> float:
+    """The lead below which a client rings the bell after an acquire, for intervals of
+    at most ``limit`` seconds: a longer lead leaves ``1 - LEAD_SHARE`` of it to spare
+    after one interval."""
+    return limit / LEAD_SHARE
 
 
 def paced(elapsed: float, read: int, room: int) -> float:

@@ -26,6 +26,8 @@ How it works:
   every line and reads the pipe once per interval while input keeps trickling in, an
   interval bounded by how soon the acquires it read fall due
   (:mod:`aiotimer.sources._trickle`); the drain below keeps releases from being late.
+  An acquire due sooner than the interval could allow comes with a ring of the bell
+  beside the FIFO (:mod:`aiotimer.sources._bell`), which ends the pause at once.
 * **A flood of garbage.** Once a chunk held :data:`FLOODED` bad lines, the reader sets
   aside, in the next ones, the lines that cannot be requests (no ``scope_id`` key, see
   :mod:`aiotimer.wire._mentions`): they cost a scan, not a decode, and are counted and
@@ -70,6 +72,7 @@ import anyio.abc
 
 from aiotimer.sources._backlog import Backlog
 from aiotimer.sources._base import RequestSink, draining
+from aiotimer.sources._bell import open_bell
 from aiotimer.sources._budget import lines_end
 from aiotimer.sources._fifo_path import PIPE_SIZE, FifoPath, OpenFifo, check_fifo_mode, grow_pipe
 from aiotimer.sources._pipepeek import open_peek, read_exactly
@@ -77,6 +80,7 @@ from aiotimer.sources._trickle import (
     EMPTY_READS,
     READ_INTERVAL,
     Leads,
+    bell_lead,
     paced,
     shortest_lead,
     trickle_interval,
@@ -151,6 +155,7 @@ class FifoSource:
         "_path",
         "_published",
         "_read_interval",
+        "_readers",
     )
 
     def __init__(
@@ -177,6 +182,7 @@ class FifoSource:
         self._marker: dict[str, object] = dict(marker or {})
         self._name = f"fifo:{self._path}"
         self._published: FifoPath | None = None
+        self._readers: set[_Reader] = set()  # those reading now: a ring wakes each
 
     @property
     def name(self) -> str:
@@ -200,7 +206,14 @@ class FifoSource:
             SourceError: the path cannot be claimed or opened (see the class docstring).
         """
         hold = FifoPath(self._path, self._mode, self._marker)
+        # The bell (made first, so the first marker names it) is rung by clients after
+        # an acquire due too soon for the pacing of a trickle; none without pacing.
+        bell = open_bell(self._path, self._mode) if self._read_interval > 0 else None
         try:
+            if bell is not None:
+                self._marker["bell"] = str(bell.path)
+                self._marker["bell_lead"] = bell_lead(self._read_interval)
+                bell.listen(asyncio.get_running_loop(), self._ring_readers)
             first = hold.open()
             async with anyio.create_task_group() as tg:
 
@@ -213,7 +226,13 @@ class FifoSource:
                 await hold.keep(read)
         finally:
             self._published = None
-            hold.close()
+            try:
+                hold.close()
+            finally:
+                if bell is not None:
+                    self._marker.pop("bell", None)
+                    self._marker.pop("bell_lead", None)
+                    bell.close()
 
     def advertise(self, keys: Mapping[str, object | None]) -> None:
         """Set extra keys of the marker (a ``None`` value removes its key); the marker
@@ -236,13 +255,19 @@ class FifoSource:
                 max_line=self._max_line,
                 interval=self._read_interval,
             )
+            self._readers.add(reader)
             try:
                 with draining(sink, reader):
                     await reader.run()
             finally:
+                self._readers.discard(reader)
                 reader.close()
                 if fifo.reading.cancel_called:  # evicted (or the run ends): close it
                     fifo.close()
+
+    def _ring_readers(self) -> None:
+        for reader in self._readers:
+            reader.ring()
 
     def __repr__(self) -> str:
         return f"<FifoSource {str(self._path)!r} mode={self._mode:#o}>"
@@ -280,6 +305,7 @@ class _Reader:
         "_pids",
         "_pipe_done",
         "_read_total",
+        "_rung",
         "_sink",
         "_trickle_max",
         "_waiting",
@@ -303,6 +329,8 @@ class _Reader:
         # The shortest times to their deadlines of the acquires read lately (see
         # aiotimer.sources._trickle).
         self._leads = Leads()
+        # The bell rang since the last read began: the pipe holds an acquire due soon.
+        self._rung = False
         self._sink = sink
         self.name = name  # the source's, which its batches are applied under
         self._chunk_size = chunk_size
@@ -496,6 +524,7 @@ class _Reader:
         from the pipe if that emptied it, else ``None``."""
         fd, chunk_size, read = self._fd, self._chunk_size, os.read
         backlog = self._backlog
+        self._rung = False  # what a ring so far was for is in the pipe: read below
         total = 0
         short = False  # the last read(2) found less than a chunk: it emptied the pipe
         for _ in range(MAX_READS_PER_WAKE):
@@ -534,7 +563,7 @@ class _Reader:
             pace = math.inf  # the interval at which the input rate fills ``room``
             while empty < EMPTY_READS:
                 slept = loop.time()
-                await asyncio.sleep(min(self._next_interval(), pace))
+                await self._pause(loop, min(self._next_interval(), pace))
                 read = await self._read_available()
                 if read:
                     pace = paced(loop.time() - slept, read, room)
@@ -546,6 +575,25 @@ class _Reader:
                     return
         finally:
             loop.add_reader(fd, self._wake_loop)
+
+    async def _pause(self, loop: asyncio.AbstractEventLoop, interval: float) -> None:
+        """Sleep ``interval`` seconds, or until the bell rings (or the drain fills the
+        backlog): not at all if it rang since the last read began."""
+        if self._rung:
+            return
+        self._waiting = waiting = loop.create_future()
+        timer = loop.call_later(interval, self._wake_loop)
+        try:
+            await waiting
+        finally:
+            timer.cancel()
+            self._waiting = None
+
+    def ring(self) -> None:
+        """A client rang the bell after writing an acquire due soon: read the pipe now
+        (see :mod:`aiotimer.sources._bell`)."""
+        self._rung = True
+        self._wake_loop()
 
     def _next_interval(self) -> float:
         return trickle_interval(self._interval, self._leads.shortest(time.monotonic()))

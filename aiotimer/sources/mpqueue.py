@@ -1,19 +1,23 @@
 """The multiprocessing-queue source: request objects, as torch's ``LocalTimerServer`` takes.
 
-How it works: one bridge thread blocks in ``queue.get()`` (an idle server makes no
-wake-ups), then drains up to ``max_batch`` more items with ``get_nowait()``, converts
-them to requests or rejections (off the event loop), queues the batch and has the loop
-submit it with one ``anyio.from_thread.run_sync`` call, which also paces the thread to
-the loop. A batch the thread has queued is also returned by the server's drain before an
-expiry (whichever workers are due; those queued when the server decided to act, see
-:mod:`aiotimer.sources._base`), so it is applied before a deadline that fell while the
-loop was busy. What the drain cannot promise: the thread takes one batch ahead of the
-loop, so items still in the queue's pipe when the server decides are not applied first,
-nor items still in the sending process (``put()`` returns before the sender's feeder
-thread writes the item). A release put before its deadline can then lose to it when the
-server's loop stalls; the FIFO and the socket keep that promise. To stop,
-:meth:`QueueSource.serve` puts a private stop token on the queue and waits for the thread
-to end; the token is unique to that run, so a stale one never stops a later run.
+How it works: one bridge thread waits until the queue has an item (an idle server makes
+no wake-ups), then takes up to ``max_batch`` items with ``get_nowait()``, converts them
+to requests or rejections (off the event loop), queues the batch and has the loop submit
+it with one ``anyio.from_thread.run_sync`` call, which also paces the thread to the
+loop. Before an expiry the server's drain (:meth:`_Bridge.hold`, see
+:mod:`aiotimer.sources._base`) first takes in itself, on a ``multiprocessing.Queue``,
+what the queue's pipe holds (up to ``_DRAIN_ITEMS``), then returns the batches queued
+when the server decided to act, so a release put before a deadline is applied before it,
+however late the thread is: it waits for the loop to take each batch, so what arrives
+while the loop is busy or stalled stays in the pipe. Taking from the queue and queueing
+the batch are one step under a lock, the thread's or the drain's, so items keep their
+order (the drain waits at most for the thread's batch in progress, ``max_batch`` items).
+What the drain cannot promise: items still in the sending process (``put()`` returns
+before the sender's feeder thread writes the item), and, on a thread ``queue.Queue``
+(where the thread blocks in ``get()``), anything but the batches already queued. On a
+``multiprocessing.Queue`` the thread waits for an item without taking it (``poll``). To
+stop, :meth:`QueueSource.serve` puts a private stop token on the queue and waits for the
+thread to end; the token is unique to that run, so a stale one never stops a later run.
 
 Accepted items:
 
@@ -77,6 +81,14 @@ class _Queue(Protocol):
     def put_nowait(self, obj: object) -> None: ...
 
 
+#: "No item in hand" for :meth:`_Bridge._take` (``None`` is an item: a rejected one).
+_NOTHING: Final = object()
+#: The items one drain takes from a ``multiprocessing.Queue``'s pipe at most: more than
+#: its 64 KiB hold (a request pickles to ~150 bytes), so a flood written while it reads
+#: cannot keep the loop.
+_DRAIN_ITEMS: Final[int] = 1024
+
+
 @dataclass(frozen=True, slots=True)
 class _Stop:
     """The stop token of one :meth:`QueueSource.serve` run (picklable)."""
@@ -98,14 +110,13 @@ class _PickledQueue:
         self._q: Any = q  # its private reader, locks and semaphore are used below
         self._max = max_bytes
 
-    def get(self) -> object:
+    def wait(self) -> None:
+        """Block until the queue has an item, taking none (no lock held meanwhile, so
+        :meth:`get_nowait` is never kept waiting)."""
         q = self._q
         if q._closed:
             raise ValueError("the queue is closed")
-        with q._rlock:
-            data = q._reader.recv_bytes()
-        q._sem.release()
-        return self._load(data)
+        q._reader.poll(None)
 
     def get_nowait(self) -> object:
         q = self._q
@@ -139,7 +150,7 @@ class _PickledQueue:
         return item
 
 
-def _queue_reader(queue: object, max_item_bytes: int) -> _Queue:
+def _queue_reader(queue: object, max_item_bytes: int) -> _Queue | _PickledQueue:
     """``queue`` itself, or a :class:`_PickledQueue` over it when it carries pickles."""
     if isinstance(queue, multiprocessing.queues.Queue) and all(
         hasattr(queue, a) for a in ("_reader", "_rlock", "_sem", "_closed")
@@ -242,7 +253,7 @@ class QueueSource:
             raise ValueError(f"max_batch must be positive, got {max_batch}")
         if max_item_bytes < 1:
             raise ValueError(f"max_item_bytes must be positive, got {max_item_bytes}")
-        self._queue: _Queue = _queue_reader(queue, max_item_bytes)
+        self._queue = _queue_reader(queue, max_item_bytes)
         self._max_batch = max_batch
         self._default_signal = int(default_signal)
 
@@ -305,6 +316,10 @@ class _Bridge:
         self.pending: deque[Decoded] = deque()
         self._popped = 0  # batches taken off ``pending`` so far (in the loop)
         self._limit = 0  # the drain's bound: ``_popped`` plus those pending at hold()
+        # Held while items are taken off the queue and their batch queued (the thread's
+        # or the drain's turn), so batches are queued in the order of their items.
+        self._taking = threading.Lock()
+        self._stopped = False  # the drain took this run's stop token
 
     def request_stop(self) -> None:
         """Ask the thread to end (from the loop; never blocks)."""
@@ -322,10 +337,8 @@ class _Bridge:
         """The thread's body: forward batches until the stop token or an error."""
         try:
             while not self.stopping.is_set():
-                items, stop = self._next_batch()
-                batch = self._decode(items)
-                if batch.requests or batch.rejections:
-                    self.pending.append(batch)
+                stop = self._take_next()
+                if self.pending:
                     anyio.from_thread.run_sync(self.flush, token=self.token)
                 if stop:
                     break
@@ -348,7 +361,8 @@ class _Bridge:
 
     def hold(self) -> None:
         """In the loop, as a drain: a decision is made now; bound the drain to the
-        batches the thread has queued by now."""
+        batches queued by now, after taking in what the queue's pipe holds."""
+        self.take_waiting()
         self._limit = self._popped + len(self.pending)
 
     def look(self, pids: AbstractSet[int] | None) -> bool:
@@ -356,6 +370,23 @@ class _Bridge:
         are left (they are decoded already; applying them all is cheaper than looking
         into them)."""
         return self._popped < self._limit and bool(self.pending)
+
+    def take_waiting(self) -> None:
+        """In the loop: queue, as batches, what a ``multiprocessing.Queue``'s pipe holds
+        now, up to ``_DRAIN_ITEMS`` items, after the batches the thread queued (waiting,
+        if the thread is taking a batch, for it to be queued). Nothing on a thread
+        ``queue.Queue``."""
+        if not isinstance(self.source._queue, _PickledQueue):
+            return
+        with self._taking:
+            for _ in range(-(-_DRAIN_ITEMS // self.source._max_batch)):
+                before = len(self.pending)
+                if self._take(_NOTHING):  # this run's stop token: the thread must see it
+                    self._stopped = True
+                    self.source._queue.put_nowait(self.stop)  # wakes its wait()
+                    break
+                if len(self.pending) == before:
+                    break
 
     def step(self) -> Decoded | None:
         """In the loop, as a drain: take the oldest pending batch queued before the
@@ -372,15 +403,45 @@ class _Bridge:
         self._popped += 1
         return batch
 
-    def _next_batch(self) -> tuple[list[object], bool]:
-        """Block for one item, then take what is already there, up to ``max_batch``.
+    def _take_next(self) -> bool:
+        """In the thread: wait for an item, then take what the queue holds, up to
+        ``max_batch`` items, and queue it as a batch; whether this run's stop token came
+        (or the drain took it)."""
+        q = self.source._queue
+        if isinstance(q, _PickledQueue):
+            q.wait()
+            with self._taking:
+                return self._stopped or self._take(_NOTHING)
+        first = q.get()
+        with self._taking:
+            return self._take(first)
+
+    def _take(self, first: object) -> bool:
+        """With ``_taking`` held: take what the queue holds after ``first`` (unless
+        ``_NOTHING``), up to ``max_batch`` items, and queue them as a batch (unless empty);
+        whether this run's stop token came."""
+        items, stop = self._collect(first)
+        batch = self._decode(items)
+        if batch.requests or batch.rejections:
+            self.pending.append(batch)
+        return stop
+
+    def _collect(self, first: object) -> tuple[list[object], bool]:
+        """``first`` (unless ``_NOTHING``) and what is already there after it, up to
+        ``max_batch`` items in all.
 
         Returns the items and whether this run's stop token came (nothing after it is
         taken, so it stays queued for the next run).
         """
         q = self.source._queue
         items: list[object] = []
-        item = q.get()
+        if first is _NOTHING:
+            try:
+                item = q.get_nowait()
+            except queue_mod.Empty:
+                return items, False
+        else:
+            item = first
         while True:
             if type(item) is _Stop:  # never isinstance: __class__ may be a property
                 if item == self.stop:
