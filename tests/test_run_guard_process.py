@@ -12,6 +12,7 @@ other waits are bounded by 20 s.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -342,8 +343,14 @@ def test_a_child_with_its_own_environment_and_a_pid_hopper_are_gone_after_sigkil
         sup.communicate()
         os.close(reader)
         if "session" in locals():
-            for pid in _session_members(session):
-                os.kill(pid, signal.SIGKILL)
+            # A pid hopper outruns a kill by pid: kill its process group (the worker's,
+            # whose number is the session's), at once for every member.
+            for _ in range(3):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(session, signal.SIGKILL)
+                for pid in _session_members(session):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
 
 
 def _wait_hop(first: int) -> None:
@@ -414,8 +421,14 @@ def test_the_next_run_stops_a_child_with_its_own_environment_in_a_dead_runs_cgro
         sup.wait()
         os.close(reader)
         if "session" in locals():
-            for pid in _session_members(session):
-                os.kill(pid, signal.SIGKILL)
+            # A pid hopper outruns a kill by pid: kill its process group (the worker's,
+            # whose number is the session's), at once for every member.
+            for _ in range(3):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(session, signal.SIGKILL)
+                for pid in _session_members(session):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
 
 
 def _cmdline(pid: str) -> bytes | None:
