@@ -288,7 +288,8 @@ def _file_path(text: str, what: str | None) -> Path:
     path = Path(text)
     if not text or path.name in ("", ".", ".."):
         purpose = "" if what is None else f" for {what}"
-        raise argparse.ArgumentTypeError(f"need a file path{purpose}, got {text!r}")
+        named = f"{text!r} is a directory; " if text and path.is_dir() else ""
+        raise argparse.ArgumentTypeError(f"{named}need a file path{purpose}, got {text!r}")
     return path
 
 
