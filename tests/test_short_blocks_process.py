@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.process, pytest.mark.timeout(150)]
 
 #: How late after its deadline the short block's reap may be and count as on time.
 LATE = 0.05
-ROUNDS = 6
+ROUNDS = 4
 
 # A worker: long blocks back to back (their lines trickle in), then a 0.05 s block that
 # hangs. It prints the short block's wall-clock deadline first.
