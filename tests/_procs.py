@@ -13,8 +13,10 @@ from __future__ import annotations
 import json
 import os
 import select
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -156,3 +158,16 @@ def events(path: Path) -> list[dict[str, Any]]:
 
 def kinds(records: Sequence[dict[str, Any]]) -> list[str]:
     return [r["event"] for r in records]
+
+
+@contextmanager
+def sticky_dir_of(uid: int, prefix: str) -> Iterator[Path]:
+    """A sticky directory (as ``/tmp`` is root's) owned by ``uid``, traversable by all:
+    what one user may not remove or rename over there is another's (needs root)."""
+    base = Path(tempfile.mkdtemp(prefix=prefix))
+    base.chmod(0o1777)
+    os.chown(base, uid, uid)
+    try:
+        yield base
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

@@ -25,13 +25,12 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from _procs import BOUND, env, line, send, serve_argv
+from _procs import BOUND, env, line, send, serve_argv, sticky_dir_of
 
 pytestmark = [
     pytest.mark.process,
@@ -54,13 +53,8 @@ with expires(after=8, scope="hung"):
 @pytest.fixture
 def sticky() -> Iterator[Path]:
     """A sticky directory of another user, traversable by all."""
-    base = Path(tempfile.mkdtemp(prefix="aiotimer-jsquat-"))
-    base.chmod(0o1777)
-    os.chown(base, SQUATTER + 1, SQUATTER + 1)
-    try:
+    with sticky_dir_of(SQUATTER + 1, "aiotimer-jsquat-") as base:
         yield base
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def plant(path: Path) -> None:

@@ -22,13 +22,12 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _procs import BOUND, env
+from _procs import BOUND, env, sticky_dir_of
 
 pytestmark = [
     pytest.mark.process,
@@ -54,13 +53,8 @@ with expires(after=0.3, scope="hung"):
 @pytest.fixture
 def sticky() -> Iterator[Path]:
     """A sticky directory of another user (as ``/tmp`` is root's), traversable."""
-    base = Path(tempfile.mkdtemp(prefix="aiotimer-squat-"))
-    base.chmod(0o1777)
-    os.chown(base, SQUATTER + 1, SQUATTER + 1)
-    try:
+    with sticky_dir_of(SQUATTER + 1, "aiotimer-squat-") as base:
         yield base
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def plant(path: Path, body: dict[str, object]) -> None:

@@ -117,19 +117,15 @@ def expires(
     the client can, see docs/clients.md), the block's own exception propagates
     untouched, and a cancelled task still sends its release.
     """
-    try:
-        if (signal is not None and (not isinstance(signal, int) or isinstance(signal, bool))) or (
-            scope is not None and not isinstance(scope, str)
-        ):
-            raise TypeError  # a float signal, bytes as a scope, would reach the wire
-        if scope is None:
-            return Expires(default_scope(), after, None, client, signal, kill_after, True)
-        return Expires(scope, after, None, client, signal, kill_after)
-    except TypeError as exc:
-        named = argument_type_error(
-            "expires", after=after, scope=scope, signal=signal, kill_after=kill_after
-        )
-        raise (exc if named is None else named) from None
+    return _block(
+        "expires",
+        after=after,
+        deadline=None,
+        scope=scope,
+        client=client,
+        signal=signal,
+        kill_after=kill_after,
+    )
 
 
 def expires_at(
@@ -147,16 +143,40 @@ def expires_at(
     A deadline already past is sent as "expire now"; one more than
     :data:`MAX_DEADLINE_AHEAD` ahead is refused with ``ValueError`` (an epoch time).
     """
+    return _block(
+        "expires_at",
+        after=None,
+        deadline=deadline,
+        scope=scope,
+        client=client,
+        signal=signal,
+        kill_after=kill_after,
+    )
+
+
+def _block(
+    face: str,
+    *,
+    after: float | None,
+    deadline: float | None,
+    scope: str | None,
+    client: TimerClient | None,
+    signal: int | None,
+    kill_after: float | None,
+) -> Expires:
+    """The block :func:`expires` or :func:`expires_at` (``face``) makes; a wrong
+    argument type is a ``TypeError`` naming the argument and its accepted type."""
     try:
         if (signal is not None and (not isinstance(signal, int) or isinstance(signal, bool))) or (
             scope is not None and not isinstance(scope, str)
         ):
             raise TypeError  # a float signal, bytes as a scope, would reach the wire
         if scope is None:
-            return Expires(default_scope(), None, deadline, client, signal, kill_after, True)
-        return Expires(scope, None, deadline, client, signal, kill_after)
+            return Expires(default_scope(2), after, deadline, client, signal, kill_after, True)
+        return Expires(scope, after, deadline, client, signal, kill_after)
     except TypeError as exc:
+        timing = {"after": after} if face == "expires" else {"deadline": deadline}
         named = argument_type_error(
-            "expires_at", deadline=deadline, scope=scope, signal=signal, kill_after=kill_after
+            face, **timing, scope=scope, signal=signal, kill_after=kill_after
         )
         raise (exc if named is None else named) from None
