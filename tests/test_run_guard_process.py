@@ -343,14 +343,18 @@ def test_a_child_with_its_own_environment_and_a_pid_hopper_are_gone_after_sigkil
         sup.communicate()
         os.close(reader)
         if "session" in locals():
-            # A pid hopper outruns a kill by pid: kill its process group (the worker's,
-            # whose number is the session's), at once for every member.
-            for _ in range(3):
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(session, signal.SIGKILL)
-                for pid in _session_members(session):
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGKILL)
+            _kill_session(session)
+
+
+def _kill_session(session: int) -> None:
+    """Kill what is left in the worker's session. A pid hopper outruns a kill by pid: its
+    process group (the worker's, whose number is the session's) is killed at once."""
+    for _ in range(3):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(session, signal.SIGKILL)
+        for pid in _session_members(session):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def _wait_hop(first: int) -> None:
@@ -421,14 +425,7 @@ def test_the_next_run_stops_a_child_with_its_own_environment_in_a_dead_runs_cgro
         sup.wait()
         os.close(reader)
         if "session" in locals():
-            # A pid hopper outruns a kill by pid: kill its process group (the worker's,
-            # whose number is the session's), at once for every member.
-            for _ in range(3):
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(session, signal.SIGKILL)
-                for pid in _session_members(session):
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGKILL)
+            _kill_session(session)
 
 
 def _cmdline(pid: str) -> bytes | None:
