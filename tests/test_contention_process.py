@@ -33,11 +33,10 @@ from _procs import BOUND, Sentinel, env, events, wait_for_marker
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(120)]
 
-#: How late a hung worker may be reaped under the flood (the p99 of its samples).
+#: How late a hung worker may be reaped under the flood (the p99 of its samples), also
+#: under ``aiotimer run``, whose supervisor shares the server's loop (on a quiet 2-core
+#: host the hung ranks there were reaped at most 3 ms late; at load 30, 0.37 s).
 LATE_BOUND = 0.25
-#: The same under ``aiotimer run``, whose supervisor shares the server's loop and
-#: restarts the hung ranks meanwhile (its own work delays the next reap a little).
-RUN_LATE_BOUND = 0.5
 
 # One healthy worker: blocks of 0.2 s with a 1 s timeout, each logged when its release
 # returned, with the block's deadline (monotonic).
@@ -172,7 +171,7 @@ def test_a_flooding_rank_gets_no_healthy_sibling_killed(tmp_path: Path) -> None:
         assert false_kills(records, logs) == [], f"run {run}"
         late += hung_lateness(records)
     assert late, "no hung worker was reaped"
-    assert p99(late) <= RUN_LATE_BOUND, f"hung workers reaped late: {sorted(late)}"
+    assert p99(late) <= LATE_BOUND, f"hung workers reaped late: {sorted(late)}"
 
 
 # Healthy workers in one process tree: the parent imports aiotimer once and forks
