@@ -30,7 +30,7 @@ from _pids import fake_pid
 from aiotimer import TimerServer
 from aiotimer.events import Event, TimerExpired
 from aiotimer.server import _expiry
-from aiotimer.sources import fifo
+from aiotimer.sources import _fifo_reader
 from aiotimer.sources.fifo import FifoSource
 from aiotimer.testing import FakeClock, RecordingReaper, RecordingSink, settle
 from aiotimer.wire import Request, encode
@@ -46,7 +46,7 @@ DUE, OTHER_DUE, LATE = fake_pid(4242), fake_pid(4343), fake_pid(4444)
 def peeking(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
     """``True``: the drain peeks through ``tee(2)``; ``False``: it reads the pipe."""
     if request.param == "read":
-        monkeypatch.setattr(fifo, "open_peek", lambda fd: None)
+        monkeypatch.setattr(_fifo_reader, "open_peek", lambda fd: None)
         return False
     return True
 
@@ -232,7 +232,9 @@ def test_a_drain_never_reads_past_what_the_pipe_held_at_the_decision(peeking: bo
     r, w = os.pipe2(os.O_NONBLOCK)
     try:
         sink = RecordingSink()
-        reader = fifo._Reader(r, sink, "fifo:t", chunk_size=4096, max_line=4096, interval=0.0)
+        reader = _fifo_reader.FifoReader(
+            r, sink, "fifo:t", chunk_size=4096, max_line=4096, interval=0.0
+        )
         before = b"".join(release(DUE, f"b{i}") for i in range(50))
         after = b"".join(release(DUE, f"a{i}") for i in range(50))
         os.write(w, before)

@@ -363,12 +363,12 @@ def test_one_writer_at_the_timer_cap_never_starves_other_workers(tmp_path: Path)
 def test_a_source_failing_while_serving_ends_serve_with_exit_1(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from aiotimer.sources import fifo  # noqa: PLC0415
+    from aiotimer.sources import _fifo_reader  # noqa: PLC0415
 
     async def broken(self: object) -> None:
         raise OSError(5, "Input/output error")
 
-    monkeypatch.setattr(fifo._Reader, "run", broken)
+    monkeypatch.setattr(_fifo_reader.FifoReader, "run", broken)
     assert main(["serve", "--fifo", str(tmp_path / "t.fifo"), "--loop", "asyncio"]) == 1
     err = capsys.readouterr().err
     assert "aiotimer serve: error: source fifo:" in err and "Input/output error" in err
