@@ -33,7 +33,8 @@ from aiotimer.diagnostics import (
     read_dump,
     uninstall_dump_handler,
 )
-from aiotimer.reapers._dumps import MAX_KEPT_DUMPS, LeftDumps, NoDump, py_spy_dump_or_why
+from aiotimer.reapers._dumps import NoDump, py_spy_dump_or_why
+from aiotimer.reapers._left_dumps import MAX_KEPT_DUMPS, LeftDumps
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -18,8 +18,8 @@ from aiotimer._edges.files import check_private_dir
 from aiotimer.control._paths import MAX_SOCKET_PATH, fits_socket
 from aiotimer.core._stats import ScopeStats
 from aiotimer.core._stats_format import format_summaries
-from aiotimer.reapers._dumps import MAX_KEPT_DUMPS
 from aiotimer.reapers._kill_policy import KillPolicy
+from aiotimer.reapers._left_dumps import MAX_KEPT_DUMPS
 from aiotimer.reapers._policy import Escalation, ReapPolicy
 
 __all__ = [

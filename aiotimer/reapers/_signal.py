@@ -22,9 +22,10 @@ from typing import Protocol, runtime_checkable
 import anyio
 
 from aiotimer.errors import ProcessGoneError, RefusedTargetError
-from aiotimer.reapers._dumps import LeftDumps, NoDump, collect_dump_or_why, py_spy_dump_or_why
+from aiotimer.reapers._dumps import NoDump, collect_dump_or_why, py_spy_dump_or_why
 from aiotimer.reapers._identity import PinnedProcess, server_identity
 from aiotimer.reapers._kill_policy import KillPolicy, ServerIdentity
+from aiotimer.reapers._left_dumps import LeftDumps
 
 __all__ = ["NoDump", "Reaper", "SignalReaper"]
 
@@ -102,8 +103,8 @@ class SignalReaper:
             is installed.
         keep_dumps: keep the dump files that exited workers leave behind (a reaped
             worker cannot remove its own), at most
-            :data:`~aiotimer.reapers._dumps.MAX_KEPT_DUMPS`, instead of removing each
-            once its worker is gone (:class:`~aiotimer.reapers._dumps.LeftDumps`).
+            :data:`~aiotimer.reapers._left_dumps.MAX_KEPT_DUMPS`, instead of removing each
+            once its worker is gone (:class:`~aiotimer.reapers._left_dumps.LeftDumps`).
     """
 
     __slots__ = ("_kill_policy", "_left", "_procs", "_py_spy", "_server", "_waiting")
