@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from _waits import wait_until
 
-from aiotimer.reapers._dumps import MAX_KEPT_DUMPS
+from aiotimer.reapers._left_dumps import MAX_KEPT_DUMPS
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(90)]
 
