@@ -37,7 +37,6 @@ from aiotimer._version import __version__
 from aiotimer.core._stats import ScopeStats
 from aiotimer.errors import ServerStateError
 from aiotimer.events import Event
-from aiotimer.reapers._kill_policy import fifo_mode_warning
 from aiotimer.reapers._policy import ReapPolicy
 from aiotimer.reapers._signal import Reaper, SignalReaper
 from aiotimer.server import _view
@@ -53,11 +52,9 @@ from aiotimer.server._eventbus import EventBus
 from aiotimer.server._journal import journal_path
 from aiotimer.server._run import Run, RunSettings
 from aiotimer.server._statsfile import StatsFile, stats_path_for
+from aiotimer.server._transports import own_sources
 from aiotimer.server._view import DEFAULT_LIMIT, EventHistory, ServerSnapshot, ServerState
 from aiotimer.sources._base import Source
-from aiotimer.sources.fifo import FifoSource
-from aiotimer.sources.mpqueue import QueueSource
-from aiotimer.sources.socket import SocketSource
 from aiotimer.wire import Decoded, Rejection, Request, validate
 
 if TYPE_CHECKING:
@@ -164,19 +161,10 @@ class TimerServer(TaskOwner):
     ) -> None:
         if max_timers < 1 or max_timers_per_worker < 1:
             raise ValueError("max_timers and max_timers_per_worker must be at least 1")
-        own: list[Source] = []
         self._fifo_path = None if fifo is None else Path(fifo)
-        self._fifo_source: FifoSource | None = None
-        if socket is not None:
-            own.append(SocketSource(socket, mode=fifo_mode if socket_mode is None else socket_mode))
-        if fifo is not None:
-            if (warning := fifo_mode_warning(fifo_mode)) is not None:
-                logger.warning("%s: %s", fifo, warning)
-            marker = {} if socket is None else {"socket": os.fspath(socket)}
-            self._fifo_source = FifoSource(fifo, mode=fifo_mode, marker=marker)
-            own.append(self._fifo_source)
-        if queue is not None:
-            own.append(QueueSource(queue))
+        own, self._fifo_source = own_sources(
+            fifo=fifo, queue=queue, socket=socket, fifo_mode=fifo_mode, socket_mode=socket_mode
+        )
         self._sources: tuple[Source, ...] = (*own, *sources)
         self._reaper: Reaper = reaper if reaper is not None else SignalReaper()
         self._clock: Clock = clock if clock is not None else MonotonicClock()
