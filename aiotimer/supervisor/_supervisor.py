@@ -66,8 +66,8 @@ from aiotimer.supervisor._records import (
     rank_status,
 )
 from aiotimer.supervisor._restart import GiveUp, Restart, RestartPlanner, RestartPolicy, WorkerState
+from aiotimer.supervisor._rundumps import RunDumps
 from aiotimer.supervisor._runfile import RunFile, runs_dir, runtime_parent, sweep
-from aiotimer.wire._dumpfile import ENV_DUMP_DIR
 
 __all__ = [
     "WORKER_ENV",
@@ -172,9 +172,7 @@ class Supervisor(TaskOwner):
         self._env = dict(os.environ if env is None else env)
         self._reap_policy = reap_policy
         self._reaper: Reaper = reaper if reaper is not None else SignalReaper(keep_dumps=keep_dumps)
-        self._dump_dir = dump_dir
-        self._keep_dumps = keep_dumps
-        self._own_dumps: Path | None = None  # the dump directory made for the run
+        self._dumps = RunDumps(dump_dir, keep=keep_dumps)
         self._on_event = on_event
         self._event_log_path = event_log
         self._runtime_parent = runtime_dir
@@ -283,23 +281,12 @@ class Supervisor(TaskOwner):
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
-        dumps, self._own_dumps = self._own_dumps, None
-        if dumps is not None:
-            if self._keep_dumps and any(dumps.iterdir()):
-                logger.info("the workers' dump files are kept in %s", dumps)
-            else:
-                shutil.rmtree(dumps, ignore_errors=True)
+        self._dumps.remove()
 
     def _place_dumps(self, parent: str | None, tag: str) -> None:
         """One dump directory for the run: given, else the environment's, else made
         now; the workers (``AIOTIMER_DUMP_DIR``), the reaper and the reports use it."""
-        given = self._dump_dir if self._dump_dir is not None else self._env.get(ENV_DUMP_DIR)
-        if given:
-            where = Path(given)
-        else:
-            where = Path(tempfile.mkdtemp(prefix=f"aiotimer-dumps-{tag}-", dir=parent))
-            self._own_dumps = where
-        self._env[ENV_DUMP_DIR] = str(where)
+        where = self._dumps.place(self._env, parent, tag)
         if isinstance(self._reaper, SignalReaper) and self._reaper.dump_dir is None:
             self._reaper.dump_dir = where
         if self._ranks.hang is not None:
