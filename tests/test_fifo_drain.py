@@ -29,7 +29,7 @@ from _pids import fake_pid
 
 from aiotimer import TimerServer
 from aiotimer.events import Event, TimerExpired
-from aiotimer.server import _expiry
+from aiotimer.server import _drains
 from aiotimer.sources import _fifo_reader
 from aiotimer.sources.fifo import FifoSource
 from aiotimer.testing import FakeClock, RecordingReaper, RecordingSink, settle
@@ -57,7 +57,7 @@ def one_turn(monkeypatch: pytest.MonkeyPatch) -> None:
     is taken in one turn of the loop: on a loaded machine the CPU time of the first
     pass (a copy and a scan of a pipe-full) may pass the slice a turn allows, and the
     decision would then go on in later turns, with the reader running in between."""
-    monkeypatch.setattr(_expiry, "DRAIN_SLICE", 10.0)
+    monkeypatch.setattr(_drains, "DRAIN_SLICE", 10.0)
 
 
 @dataclass
@@ -261,7 +261,7 @@ async def test_a_decision_spread_over_many_turns_is_late_never_wrong(
     """With no CPU time allowed per turn, every decision takes a step per turn, the
     reader running in between: the release still wins, and the worker named nowhere
     is reaped once the drain is done."""
-    monkeypatch.setattr(_expiry, "DRAIN_SLICE", 0.0)
+    monkeypatch.setattr(_drains, "DRAIN_SLICE", 0.0)
     async with rig(tmp_path) as r:
         r.server.submit(Request(DUE, "a", 1.0, KILL, mono=1.0))
         r.server.submit(Request(OTHER_DUE, "b", 1.0, KILL, mono=1.0))

@@ -1,11 +1,16 @@
-"""The engine's ingest: applying one decoded batch of requests to the timer table.
+"""The machine's ingest: applying one decoded batch of requests to the timer table.
+Pure: no I/O, no clock; what it does outside the table it appends as effects
+(:mod:`aiotimer.server._effects`) to :attr:`Ingest.out`.
 
 How this works
 --------------
-:meth:`Ingest.apply` takes a batch (a source's read, or what a drain returned before an
-expiry) and applies its requests in order, then counts its rejections and reports the
-first :data:`REPORTED_REJECTIONS` one by one (:class:`~aiotimer.events.RequestRejected`),
-the rest in one event, so a read of garbage costs a bounded number of events. A request:
+A batch (a source's read, or what a drain returned before an expiry) is first
+*prepared* (:meth:`Ingest.prepare`): folded if it can be (below), and the workers it
+names for the first time listed, to be pinned (:class:`~aiotimer.server._effects.Pin`)
+before anything of it is applied. Then :meth:`Ingest.apply` applies its requests in
+order, then counts its rejections and reports the first :data:`REPORTED_REJECTIONS`
+one by one (:class:`~aiotimer.events.RequestRejected`), the rest in one event, so a read
+of garbage costs a bounded number of events. A request:
 
 * *release*: the timer leaves the table; its duration (release time - acquire time)
   is recorded for its scope's site (:mod:`aiotimer.core._stats`). Releasing an unknown
@@ -14,45 +19,41 @@ the rest in one event, so a read of garbage costs a bounded number of events. A 
   records the block's real duration. A release that says its block was cancelled at
   its own deadline (the first tier of an ``async with`` block) is counted and reported
   (:class:`~aiotimer.events.BlockCancelled`).
-* *acquire*: the first timer of a pid starts watching the worker
-  (:meth:`~aiotimer.reapers._watch.Watchlist.attach`); a worker the reaper cannot attach
-  is reported (:class:`~aiotimer.events.WorkerUnknown`) and its request dropped; a
-  worker pinned is attributed to the user that runs it (its real uid, read once from
-  ``/proc``). The server's own process is never watched: its timers only report their
-  expiry. Caps (:mod:`aiotimer.server._quota`): an acquire of a new key is rejected (a
-  counted :class:`~aiotimer.events.RequestRejected` naming the worker) when its worker
-  holds ``max_timers_per_worker``; when the table holds ``max_timers``, a timer of the
-  user that holds the most (at least two more than the acquiring worker's user; else of
-  the acquiring user's largest worker, at least two more than the acquiring worker)
-  makes room (:class:`~aiotimer.events.TimerEvicted`); otherwise it is rejected.
+* *acquire*: a worker that could not be pinned (the reaper cannot attach it) is
+  reported (:class:`~aiotimer.events.WorkerUnknown`) and its request dropped; a worker
+  pinned is attributed to the user that runs it (the machine tells the quota). The
+  server's own process is never watched: its timers only report their expiry. Caps
+  (:mod:`aiotimer.server._quota`): an acquire of a new key is rejected (a counted
+  :class:`~aiotimer.events.RequestRejected` naming the worker) when its worker holds
+  ``max_timers_per_worker``; when the table holds ``max_timers``, a timer of the user
+  that holds the most (at least two more than the acquiring worker's user; else of the
+  acquiring user's largest worker, at least two more than the acquiring worker) makes
+  room (:class:`~aiotimer.events.TimerEvicted`); otherwise it is rejected.
 
 A batch of several requests is folded first (:mod:`aiotimer.core._fold`): a block whose
 acquire and release are both in it never reaches the table; it is counted and its
 duration (zero: both arrived now) recorded. Near a cap, where the order of the table's
 changes matters, the requests are applied one by one.
 
-The journal (:mod:`aiotimer.server._journal`), when there is one, is told every change
-of a timer. Timers restored from it (:meth:`Ingest.mark_restored`) speak for a worker
-only until that worker sends anything: its client re-sends the blocks it still has
-open, so the restored ones are dropped first.
+With a journal, every change of a timer is an effect for it. Timers restored from it
+(:meth:`Ingest.mark_restored`) speak for a worker only until that worker sends
+anything: its client re-sends the blocks it still has open, so the restored ones are
+dropped first.
 
-Ingest never handles expiries: the engine does, once the batch is applied.
+Ingest never handles expiries: the machine does, once the batch is applied.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Final
 
-from aiotimer._edges.clock import Clock
-from aiotimer._edges.procfs import read_status
-from aiotimer.core._fold import fold
+from aiotimer.core._fold import Fold, fold
 from aiotimer.core._stats import DurationStats, Overdue
 from aiotimer.core._table import ReapOptions, Timer, TimerTable
 from aiotimer.events import (
     BlockCancelled,
-    Event,
     RequestRejected,
     ServerCounters,
     TimerAcquired,
@@ -60,12 +61,11 @@ from aiotimer.events import (
     TimerReleased,
     WorkerUnknown,
 )
-from aiotimer.reapers._watch import Watchlist
-from aiotimer.server._journal import Journal
+from aiotimer.server._effects import Effect, JournalAcquired, JournalReleased
 from aiotimer.server._quota import Quota
 from aiotimer.wire import Decoded, Rejection, Request
 
-__all__ = ["MAX_TIMERS", "MAX_TIMERS_PER_WORKER", "REPORTED_REJECTIONS", "Ingest"]
+__all__ = ["MAX_TIMERS", "MAX_TIMERS_PER_WORKER", "REPORTED_REJECTIONS", "Ingest", "Prepared"]
 
 #: Default cap on live timers in all; acquires past it are rejected.
 MAX_TIMERS = 1_000_000
@@ -75,18 +75,20 @@ MAX_TIMERS_PER_WORKER = 100_000
 REPORTED_REJECTIONS: Final = 64
 
 
-def _uid_of(pid: int) -> int | None:
-    """The real uid of process ``pid``, whose timers count against that user's share
-    (see :mod:`aiotimer.server._quota`); ``None`` when ``/proc`` cannot tell."""
-    try:
-        status = read_status(pid)
-    except OSError:
-        return None
-    return None if status is None else status.uid
+@dataclass(slots=True, eq=False)
+class Prepared:
+    """A batch made ready to apply (:meth:`Ingest.prepare`): its fold, if it is applied
+    folded, and the workers to pin first (pid -> start time), in the order named."""
+
+    batch: Decoded
+    folded: Fold | None
+    pins: dict[int, int | None] = field(default_factory=dict)
 
 
 class Ingest:
-    """Applies batches of requests to one engine's table (see the module docs)."""
+    """Applies batches of requests to one machine's table (see the module docs).
+
+    ``watched`` is the machine's live set of pinned workers; ``quota`` its caps."""
 
     def __init__(
         self,
@@ -95,10 +97,10 @@ class Ingest:
         counts: ServerCounters,
         stats: DurationStats,
         overdue: Overdue,
-        watchlist: Watchlist,
-        clock: Clock,
-        emit: Callable[[Event], None],
-        journal: Journal | None,
+        quota: Quota,
+        watched: set[int],
+        own_pid: int,
+        journal: bool,
         request_events: bool,
         max_timers: int,
         max_timers_per_worker: int,
@@ -107,28 +109,43 @@ class Ingest:
         self._counts = counts
         self._stats = stats
         self._overdue = overdue
-        self._watchlist = watchlist
-        self._watched = watchlist.by_pid
-        self._clock = clock
-        self._emit = emit
+        self._watched = watched
         self._journal = journal
         self._request_events = request_events
         self._max_timers = max_timers
         self._max_per_worker = max_timers_per_worker
-        self._quota = Quota(table, max_timers, max_timers_per_worker)
-        self._own_pid = os.getpid()
-        self._quota.own(self._own_pid, os.getuid())
+        self._quota = quota
+        self._own_pid = own_pid
         self._restored: dict[int, set[str]] = {}  # journal timers, until the worker speaks
+        #: Where the effects of the current step go (set by the machine).
+        self.out: list[Effect] = []
 
-    def apply(self, batch: Decoded, source: str) -> None:
-        """Apply ``batch`` from ``source``: every request in order, then one event per
-        rejection."""
-        clock = self._clock
-        mono, wall = clock.monotonic(), clock.time()
+    def prepare(self, batch: Decoded) -> Prepared:
+        """Fold ``batch`` if it is applied folded, and list the workers it names for
+        the first time in the acquires it applies: they are pinned first."""
+        requests = batch.requests
+        folded = None
+        if len(requests) > 1 and not self._request_events:
+            folded = fold(requests)
+            if not self._far_from_caps(folded.pids(), len(requests)):
+                folded = None
+        prepared = Prepared(batch, folded)
+        watched, own, pins = self._watched, self._own_pid, prepared.pins
+        applied = requests if folded is None else [requests[i] for i in folded.apply]
+        for req in applied:
+            pid = req.pid
+            if pid not in watched and pid != own and pid not in pins and not req.is_release:
+                pins[pid] = req.start_time
+        return prepared
+
+    def apply(self, prepared: Prepared, source: str, mono: float, wall: float) -> None:
+        """Apply a prepared batch from ``source`` (its workers pinned, or found
+        unknown): every request in order, then one event per rejection."""
+        batch = prepared.batch
         requests = batch.requests
         self._counts.requests += len(requests)
-        if len(requests) > 1 and not self._request_events:
-            self._apply_folded(requests, source, mono, wall)
+        if prepared.folded is not None:
+            self._apply_folded(prepared.folded, requests, source, mono, wall)
         else:
             for req in requests:
                 self._apply(req, source, mono, wall)
@@ -141,7 +158,7 @@ class Ingest:
         self._counts.rejected += len(rejections)
         for rej in rejections[:REPORTED_REJECTIONS]:
             text = rej.line.decode("ascii", "backslashreplace")
-            self._emit(RequestRejected(time=wall, reason=rej.reason, line=text, source=source))
+            self.out.append(RequestRejected(time=wall, reason=rej.reason, line=text, source=source))
         more = len(rejections) - REPORTED_REJECTIONS
         if more > 0:
             sample = rejections[REPORTED_REJECTIONS]
@@ -150,7 +167,7 @@ class Ingest:
                 f"by one; the first: {sample.reason}"
             )
             text = sample.line.decode("ascii", "backslashreplace")
-            self._emit(RequestRejected(time=wall, reason=reason, line=text, source=source))
+            self.out.append(RequestRejected(time=wall, reason=reason, line=text, source=source))
 
     def mark_restored(self, requests: Sequence[Request]) -> int:
         """The acquires ``requests``, applied, came from the journal (see the module
@@ -170,15 +187,11 @@ class Ingest:
             self._quota.disown(pid)
 
     def _apply_folded(
-        self, requests: Sequence[Request], source: str, mono: float, wall: float
+        self, folded: Fold, requests: Sequence[Request], source: str, mono: float, wall: float
     ) -> None:
-        """Apply a batch as its requests one by one (see the module docs)."""
-        folded = fold(requests)
+        """Apply a batch, far from the caps, as its requests one by one (see the module
+        docs)."""
         table = self._table
-        if not self._far_from_caps(folded.pids(), len(requests)):
-            for req in requests:
-                self._apply(req, source, mono, wall)
-            return
         pairs = folded.pairs
         counts = self._counts
         counts.released += pairs
@@ -186,7 +199,7 @@ class Ingest:
         # What the folded requests do to the state before the batch, before the applied
         # requests: nothing of those keys comes first (see aiotimer.core._fold), and far
         # from the caps nothing else can tell the order.
-        restored, overdue, journal = self._restored, self._overdue, self._journal
+        restored, overdue, journal, out = self._restored, self._overdue, self._journal, self.out
         for pid in folded.pids():
             if restored and pid in restored:
                 self._drop_restored(pid)
@@ -199,8 +212,8 @@ class Ingest:
             for scope_id in [s for s in scopes if folded.ends(pid, s)]:
                 if overdue:
                     overdue.pop((pid, scope_id))
-                if table.release(pid, scope_id) is not None and journal is not None:
-                    journal.released(pid, scope_id)
+                if table.release(pid, scope_id) is not None and journal:
+                    out.append(JournalReleased(pid, scope_id))
         for i in folded.apply:
             self._apply(requests[i], source, mono, wall)
         self._stats.record_many(folded.paired, 0.0)
@@ -224,11 +237,9 @@ class Ingest:
         pid, table = req.pid, self._table
         if self._overdue:
             self._overdue.pop((pid, req.scope_id))  # re-acquired: that block's end is unknown
-        if pid not in self._watched and pid != self._own_pid:
-            if not self._watchlist.attach(pid, req.start_time):
-                self._emit(WorkerUnknown(time=wall, pid=pid, scope_id=req.scope_id, source=source))
-                return
-            self._quota.own(pid, _uid_of(pid))
+        if pid not in self._watched and pid != self._own_pid:  # it could not be pinned
+            self.out.append(WorkerUnknown(time=wall, pid=pid, scope_id=req.scope_id, source=source))
+            return
         if (
             len(table) >= self._max_timers or table.worker_size(pid) >= self._max_per_worker
         ) and table.get(pid, req.scope_id) is None:
@@ -245,11 +256,11 @@ class Ingest:
         timer = Timer(pid, req.scope_id, deadline, req.signal, mono, options, req.kill_after or 0.0)
         if table.acquire(timer) is None:
             self._quota.added += 1
-        if self._journal is not None:
-            self._journal.acquired(timer)
+        if self._journal:
+            self.out.append(JournalAcquired(timer))
         self._counts.acquired += 1
         if self._request_events:
-            self._emit(
+            self.out.append(
                 TimerAcquired(
                     time=wall,
                     pid=pid,
@@ -265,12 +276,12 @@ class Ingest:
         if req.cancelled:
             self._cancelled(req, released, mono, wall)
         if released is not None:
-            if self._journal is not None:
-                self._journal.released(req.pid, req.scope_id)
+            if self._journal:
+                self.out.append(JournalReleased(req.pid, req.scope_id))
             self._counts.released += 1
             self._stats.record(req.scope_id, max(0.0, mono - released.acquired_at))
             if self._request_events:
-                self._emit(
+                self.out.append(
                     TimerReleased(time=wall, pid=req.pid, scope_id=req.scope_id, source=source)
                 )
         elif self._overdue:
@@ -285,7 +296,7 @@ class Ingest:
         late = kill_after = None
         if timer is not None and timer.kill_after > 0:
             late, kill_after = max(0.0, mono - timer.block_deadline), timer.kill_after
-        self._emit(
+        self.out.append(
             BlockCancelled(
                 time=wall, pid=req.pid, scope_id=req.scope_id, late=late, kill_after=kill_after
             )
@@ -295,19 +306,21 @@ class Ingest:
         self._counts.rejected += 1
         self._counts.cap_rejected += 1
         line = f"acquire {req.scope_id!r} of pid {req.pid}"[:200]
-        self._emit(RequestRejected(time=wall, reason=reason, line=line, source=source, pid=req.pid))
+        self.out.append(
+            RequestRejected(time=wall, reason=reason, line=line, source=source, pid=req.pid)
+        )
 
     def _evict(self, pid: int, scope_id: str, *, for_pid: int, wall: float) -> None:
         """Drop timer ``(pid, scope_id)`` to make room for a new one of ``for_pid``."""
         holds = self._table.worker_size(pid)
         self._table.release(pid, scope_id)
-        if self._journal is not None:
-            self._journal.released(pid, scope_id)
+        if self._journal:
+            self.out.append(JournalReleased(pid, scope_id))
         restored = self._restored.get(pid)
         if restored is not None:
             restored.discard(scope_id)
         self._counts.evicted += 1
-        self._emit(
+        self.out.append(
             TimerEvicted(
                 time=wall,
                 pid=pid,
@@ -321,5 +334,5 @@ class Ingest:
     def _drop_restored(self, pid: int) -> None:
         """Worker ``pid`` spoke: drop the timers the journal restored for it."""
         for scope_id in self._restored.pop(pid, ()):
-            if self._table.release(pid, scope_id) is not None and self._journal is not None:
-                self._journal.released(pid, scope_id)
+            if self._table.release(pid, scope_id) is not None and self._journal:
+                self.out.append(JournalReleased(pid, scope_id))
