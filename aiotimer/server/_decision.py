@@ -1,5 +1,6 @@
-"""The rule before an expiry, as a pure step: whose input must be applied before the
-timers due at a decision's instant are acted on. Pure: no I/O, no clock.
+"""The rule before an expiry, as a pure step of the server's machine
+(:mod:`aiotimer.server._machine`): whose input must be applied before the timers due at
+a decision's instant are acted on. Pure: no I/O, no clock.
 
 The rule: before a worker is acted on at deadline ``D``, everything its transport held
 for it at ``D`` is applied; a release sent before the deadline always wins. A
@@ -10,8 +11,9 @@ out, an acquire that has expired already puts one in), answers each time either 
 for these workers first" (:class:`Look`) or "act" (``None``). It answers "act" only once
 every worker due at ``at`` has been looked for and the drains are done with them, so a
 budget never decides; the shell only spreads the work over turns of the loop (the reap
-is late, never wrong). It terminates: each :class:`Look` names at least one worker not
-looked for before, and after a look for anyone it answers "act".
+is late, never wrong: :mod:`aiotimer.server._drains`). It terminates: each
+:class:`Look` names at least one worker not looked for before, and after a look for
+anyone it answers "act".
 """
 
 from __future__ import annotations

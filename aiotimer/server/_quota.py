@@ -7,9 +7,10 @@ worker (a leak in one worker). A global cap alone lets one party starve everyone
 processes, each under the per-worker cap, fill the table, and every other worker's
 acquire is then refused, or its oldest (hung) block evicted, so it is never reaped. So
 the table is shared first between *users*, then between the workers of each user. A
-timer belongs to the user (uid) that runs its worker: the shell tells :meth:`Quota.own`
-when it first pins the worker (docs/operations.md argues why, per transport). For the
-acquire of a new timer by worker ``W`` of user ``u`` (:meth:`Quota.admit`):
+timer belongs to the user (uid) that runs its worker: the machine tells
+:meth:`Quota.own` when the worker is first pinned (docs/operations.md argues why, per
+transport). For the acquire of a new timer by worker ``W`` of user ``u``
+(:meth:`Quota.admit`):
 
 1. ``W`` at ``max_per_worker``: refused (it leaks timers);
 2. the table below ``max_timers``: admitted;

@@ -11,8 +11,10 @@ Three ways to run it:
 Lifecycle: ``created -> starting -> running -> stopping -> stopped``; a stopped server
 can be started again (with a fresh, empty table). See :mod:`aiotimer._edges.lifecycle`.
 
-One run (its task groups) is :mod:`aiotimer.server._run`; the work itself (ingest,
-expiry, reaping) is :mod:`aiotimer.server._engine`; every read goes through one bounded
+One run (its task groups) is :mod:`aiotimer.server._run`; the work itself is one pure
+machine (:mod:`aiotimer.server._machine`: ingest, the decision before an expiry, acting
+on due timers) whose effects its shell carries out (:mod:`aiotimer.server._engine`:
+pins, reaps, drains, journal, events, the alarm); every read goes through one bounded
 snapshot, :mod:`aiotimer.server._view`. The server knows nothing of the layers above it
 (control plane, cluster): they read its snapshot and :meth:`TimerServer.advertise`.
 """
