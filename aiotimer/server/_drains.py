@@ -78,14 +78,11 @@ class Drains:
     def __init__(self) -> None:
         self._drains: list[Drain] = []
         self._pending: list[Drain] | None = None  # the drains not done with the pass
+        #: Whether a pass is in progress (begun by :meth:`look`, not yet done).
+        self.passing = False
 
     def __len__(self) -> int:
         return len(self._drains)
-
-    @property
-    def passing(self) -> bool:
-        """Whether a pass is in progress (begun by :meth:`look`, not yet done)."""
-        return self._pending is not None
 
     def add(self, drain: Drain, *, hold: bool) -> Callable[[], None]:
         """Add ``drain`` (held at once with ``hold``: a decision is in progress);
@@ -109,6 +106,7 @@ class Drains:
     def look(self, pids: AbstractSet[int] | None) -> None:
         """Begin a pass for ``pids`` (``None``: anyone) over every drain."""
         self._pending = [drain for drain in self._drains if _look(drain, pids)]
+        self.passing = True
 
     def step(self, stop_at: float, apply: Apply) -> bool:
         """Step the pass's drains in turn, handing ``apply`` what they return, until
@@ -129,11 +127,13 @@ class Drains:
             if pending and (steps >= MAX_DRAIN_STEPS or time.thread_time() >= stop_at):
                 return False
         self._pending = None
+        self.passing = False
         return True
 
     def end(self) -> None:
         """Drop the pass in progress, done or not (a best-effort pass)."""
         self._pending = None
+        self.passing = False
 
     def drain_all(self, apply: Apply) -> None:
         """Hand ``apply`` everything every drain holds now, for anyone, to the end (a

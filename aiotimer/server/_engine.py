@@ -167,8 +167,11 @@ class Engine:
         handle the deadlines that fell meanwhile."""
         self._applying = True
         try:
-            self._apply(batch, source)
-            self.catch_up()
+            clock = self._clock
+            effects = self._machine.submit(batch, source, clock.monotonic(), clock.time())
+            if effects:
+                self._carry(effects)
+            self._expire(clock.monotonic())
         finally:
             self._applying = False
 
@@ -259,10 +262,14 @@ class Engine:
             return False
         self._handling = True
         try:
-            until = stop_at(slice_)
             clock, machine, drains = self._clock, self._machine, self._drains
             if not drains.passing:
-                self._carry(machine.tick(now, clock.time()))
+                effects = machine.tick(now, clock.time())
+                if effects:
+                    self._carry(effects)
+                if not drains.passing:
+                    return True
+            until = stop_at(slice_)
             while drains.passing:
                 if not drains.step(until, self._apply):
                     return False
@@ -284,6 +291,10 @@ class Engine:
                 elif isinstance(effect, JournalReleased):
                     assert journal is not None
                     journal.released(effect.pid, effect.scope_id)
+                elif isinstance(effect, Arm):
+                    self._deadline = effect.deadline
+                    if self._alarm is not None:
+                        self._alarm.set(effect.deadline)
                 elif isinstance(effect, Pin):
                     answer = self._pin(effect)
                 elif isinstance(effect, ActOn):
@@ -295,10 +306,6 @@ class Engine:
                     if effect.hold:
                         self._drains.hold()
                     self._drains.look(effect.pids)
-                elif isinstance(effect, Arm):
-                    self._deadline = effect.deadline
-                    if self._alarm is not None:
-                        self._alarm.set(effect.deadline)
                 elif isinstance(effect, JournalCleared):
                     assert journal is not None
                     journal.cleared(effect.pid)

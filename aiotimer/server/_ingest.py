@@ -46,7 +46,6 @@ Ingest never handles expiries: the machine does, once the batch is applied.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Final
 
 from aiotimer.core._fold import Fold, fold
@@ -65,7 +64,7 @@ from aiotimer.server._effects import Effect, JournalAcquired, JournalReleased
 from aiotimer.server._quota import Quota
 from aiotimer.wire import Decoded, Rejection, Request
 
-__all__ = ["MAX_TIMERS", "MAX_TIMERS_PER_WORKER", "REPORTED_REJECTIONS", "Ingest", "Prepared"]
+__all__ = ["MAX_TIMERS", "MAX_TIMERS_PER_WORKER", "REPORTED_REJECTIONS", "Ingest"]
 
 #: Default cap on live timers in all; acquires past it are rejected.
 MAX_TIMERS = 1_000_000
@@ -73,16 +72,6 @@ MAX_TIMERS = 1_000_000
 MAX_TIMERS_PER_WORKER = 100_000
 #: Rejections of one batch reported one by one; the rest in one event (all counted).
 REPORTED_REJECTIONS: Final = 64
-
-
-@dataclass(slots=True, eq=False)
-class Prepared:
-    """A batch made ready to apply (:meth:`Ingest.prepare`): its fold, if it is applied
-    folded, and the workers to pin first (pid -> start time), in the order named."""
-
-    batch: Decoded
-    folded: Fold | None
-    pins: dict[int, int | None] = field(default_factory=dict)
 
 
 class Ingest:
@@ -120,32 +109,36 @@ class Ingest:
         #: Where the effects of the current step go (set by the machine).
         self.out: list[Effect] = []
 
-    def prepare(self, batch: Decoded) -> Prepared:
-        """Fold ``batch`` if it is applied folded, and list the workers it names for
-        the first time in the acquires it applies: they are pinned first."""
+    def prepare(self, batch: Decoded) -> tuple[Fold | None, dict[int, int | None] | None]:
+        """``batch``'s fold, if it is applied folded, and the workers it names for the
+        first time in the acquires it applies (pid -> start time, in the order named;
+        ``None``: none), to be pinned first."""
         requests = batch.requests
         folded = None
         if len(requests) > 1 and not self._request_events:
             folded = fold(requests)
             if not self._far_from_caps(folded.pids(), len(requests)):
                 folded = None
-        prepared = Prepared(batch, folded)
-        watched, own, pins = self._watched, self._own_pid, prepared.pins
+        watched, own = self._watched, self._own_pid
+        pins: dict[int, int | None] | None = None
         applied = requests if folded is None else [requests[i] for i in folded.apply]
         for req in applied:
             pid = req.pid
-            if pid not in watched and pid != own and pid not in pins and not req.is_release:
-                pins[pid] = req.start_time
-        return prepared
+            if pid not in watched and pid != own and not req.is_release:
+                if pins is None:
+                    pins = {}
+                pins.setdefault(pid, req.start_time)
+        return folded, pins
 
-    def apply(self, prepared: Prepared, source: str, mono: float, wall: float) -> None:
-        """Apply a prepared batch from ``source`` (its workers pinned, or found
-        unknown): every request in order, then one event per rejection."""
-        batch = prepared.batch
+    def apply(
+        self, batch: Decoded, folded: Fold | None, source: str, mono: float, wall: float
+    ) -> None:
+        """Apply ``batch`` from ``source``, prepared (``folded`` if so) and its workers
+        pinned or found unknown: every request in order, then one event per rejection."""
         requests = batch.requests
         self._counts.requests += len(requests)
-        if prepared.folded is not None:
-            self._apply_folded(prepared.folded, requests, source, mono, wall)
+        if folded is not None:
+            self._apply_folded(folded, requests, source, mono, wall)
         else:
             for req in requests:
                 self._apply(req, source, mono, wall)

@@ -80,6 +80,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from aiotimer.core._fold import Fold
 from aiotimer.core._latency import LatencyHistogram
 from aiotimer.core._stats import DurationStats, Overdue
 from aiotimer.core._table import Timer, TimerTable
@@ -107,7 +108,7 @@ from aiotimer.server._effects import (
     ProceedReap,
     Question,
 )
-from aiotimer.server._ingest import MAX_TIMERS, MAX_TIMERS_PER_WORKER, Ingest, Prepared
+from aiotimer.server._ingest import MAX_TIMERS, MAX_TIMERS_PER_WORKER, Ingest
 from aiotimer.server._quota import Quota
 from aiotimer.wire import Decoded, Request
 
@@ -139,7 +140,8 @@ def _known_due(timer: Timer) -> float:
 class _Batch:
     """A batch waiting for its workers to be pinned."""
 
-    prepared: Prepared
+    batch: Decoded
+    folded: Fold | None
     source: str
     mono: float
     wall: float
@@ -256,9 +258,13 @@ class Machine:
         if self._batch is not None:
             raise MachineError("a batch while another waits for its workers")
         self.last_progress = mono
-        prepared = self._ingest.prepare(batch)
-        pins = list(prepared.pins.items())[::-1]  # taken from the end: in order
-        self._batch = _Batch(prepared, source, mono, wall, pins)
+        folded, pins = self._ingest.prepare(batch)
+        if pins is None:  # every worker it names is known: apply it now
+            out = self._out = self._ingest.out = []
+            self._ingest.apply(batch, folded, source, mono, wall)
+            return out
+        order = list(pins.items())[::-1]  # taken from the end: in order
+        self._batch = _Batch(batch, folded, source, mono, wall, order)
         return self._pin_next()
 
     def mark_restored(self, requests: Sequence[Request]) -> int:
@@ -293,7 +299,7 @@ class Machine:
             self._ask(Pin(*batch.pins.pop()))
             return out
         self._batch = None
-        self._ingest.apply(batch.prepared, batch.source, batch.mono, batch.wall)
+        self._ingest.apply(batch.batch, batch.folded, batch.source, batch.mono, batch.wall)
         return out
 
     # -- the clock ----------------------------------------------------------------------
@@ -306,17 +312,21 @@ class Machine:
     def tick(self, now: float, wall: float) -> list[Effect]:
         """Handle the timers due at ``now`` (one slice), or begin the decision that asks
         for their input first; then set the alarm if the next deadline moved."""
-        if self.question is not None or self._batch is not None:
+        if self._question is not None or self._need is not None or self._batch is not None:
             raise MachineError(f"a tick while {self.question!r} is open")
-        out = self._start()
-        if self.due(now):
+        out = self._out = self._ingest.out = []
+        deadline = self.table.next_deadline(budget=EXPIRE_BUDGET)
+        if deadline is not None and deadline <= now:
             if self._drains:
                 self._decision = Decision(now)
                 self._look(now, wall, hold=True)
             else:
                 self._act(now, now, wall)
-        if self.question is None:
-            self._arm()
+            if self.question is None:
+                self._arm()
+        elif (math.inf if deadline is None else deadline) != self._armed:
+            self._armed = math.inf if deadline is None else deadline
+            out.append(Arm(self._armed))
         return out
 
     def input_taken(self, now: float, wall: float) -> list[Effect]:
