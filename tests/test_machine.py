@@ -60,6 +60,7 @@ class World:
     max_per_worker: int
     unknown: frozenset[int]  # workers the reaper cannot attach
     refused: frozenset[int]  # workers whose first signal is refused
+    unpinned: frozenset[int] = frozenset()  # workers kept unpinned (out of descriptors)
     drains: bool = True
     now: float = 100.0
     buffer: list[Written] = field(default_factory=list)
@@ -149,7 +150,8 @@ class World:
                     if effect.pid in self.unknown:
                         answer = self.machine.unattached(effect.pid)
                     else:
-                        answer = self.machine.pinned(effect.pid, effect.pid % 2)
+                        unpinned = effect.pid in self.unpinned
+                        answer = self.machine.pinned(effect.pid, effect.pid % 2, unpinned=unpinned)
                 elif isinstance(effect, NeedInput):
                     assert self.looking is False
                     if effect.hold:
@@ -178,7 +180,10 @@ class World:
                 self.acquire_ids[(*timer.key, timer.deadline)],
             )
         )
-        if not act.plan or timer.pid in self.reaping:
+        if timer.pid in self.unpinned:
+            return Acted.UNPINNED
+        assert act.plan, "a report-only timer of a pinned worker needs no act"
+        if timer.pid in self.reaping:
             return Acted.NOT_BEGUN
         self.begun.add(timer.pid)
         if timer.pid in self.refused:
@@ -271,18 +276,18 @@ def _run(world: World, ops: list[tuple[object, ...]]) -> None:
 @given(
     ops=st.lists(OPS, min_size=20, max_size=80),
     caps=st.tuples(st.integers(1, 8), st.integers(1, 4)) | st.just((1000, 1000)),
-    unknown=st.frozensets(st.sampled_from(WORKERS), max_size=1),
-    refused=st.frozensets(st.sampled_from(WORKERS), max_size=1),
+    odd=st.tuples(*[st.frozensets(st.sampled_from(WORKERS), max_size=1)] * 3),
     drains=st.booleans(),
 )
 def test_the_machine_never_acts_before_the_input_written_before_the_deadline(
     ops: list[tuple[object, ...]],
     caps: tuple[int, int],
-    unknown: frozenset[int],
-    refused: frozenset[int],
+    odd: tuple[frozenset[int], frozenset[int], frozenset[int]],
     drains: bool,
 ) -> None:
-    world = World(caps[0], caps[1], unknown, refused, drains=drains)
+    """``odd``: the workers that cannot be attached, whose first signal is refused, and
+    that stay unpinned."""
+    world = World(caps[0], caps[1], *odd, drains=drains)
     if not drains:
         # Without drains nothing can be read at a decision: the source reads all it
         # holds whenever it reads, and the loop ticks only after a read.
@@ -414,3 +419,20 @@ def test_timers_falling_due_during_a_decision_wait_for_the_next_one() -> None:
         ],
     )
     assert [(pid, scope) for pid, scope, _, _ in world.acted] == [(p1, "a")]
+
+
+def test_a_report_only_expiry_asks_to_act_only_on_an_unpinned_worker() -> None:
+    machine = _machine()
+    pinned, unpinned = WORKERS[0], WORKERS[1]
+    reqs = [Request(pid, "a", WALL + 1, 0, mono=1.0) for pid in (pinned, unpinned)]
+    assert machine.submit(Decoded(reqs), "s", 0.0, WALL) == [Pin(pinned, None)]
+    assert machine.pinned(pinned, 0) == [Pin(unpinned, None)]
+    machine.pinned(unpinned, 0, unpinned=True)
+    effects = machine.tick(2.0, WALL + 2)
+    reported = [e for e in effects if isinstance(e, TimerExpired)]
+    assert [e.pid for e in reported] == [pinned] and reported[0].report_only
+    act = effects[-1]
+    assert isinstance(act, ActOn) and act.timer.pid == unpinned and act.plan == ()
+    effects = machine.acted(Acted.UNPINNED)
+    (expired,) = [e for e in effects if isinstance(e, TimerExpired)]
+    assert expired.report_only and "file descriptors" in expired.action

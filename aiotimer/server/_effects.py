@@ -62,9 +62,10 @@ class Pin:
 @dataclass(frozen=True, slots=True)
 class ActOn:
     """``timer`` of a watched worker expired at ``now``: pin its worker again if it is
-    unpinned, then begin a reap with ``plan`` (an empty plan: report only; ``due`` is
-    when the server could first act, for the reap latency), and answer how it went
-    (:class:`Acted`). A first signal leaves here, before the expiry is reported."""
+    unpinned, then begin a reap with ``plan`` (an empty plan, asked only for an
+    unpinned worker: report only; ``due`` is when the server could first act, for the
+    reap latency), and answer how it went (:class:`Acted`). A first signal leaves here,
+    before the expiry is reported."""
 
     timer: Timer
     plan: tuple[Step, ...]

@@ -317,8 +317,11 @@ class Engine:
             effects = answer
 
     def _pin(self, pin: Pin) -> list[Effect]:
-        if self._watchlist.attach(pin.pid, pin.start_time):
-            return self._machine.pinned(pin.pid, _uid_of(pin.pid))
+        watchlist = self._watchlist
+        if watchlist.attach(pin.pid, pin.start_time):
+            worker = watchlist.get(pin.pid)
+            unpinned = worker is not None and worker.state is WatchState.UNPINNED
+            return self._machine.pinned(pin.pid, _uid_of(pin.pid), unpinned=unpinned)
         return self._machine.unattached(pin.pid)
 
     def _act_on(self, act: ActOn) -> list[Effect]:

@@ -35,7 +35,8 @@ input                              what the machine does, and the effects it ret
                                    another :class:`NeedInput` for workers due since,
                                    or the due timers acted on
 (acting on a slice)                per due timer, in deadline order: a watched worker's
-                                   is asked :class:`ActOn` (its plan); the report
+                                   is asked :class:`ActOn` (its plan; with an empty
+                                   plan only if unpinned: to pin it again); the report
                                    (:class:`~aiotimer.events.TimerExpired`) follows the
                                    answer; then :class:`ProceedReap` per reap begun,
                                    :class:`~aiotimer.events.LoopLagged` if late,
@@ -199,6 +200,7 @@ class Machine:
         self._own_pid = own_pid
         self._journal = journal
         self._watched: set[int] = set()
+        self._unpinned: set[int] = set()  # watched, but not pinned (out of descriptors)
         self._quota = Quota(self.table, max_timers, max_timers_per_worker)
         self._quota.own(own_pid, own_uid)
         self._ingest = Ingest(
@@ -272,10 +274,14 @@ class Machine:
         their worker only until it sends anything. How many of them are in the table."""
         return self._ingest.mark_restored(requests)
 
-    def pinned(self, pid: int, uid: int | None) -> list[Effect]:
-        """Answer to :class:`Pin`: worker ``pid`` is watched, run by user ``uid``."""
+    def pinned(self, pid: int, uid: int | None, *, unpinned: bool = False) -> list[Effect]:
+        """Answer to :class:`Pin`: worker ``pid`` is watched, run by user ``uid``
+        (``unpinned``: kept without its identity, for lack of file descriptors; it is
+        pinned again when one of its timers expires)."""
         self._answer_pin(pid)
         self._watched.add(pid)
+        if unpinned:
+            self._unpinned.add(pid)
         self._quota.own(pid, uid)
         return self._pin_next()
 
@@ -371,6 +377,16 @@ class Machine:
         out = self._start()
         timer, plan = work.asked
         work.asked = None
+        if how is not Acted.UNPINNED:  # pinned again (or gone)
+            self._unpinned.discard(timer.pid)
+        self._acted(timer, plan, how, work)
+        self._go_on(work)
+        if self._question is None:
+            self._arm()
+        return out
+
+    def _acted(self, timer: Timer, plan: tuple[Step, ...], how: Acted, work: _Slice) -> None:
+        """Report ``timer``'s expiry, now that acting on it went ``how``."""
         now = work.now
         if how is Acted.UNWATCHED:
             self._report_unwatched(timer, now, work.wall)
@@ -392,10 +408,6 @@ class Machine:
                 self._out.append(ProceedReap(timer.pid, (timer.scope_id,), 0))
             elif how is Acted.BEGUN:
                 work.begun[timer.pid] = _Begun([timer.scope_id])
-        self._go_on(work)
-        if self._question is None:
-            self._arm()
-        return out
 
     def _act(self, now: float, at: float, wall: float) -> None:
         """Act on the timers due at ``at`` (one slice), at ``now``."""
@@ -426,6 +438,9 @@ class Machine:
                 self._report_unwatched(timer, now, work.wall)
                 continue
             plan = tuple(self._policy.plan(timer))
+            if not plan and timer.pid not in self._unpinned:  # report only: nothing to do
+                self._acted(timer, plan, Acted.NOT_BEGUN, work)
+                continue
             work.asked = (timer, plan)
             self._ask(ActOn(timer, plan, now, _known_due(timer)))
             return
@@ -488,6 +503,7 @@ class Machine:
         """Worker ``pid`` has gone (``reason`` says how): clear its timers. Taken at any
         time, also while a question is open (a signal or a pinning found it gone)."""
         self._watched.discard(pid)
+        self._unpinned.discard(pid)
         self.counts.workers_exited += 1
         count, cleared = self.table.drop_worker(pid, sample=MAX_REPORTED_SCOPES)
         self._ingest.forget(pid)
