@@ -213,8 +213,7 @@ class Engine:
     def add_drain(self, drain: Drain) -> Callable[[], None]:
         """Ask ``drain`` before every expiry (see :mod:`aiotimer.sources._base`); returns
         the function that removes it."""
-        deciding = isinstance(self._machine.question, NeedInput)
-        remove = self._drains.add(drain, hold=deciding)
+        remove = self._drains.add(drain, hold=self._machine.deciding)
         self._machine.set_drains(len(self._drains))
 
         def removed() -> None:

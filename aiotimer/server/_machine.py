@@ -238,6 +238,11 @@ class Machine:
         """The question open, if any (see the module docs)."""
         return self._question if self._question is not None else self._need
 
+    @property
+    def deciding(self) -> bool:
+        """Whether a decision is in progress (its :class:`NeedInput` is open)."""
+        return self._need is not None
+
     def watched(self, pid: int) -> bool:
         """Whether worker ``pid`` is pinned (or kept unpinned) as the machine knows."""
         return pid in self._watched
