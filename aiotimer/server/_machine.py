@@ -70,7 +70,8 @@ its timers falling due in the same slice are folded into it (one
 :class:`~aiotimer.events.TimerExpired` for the first; the
 :class:`~aiotimer.events.WorkerReaped` lists at most
 :data:`~aiotimer.events.MAX_REPORTED_SCOPES` scopes, the rest counted). A worker still
-unpinned is pinned again first; if it cannot be, its expiry is only reported. Every
+unpinned is pinned again first; if it cannot be, its expiry is only reported (what
+each report says: :mod:`aiotimer.server._slice`). Every
 slice records how late it was handled (:attr:`Machine.loop_lag`); a lag above
 :attr:`Machine.lag_threshold` is reported as :class:`~aiotimer.events.LoopLagged`.
 """
@@ -79,7 +80,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from aiotimer.core._fold import Fold
 from aiotimer.core._latency import LatencyHistogram
@@ -89,11 +90,10 @@ from aiotimer.events import (
     MAX_REPORTED_SCOPES,
     LoopLagged,
     ServerCounters,
-    TimerExpired,
     WorkerExited,
 )
 from aiotimer.reapers._policy import ReapPolicy
-from aiotimer.reapers._steps import Step, format_plan
+from aiotimer.reapers._steps import Step
 from aiotimer.server._decision import Decision
 from aiotimer.server._effects import (
     Acted,
@@ -111,6 +111,7 @@ from aiotimer.server._effects import (
 )
 from aiotimer.server._ingest import MAX_TIMERS, MAX_TIMERS_PER_WORKER, Ingest
 from aiotimer.server._quota import Quota
+from aiotimer.server._slice import Begun, Slice, expiry, known_due
 from aiotimer.wire import Decoded, Request
 
 __all__ = ["EXPIRE_BUDGET", "LAG_THRESHOLD", "Machine"]
@@ -123,19 +124,6 @@ LAG_THRESHOLD = 0.1
 #: nobody waits for more than one slice (~1-2 ms).
 EXPIRE_BUDGET = 1024
 
-_OUT_OF_DESCRIPTORS = (
-    "nothing: the server ran out of file descriptors and cannot prove the worker's "
-    "identity (see the log)"
-)
-
-
-def _known_due(timer: Timer) -> float:
-    """When the server could first act on ``timer``: its deadline, or its arrival when
-    it arrived already past its deadline (the loop is not late for a request that was).
-    Loop lag and reap latency run from here; :attr:`TimerExpired.late` from the deadline.
-    """
-    return max(timer.deadline, timer.acquired_at)
-
 
 @dataclass(slots=True, eq=False)
 class _Batch:
@@ -147,27 +135,6 @@ class _Batch:
     mono: float
     wall: float
     pins: list[tuple[int, int | None]]
-
-
-@dataclass(slots=True, eq=False)
-class _Begun:
-    """A reap begun in the current slice: the scopes it covers so far."""
-
-    scopes: list[str]
-    folded: int = 0  # timers of the same slice beyond those listed
-
-
-@dataclass(slots=True, eq=False)
-class _Slice:
-    """One slice of expired timers being acted on."""
-
-    now: float
-    wall: float
-    expired: list[Timer]
-    index: int = 0
-    #: pid -> the reap begun in this slice.
-    begun: dict[int, _Begun] = field(default_factory=dict)
-    asked: tuple[Timer, tuple[Step, ...]] | None = None
 
 
 class Machine:
@@ -221,7 +188,7 @@ class Machine:
         self._need: NeedInput | None = None  # answered turns later; batches come meanwhile
         self._batch: _Batch | None = None
         self._decision: Decision | None = None
-        self._slice: _Slice | None = None
+        self._slice: Slice | None = None
         self._drains = 0
         self._armed = math.inf  # the deadline the alarm is set to
         #: How late each slice of expiries was handled (the loop was busy), seconds.
@@ -390,37 +357,26 @@ class Machine:
             self._arm()
         return out
 
-    def _acted(self, timer: Timer, plan: tuple[Step, ...], how: Acted, work: _Slice) -> None:
+    def _acted(self, timer: Timer, plan: tuple[Step, ...], how: Acted, work: Slice) -> None:
         """Report ``timer``'s expiry, now that acting on it went ``how``."""
-        now = work.now
-        if how is Acted.UNWATCHED:
-            self._report_unwatched(timer, now, work.wall)
-        elif how is Acted.UNPINNED:
-            self._record_expired(timer, now)
-            self._report(timer, work, report_only=True, action=_OUT_OF_DESCRIPTORS)
-        elif how is not Acted.GONE:  # a gone worker's exit is reported on its own
-            self._record_expired(timer, now)
-            if not plan:  # the block runs on: its release will tell how long it took
-                self.overdue.add(timer.key, timer.acquired_at)
-                action = format_plan(plan)
-                if self._policy.shadow and timer.signal > 0:
-                    intended = format_plan(self._policy.intended(timer))
-                    action = "nothing (shadow mode); would do: " + intended
-                self._report(timer, work, report_only=True, action=action)
-            else:
-                self._report(timer, work, report_only=False, action=format_plan(plan))
-            if how is Acted.REFUSED:  # a refused timer abandons only itself
-                self._out.append(ProceedReap(timer.pid, (timer.scope_id,), 0))
-            elif how is Acted.BEGUN:
-                work.begun[timer.pid] = _Begun([timer.scope_id])
+        if how is Acted.GONE:  # a gone worker's exit is reported on its own
+            return
+        self.stats.record_expired(timer.scope_id, max(0.0, work.now - timer.acquired_at))
+        if not plan and how is not Acted.UNPINNED:  # the block runs on: its release
+            self.overdue.add(timer.key, timer.acquired_at)  # will tell how long it took
+        self._out.append(expiry(timer, plan, how, work, self._policy))
+        if how is Acted.REFUSED:  # a refused timer abandons only itself
+            self._out.append(ProceedReap(timer.pid, (timer.scope_id,), 0))
+        elif how is Acted.BEGUN:
+            work.begun[timer.pid] = Begun([timer.scope_id])
 
     def _act(self, now: float, at: float, wall: float) -> None:
         """Act on the timers due at ``at`` (one slice), at ``now``."""
         self.last_progress = now
         expired = self.table.pop_expired(at, budget=EXPIRE_BUDGET)
-        self._go_on(_Slice(now, wall, expired))
+        self._go_on(Slice(now, wall, expired))
 
-    def _go_on(self, work: _Slice) -> None:
+    def _go_on(self, work: Slice) -> None:
         """Act on the slice's timers from where it stands, until a question or its end."""
         self._slice = work
         expired, begun, now, journal = work.expired, work.begun, work.now, self._journal
@@ -433,21 +389,21 @@ class Machine:
             counts.expired += 1
             started = begun.get(timer.pid)
             if started is not None:  # folded into the reap this slice began
-                self._record_expired(timer, now)
+                self.stats.record_expired(timer.scope_id, max(0.0, now - timer.acquired_at))
                 if len(started.scopes) < MAX_REPORTED_SCOPES:
                     started.scopes.append(timer.scope_id)
                 else:
                     started.folded += 1
                 continue
-            if timer.pid not in self._watched:
-                self._report_unwatched(timer, now, work.wall)
+            if timer.pid not in self._watched:  # the server's own process
+                self._acted(timer, (), Acted.UNWATCHED, work)
                 continue
             plan = tuple(self._policy.plan(timer))
             if not plan and timer.pid not in self._unpinned:  # report only: nothing to do
                 self._acted(timer, plan, Acted.NOT_BEGUN, work)
                 continue
             work.asked = (timer, plan)
-            self._ask(ActOn(timer, plan, now, _known_due(timer)))
+            self._ask(ActOn(timer, plan, now, known_due(timer)))
             return
         self._slice = None
         for pid, started in begun.items():
@@ -460,47 +416,10 @@ class Machine:
             omitted = started.folded + count - len(others)
             out.append(ProceedReap(pid, (*scopes, *others), omitted))
         if expired:
-            lag = now - _known_due(expired[0])
+            lag = now - known_due(expired[0])
             self.loop_lag.observe(lag)
             if lag > self.lag_threshold:
                 out.append(LoopLagged(time=work.wall, lag=lag, expired=len(expired)))
-
-    def _record_expired(self, timer: Timer, now: float) -> None:
-        self.stats.record_expired(timer.scope_id, max(0.0, now - timer.acquired_at))
-
-    def _report_unwatched(self, timer: Timer, now: float, wall: float) -> None:
-        """A timer of a process not watched (the server's own) expired: report only."""
-        self._record_expired(timer, now)
-        self.overdue.add(timer.key, timer.acquired_at)
-        action = format_plan(())
-        if timer.signal > 0:
-            action = "nothing: the server never signals its own process"
-        self._out.append(
-            TimerExpired(
-                time=wall,
-                pid=timer.pid,
-                scope_id=timer.scope_id,
-                signal=timer.signal,
-                late=now - timer.deadline,
-                report_only=True,
-                action=action,
-                kill_after=timer.kill_after,
-            )
-        )
-
-    def _report(self, timer: Timer, work: _Slice, *, report_only: bool, action: str) -> None:
-        self._out.append(
-            TimerExpired(
-                time=work.wall,
-                pid=timer.pid,
-                scope_id=timer.scope_id,
-                signal=timer.signal,
-                late=work.now - timer.deadline,
-                report_only=report_only,
-                action=action,
-                kill_after=timer.kill_after,
-            )
-        )
 
     # -- workers ------------------------------------------------------------------------
 
