@@ -323,6 +323,7 @@ class FifoClient:
             and request.pid == self._pid
             and request.grace is None
             and not request.group
+            and request.learned is None
         ):
             encoder = self._encoder(request.signal, request.dump, request.kill_after or 0.0)
             return encoder(request.scope_id, request.expiration_time, mono)

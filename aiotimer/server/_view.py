@@ -30,6 +30,7 @@ import msgspec
 
 from aiotimer._edges.lifecycle import LifecycleState
 from aiotimer.core._latency import LatencyHistogram
+from aiotimer.core._learned import LearnedSummary
 from aiotimer.core._stats import ScopeStats
 from aiotimer.core._timer import Timer
 from aiotimer.events import Event, ServerCounters, ServerStopped
@@ -98,7 +99,8 @@ class ServerSnapshot:
     subscribers; ``incidents`` are the last reaps and refusals, numbered as events,
     oldest first. ``journal`` is the journal's path (``None``: it keeps none) and
     ``journal_problem`` why it cannot be written now (``None``: it can, or it has not
-    tried yet). A server that is not running lists no
+    tried yet). ``learned`` are the learned timeouts' scopes (most samples first). A
+    server that is not running lists no
     workers or timers, and keeps its last run's counters, statistics and histograms.
     """
 
@@ -127,6 +129,7 @@ class ServerSnapshot:
     incidents: tuple[tuple[int, Event], ...] = ()
     journal: str | None = None
     journal_problem: str | None = None
+    learned: tuple[LearnedSummary, ...] = ()
 
     @property
     def uptime(self) -> float | None:
@@ -231,6 +234,7 @@ def take(
             scopes_total=len(stats),
             reap_latency=engine.reap_latency.copy(),
             loop_lag=engine.loop_lag.copy(),
+            learned=tuple(engine.learning.summaries()),
         )
     if engine is not None and live:
         table = engine.table

@@ -1,0 +1,132 @@
+"""Learned timeouts on the server: the deadline set from the scope's value, shared by
+every worker of the scope, never later than the client's; the expiry says which value
+reaped; shadow mode reports and widens; the values survive a server restart."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+from _pids import fake_pid
+
+from aiotimer import Request, learned
+from aiotimer.events import Event, LearnedWouldReap, TimerExpired
+from aiotimer.reapers import ReapPolicy
+from aiotimer.server import TimerServer
+from aiotimer.testing import FakeClock, MemorySource, RecordingReaper, settle
+from aiotimer.wire import Learned
+
+KILL = int(signal.SIGKILL)
+P1, P2 = fake_pid(11), fake_pid(12)
+SPEC = learned(30)
+
+
+def acquire(clock: FakeClock, pid: int, spec: Learned | None = SPEC, after: float = 30) -> Request:
+    return Request(
+        pid,
+        "step",
+        clock.time() + after,
+        KILL,
+        mono=clock.monotonic() + after,
+        learned=spec,
+    )
+
+
+def steps(source: MemorySource, clock: FakeClock, pid: int, n: int, took: float = 0.05) -> None:
+    for _ in range(n):
+        source.push(acquire(clock, pid))
+        clock.advance(took)
+        source.push(Request(pid, "step", -1, 0))
+
+
+@pytest.mark.asyncio
+async def test_a_restarted_worker_starts_from_the_value_its_scope_learned() -> None:
+    clock, source, events = FakeClock(), MemorySource(), list[Event]()
+    async with TimerServer(
+        sources=[source], clock=clock, reaper=RecordingReaper(), on_event=events.append
+    ) as server:
+        source.push(acquire(clock, P1))
+        [timer] = server.get_state().timers
+        assert timer.deadline - clock.monotonic() == pytest.approx(30), "warm-up: initial"
+        source.push(Request(P1, "step", -1, 0))
+        steps(source, clock, P1, 200)
+        source.push(acquire(clock, P2))  # another worker (a restart, another rank)
+        [timer] = server.get_state().timers
+        assert timer.deadline - clock.monotonic() == pytest.approx(1.0)  # the floor
+        clock.advance(1.0)
+        await settle()
+        [expired] = [e for e in events if isinstance(e, TimerExpired)]
+        assert (expired.pid, expired.learned, expired.learned_samples) == (P2, 1.0, 201)
+        assert "at its learned timeout 1s (from 201 samples)" in expired.describe()
+        [summary] = server.snapshot().learned
+        assert (summary.site, summary.samples, summary.value, summary.initial) == (
+            "step",
+            201,
+            1.0,
+            30.0,
+        )
+
+
+@pytest.mark.asyncio
+async def test_never_later_than_the_clients_deadline_and_plain_blocks_untouched() -> None:
+    clock, source = FakeClock(), MemorySource()
+    async with TimerServer(sources=[source], clock=clock, reaper=RecordingReaper()) as server:
+        steps(source, clock, P1, 100, took=1.0)  # learned: 5 x 1 s = 5 s
+        source.push(acquire(clock, P1, after=2.0))  # the client asks for less
+        [timer] = server.get_state().timers
+        assert timer.deadline - clock.monotonic() == pytest.approx(2.0)
+        source.push(acquire(clock, P1, spec=None, after=30.0))  # not learned: as sent
+        [timer] = server.get_state().timers
+        assert timer.deadline - clock.monotonic() == pytest.approx(30.0)
+        source.push(acquire(clock, P1))
+        [timer] = server.get_state().timers
+        assert timer.deadline - clock.monotonic() == pytest.approx(5.0)
+
+
+@pytest.mark.asyncio
+async def test_in_shadow_mode_a_block_past_the_value_is_reported_and_widens_it() -> None:
+    clock, source, events = FakeClock(), MemorySource(), list[Event]()
+    async with TimerServer(
+        sources=[source],
+        clock=clock,
+        reaper=RecordingReaper(),
+        policy=ReapPolicy(shadow=True),
+        on_event=events.append,
+    ) as server:
+        steps(source, clock, P1, 150)
+        source.push(acquire(clock, P1))
+        clock.advance(1.0)
+        await settle()
+        [expired] = [e for e in events if isinstance(e, TimerExpired)]
+        assert expired.report_only and expired.learned == 1.0
+        clock.advance(1.5)  # the block ends 2.5 s after it began: 2.5x the value
+        source.push(Request(P1, "step", -1, 0))
+        [would] = [e for e in events if isinstance(e, LearnedWouldReap)]
+        assert (would.duration, would.value, would.initial) == (pytest.approx(2.5), 1.0, 30)
+        assert would.widened_to == pytest.approx(12.5)  # at once: 5 x 2.5 s
+        assert "the learned value would have reaped it" in would.describe()
+        source.push(acquire(clock, P1))
+        [timer] = server.get_state().timers
+        assert timer.deadline - clock.monotonic() == pytest.approx(12.5)
+
+
+@pytest.mark.asyncio
+async def test_the_learned_values_survive_a_server_restart(tmp_path: Path) -> None:
+    log = tmp_path / "events.jsonl"
+    clock, source = FakeClock(), MemorySource()
+    async with TimerServer(
+        sources=[source], clock=clock, reaper=RecordingReaper(), event_log=log
+    ) as server:
+        steps(source, clock, P1, 150, took=0.5)
+        [before] = server.snapshot().learned
+    assert before.value == pytest.approx(2.5)
+    clock, source = FakeClock(), MemorySource()
+    async with TimerServer(
+        sources=[source], clock=clock, reaper=RecordingReaper(), event_log=log
+    ) as server:
+        [after] = server.snapshot().learned
+        assert (after.samples, after.value) == (150, pytest.approx(2.5))
+        source.push(acquire(clock, P2))  # the first block of the new run
+        [timer] = server.get_state().timers
+        assert timer.deadline - clock.monotonic() == pytest.approx(2.5)
