@@ -7,10 +7,14 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
+import msgspec
 import pytest
 from _pids import fake_pid
 
 from aiotimer import Request, learned
+from aiotimer.control._format import format_status
+from aiotimer.control.metrics import render, sample_of
+from aiotimer.control.snapshot import status_snapshot
 from aiotimer.events import Event, LearnedWouldReap, TimerExpired
 from aiotimer.reapers import ReapPolicy
 from aiotimer.server import TimerServer
@@ -130,3 +134,29 @@ async def test_the_learned_values_survive_a_server_restart(tmp_path: Path) -> No
         source.push(acquire(clock, P2))  # the first block of the new run
         [timer] = server.get_state().timers
         assert timer.deadline - clock.monotonic() == pytest.approx(2.5)
+
+
+@pytest.mark.asyncio
+async def test_status_and_metrics_show_each_learned_scope() -> None:
+    clock, source = FakeClock(), MemorySource()
+    async with TimerServer(sources=[source], clock=clock, reaper=RecordingReaper()) as server:
+        steps(source, clock, P1, 10)
+        steps(source, clock, P1, 200, took=0.4)
+        source.push(Request(P1, "warming", clock.time() + 60, KILL, learned=learned(60)))
+        snap = server.snapshot(by_state=True)
+    text = format_status(status_snapshot(snap))
+    assert "LEARNED SCOPE  SAMPLES  IN FORCE        INITIAL" in text
+    assert "step           210      2s              30s" in text
+    assert "warming        0        60s (learning)  60s" in text
+    state = msgspec.json.decode(msgspec.json.encode(status_snapshot(snap)))
+    assert state["learned"][0] == {
+        "site": "step",
+        "samples": 210,
+        "value": pytest.approx(2.0),
+        "initial": 30.0,
+        "learning": False,
+    }
+    metrics = render(lambda: sample_of(snap)).decode()
+    assert 'aiotimer_learned_timeout_seconds{scope="step"} 2.0' in metrics
+    assert 'aiotimer_learned_initial_seconds{scope="warming"} 60.0' in metrics
+    assert 'aiotimer_learned_samples{scope="step"} 210.0' in metrics

@@ -42,6 +42,8 @@ error is immaterial.
 
 from __future__ import annotations
 
+import heapq
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
 
@@ -227,9 +229,14 @@ class LearnedTimeouts:
             if scope is not None and scope.spec is not None:
                 scope.observe_many(duration, count, scope.spec)
 
-    def summaries(self) -> list[LearnedSummary]:
-        """Every learned scope, most samples first, then by site."""
-        out = [s for name, scope in self._sites.items() if (s := scope.summary(name))]
+    def summaries(self, limit: int | None = None) -> list[LearnedSummary]:
+        """Every learned scope (with ``limit``: only the first ``limit``), most samples
+        first, then by site."""
+        sites = self._sites
+        names: Iterable[str] = sites
+        if limit is not None and limit < len(sites):
+            names = heapq.nsmallest(limit, sites, key=lambda n: (-sites[n].samples, n))
+        out = [s for name in names if (s := sites[name].summary(name))]
         out.sort(key=lambda s: (-s.samples, s.site))
         return out
 

@@ -30,10 +30,12 @@ from aiotimer.core._timer import Timer, TimerKey
 from aiotimer.events import LearnedWouldReap
 from aiotimer.wire import Request
 
-__all__ = ["MAX_TRACKED", "Learning"]
+__all__ = ["LEARNED_LISTED", "MAX_TRACKED", "Learning"]
 
 #: The most live learned timers whose value is remembered for their expiry event.
 MAX_TRACKED: Final[int] = 100_000
+#: The most learned scopes a snapshot lists (status, metrics): those with most samples.
+LEARNED_LISTED: Final[int] = 100
 
 
 class Learning:
@@ -108,9 +110,10 @@ class Learning:
             return None
         return applied[1], applied[2]
 
-    def summaries(self) -> list[LearnedSummary]:
-        """Every learned scope (see :class:`~aiotimer.core._learned.LearnedSummary`)."""
-        return self.timeouts.summaries()
+    def summaries(self, limit: int | None = None) -> list[LearnedSummary]:
+        """The learned scopes, most samples first, at most ``limit`` (see
+        :class:`~aiotimer.core._learned.LearnedSummary`)."""
+        return self.timeouts.summaries(limit)
 
     def __repr__(self) -> str:
         return f"<Learning {self.timeouts!r}, {len(self._applied):,} live timers>"
