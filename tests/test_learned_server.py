@@ -73,13 +73,16 @@ async def test_a_restarted_worker_starts_from_the_value_its_scope_learned() -> N
 
 
 @pytest.mark.asyncio
-async def test_never_later_than_the_clients_deadline_and_plain_blocks_untouched() -> None:
+async def test_timed_from_the_blocks_start_and_plain_blocks_untouched() -> None:
     clock, source = FakeClock(), MemorySource()
     async with TimerServer(sources=[source], clock=clock, reaper=RecordingReaper()) as server:
         steps(source, clock, P1, 100, took=1.0)  # learned: 5 x 1 s = 5 s
-        source.push(acquire(clock, P1, after=2.0))  # the client asks for less
+        began = clock.monotonic()
+        line = acquire(clock, P1)
+        clock.advance(0.2)  # the line is read late (a paced reader)
+        source.push(line)
         [timer] = server.get_state().timers
-        assert timer.deadline - clock.monotonic() == pytest.approx(2.0)
+        assert timer.deadline - began == pytest.approx(5.0)
         source.push(acquire(clock, P1, spec=None, after=30.0))  # not learned: as sent
         [timer] = server.get_state().timers
         assert timer.deadline - clock.monotonic() == pytest.approx(30.0)

@@ -276,7 +276,12 @@ class FifoClient:
     def _send_request_nowait(self, request: Request) -> bool:
         """:meth:`send_nowait` for ``request``, if it is one (a request of this process
         with no other extension): what ``send`` tries first."""
-        if request.pid != self._pid or request.grace is not None or request.group:
+        if (
+            request.pid != self._pid
+            or request.grace is not None
+            or request.group
+            or request.learned is not None
+        ):
             return False
         if request.is_release:
             return (

@@ -244,7 +244,7 @@ class Ingest:
                 self._evict(*admission.evict, for_pid=pid, wall=wall)
         deadline = req.deadline(mono, wall)
         if req.learned is not None:
-            deadline = self._learning.deadline(req, mono, deadline)
+            deadline = self._learning.deadline(req, deadline)
         options = None
         if req.grace is not None or req.group or req.dump:
             options = ReapOptions(req.grace, req.group, req.dump)
@@ -276,7 +276,7 @@ class Ingest:
             self._counts.released += 1
             duration = max(0.0, mono - released.acquired_at)
             self._stats.record(req.scope_id, duration)
-            self._learned(req, duration, wall)
+            self._learned(req, duration, mono, wall)
             if self._request_events:
                 self._emit(
                     TimerReleased(time=wall, pid=req.pid, scope_id=req.scope_id, source=source)
@@ -285,11 +285,11 @@ class Ingest:
             acquired_at = self._overdue.pop((req.pid, req.scope_id))
             if acquired_at is not None:  # the late end of an expired, unreaped block
                 self._stats.record_late(req.scope_id, max(0.0, mono - acquired_at))
-                self._learned(req, max(0.0, mono - acquired_at), wall)
+                self._learned(req, max(0.0, mono - acquired_at), mono, wall)
 
-    def _learned(self, req: Request, duration: float, wall: float) -> None:
+    def _learned(self, req: Request, duration: float, mono: float, wall: float) -> None:
         """Tell the learned timeouts a block's duration; emit what they report."""
-        event = self._learning.released(req.pid, req.scope_id, duration, wall)
+        event = self._learning.released(req.pid, req.scope_id, duration, mono, wall)
         if event is not None:
             self._emit(event)
 

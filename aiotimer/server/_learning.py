@@ -6,10 +6,13 @@ How this works
 A learned block (``expires(after=learned(initial=...))``) arrives as an acquire whose
 deadline is ``initial`` seconds ahead, with its spec in the ``learned`` key
 (:mod:`aiotimer.wire._learned`). The engine asks :meth:`Learning.deadline` for the
-timer's deadline: the acquire's arrival plus the scope's value in force
+timer's deadline: the block's start (the client's deadline less ``initial``, so a line
+read late, as a paced reader may, costs nothing) plus the scope's value in force
 (:mod:`aiotimer.core._learned`), never later than the client's own. Every duration the
 engine records (a release, the late release of a block that expired unreaped, the pairs
-of a batch that cancel out) goes to :meth:`Learning.released` as well, which returns
+of a batch that cancel out) goes to :meth:`Learning.released` as well; a learned block's
+is taken from its own start to its release's arrival (so a paced reader can make it
+longer, never shorter). It returns
 the :class:`~aiotimer.events.LearnedWouldReap` to emit when the duration is one the
 learned value would have reaped. At an expiry, :meth:`Learning.expired` says whether
 the learned value set the deadline, and from how many samples, for the
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Final
 
 from aiotimer.core._learned import LearnedSummary, LearnedTimeouts
@@ -38,6 +42,17 @@ MAX_TRACKED: Final[int] = 100_000
 LEARNED_LISTED: Final[int] = 100
 
 
+@dataclass(frozen=True, slots=True)
+class _Applied:
+    """A live learned timer: when its block began (server's clock), its deadline, and
+    the value and samples that set it."""
+
+    began: float
+    deadline: float
+    value: float
+    samples: int
+
+
 class Learning:
     """One engine's learned timeouts (see the module docs)."""
 
@@ -45,35 +60,39 @@ class Learning:
 
     def __init__(self, timeouts: LearnedTimeouts | None = None) -> None:
         self.timeouts = LearnedTimeouts() if timeouts is None else timeouts
-        # key -> (deadline, value, samples) of live timers the learned value set
-        self._applied: OrderedDict[TimerKey, tuple[float, float, int]] = OrderedDict()
+        # key -> what each live learned timer was given, until its release
+        self._applied: OrderedDict[TimerKey, _Applied] = OrderedDict()
 
-    def deadline(self, req: Request, mono: float, deadline: float) -> float:
-        """The deadline of acquire ``req``, which arrived at ``mono`` asking for
-        ``deadline``: the learned value's, when the request is learned and it is earlier."""
+    def deadline(self, req: Request, deadline: float) -> float:
+        """The deadline of acquire ``req``, which asks for ``deadline`` (``initial``
+        seconds after its block began, plus its ``kill_after``): ``initial - value``
+        earlier when the request is learned, so the block is timed from its own start
+        at the value in force, however late its line was read."""
         spec = req.learned
         if spec is None:
             return deadline
         value, samples = self.timeouts.in_force(req.scope_id, spec)
-        learned = mono + value + (req.kill_after or 0.0)
-        key = (req.pid, req.scope_id)
-        if learned >= deadline:
-            self._applied.pop(key, None)
-            return deadline
+        began = deadline - spec.initial - (req.kill_after or 0.0)
+        learned = deadline - (spec.initial - value)
         applied = self._applied
-        applied[key] = (learned, value, samples)
+        key = (req.pid, req.scope_id)
+        applied[key] = _Applied(began, learned, value, samples)
         applied.move_to_end(key)
         if len(applied) > MAX_TRACKED:
             applied.popitem(last=False)
         return learned
 
     def released(
-        self, pid: int, scope_id: str, duration: float, wall: float
+        self, pid: int, scope_id: str, duration: float, mono: float, wall: float
     ) -> LearnedWouldReap | None:
-        """Block ``(pid, scope_id)`` ended after ``duration`` seconds: record it; the
-        event to emit when the learned value would have reaped it."""
+        """Block ``(pid, scope_id)`` ended, ``duration`` seconds after its acquire was
+        applied, its release applied at ``mono``: record how long it ran (from its own
+        start, for a learned block); the event to emit when the learned value would
+        have reaped it."""
         if self._applied:
-            self._applied.pop((pid, scope_id), None)
+            applied = self._applied.pop((pid, scope_id), None)
+            if applied is not None:
+                duration = max(0.0, mono - applied.began)
         if not self.timeouts:
             return None
         seen = self.timeouts.observe(scope_id, duration)
@@ -102,13 +121,14 @@ class Learning:
 
     def expired(self, timer: Timer) -> tuple[float, int] | None:
         """``timer`` expired: the learned value that set its deadline and the samples
-        it rested on, or ``None`` when its deadline was the client's own."""
+        it rested on, or ``None`` when it was not timed at a learned value. (A block
+        that expired unreaped is still known at its late release.)"""
         if not self._applied:
             return None
-        applied = self._applied.pop(timer.key, None)
-        if applied is None or applied[0] != timer.deadline:
+        applied = self._applied.get(timer.key)
+        if applied is None or applied.deadline != timer.deadline:
             return None
-        return applied[1], applied[2]
+        return applied.value, applied.samples
 
     def summaries(self, limit: int | None = None) -> list[LearnedSummary]:
         """The learned scopes, most samples first, at most ``limit`` (see
