@@ -4,6 +4,7 @@ reaped; shadow mode reports and widens; the values survive a server restart."""
 
 from __future__ import annotations
 
+import importlib
 import signal
 from pathlib import Path
 
@@ -163,3 +164,12 @@ async def test_status_and_metrics_show_each_learned_scope() -> None:
     assert 'aiotimer_learned_timeout_seconds{scope="step"} 2.0' in metrics
     assert 'aiotimer_learned_initial_seconds{scope="warming"} 60.0' in metrics
     assert 'aiotimer_learned_samples{scope="step"} 210.0' in metrics
+
+
+def test_the_benchmark_runs_and_learned_kills_no_healthy_step(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    bench = importlib.import_module("benchmarks.bench_learned")
+    assert bench.main(["--quick"]) == 0
+    out = capsys.readouterr().out
+    assert "false kills in all: learned(initial=600) 0, fixed 10x median " in out
