@@ -119,9 +119,11 @@ def test_the_saved_state_merges_back_to_the_same_value() -> None:
     fresh = LearnedTimeouts()
     fresh.merge_state(table.to_state())
     assert fresh.in_force("step", spec) == table.in_force("step", spec) == (1.0, 100)
-    fresh.widen({"step": 7.0, "unknown": 3.0})
+    fresh.widen({"step": 7.0, "elsewhere": 3.0, "tighter": 0.5})
     assert fresh.in_force("step", spec)[0] == 7.0
-    assert len(fresh) == 1
+    assert fresh.in_force("elsewhere", spec) == (3.0, 0), "learned elsewhere: no warm-up"
+    fresh.widen({"step": 2.0})
+    assert fresh.in_force("step", spec)[0] == 7.0, "only a wider value is taken"
 
 
 # -- the spec's validator ---------------------------------------------------------------

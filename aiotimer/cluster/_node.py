@@ -31,6 +31,7 @@ from aiotimer.cluster._cli import MAX_RECORD_WORKERS, NodeConfig, worker_records
 from aiotimer.cluster._generation import GenerationRecord
 from aiotimer.cluster._hang import publish_part
 from aiotimer.cluster._job import JobRestarts
+from aiotimer.cluster._learned import sharing_learned
 from aiotimer.cluster._publisher import NodePublisher, NodeStatus
 from aiotimer.cluster._store import Store
 from aiotimer.errors import ClusterError, ServerStateError
@@ -207,7 +208,7 @@ class ClusterSession:
             ),
             ttl=self.config.ttl,
         )
-        async with self.publisher:
+        async with self.publisher, sharing_learned(self.store, self.config, supervisor):
             try:
                 yield
             finally:

@@ -9,8 +9,9 @@ scope id, or of one ``file.py:LINE``) keeps a
 ``v``. For a block whose spec (:class:`~aiotimer.wire.Learned`) is ``initial``,
 ``factor``, ``floor``, ``warmup`` and ``quantile``:
 
-* **warm-up**: while the scope has fewer than ``warmup`` durations, the value in force is
-  ``initial``;
+* **warm-up**: until the scope has ``warmup`` durations, the value in force is
+  ``initial`` (a scope whose value was learned before, by a previous server or by
+  another node of the job, :meth:`LearnedTimeouts.widen`, starts from that value);
 * **in force**: then it is ``clamp(v) = min(initial, max(floor, v))``: never above
   ``initial``, never below ``floor``;
 * **each duration** ``d`` (a block's real duration: its release minus its acquire on the
@@ -43,7 +44,7 @@ error is immaterial.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
@@ -120,16 +121,14 @@ class LearnedScope:
 
     def in_force(self, spec: Learned) -> float:
         """The timeout of a block of this scope with ``spec``, in seconds."""
-        if self.value is None or self.sketch.count < spec.warmup:
-            return spec.initial
-        return spec.clamp(self.value)
+        return spec.initial if self.value is None else spec.clamp(self.value)
 
     def observe(self, duration: float, spec: Learned) -> Observed:
         """Record one block's real ``duration`` (seconds, ``>= 0``) and apply the rule."""
         before = self.in_force(spec)
         sketch = self.sketch
         sketch.add(duration)
-        if sketch.count >= spec.warmup:
+        if sketch.count >= spec.warmup or self.value is not None:
             q = sketch.quantile(spec.quantile)
             assert q is not None  # a sample was just added
             wanted = spec.clamp(spec.factor * max(q, duration))
@@ -166,7 +165,7 @@ class LearnedScope:
         spec = self.spec
         if spec is None:
             return None
-        learning = self.value is None or self.sketch.count < spec.warmup
+        learning = self.value is None
         return LearnedSummary(site, self.sketch.count, self.in_force(spec), spec.initial, learning)
 
 
@@ -247,19 +246,19 @@ class LearnedTimeouts:
 
     def values(self) -> dict[str, float]:
         """Every learned value (past its warm-up), by site: what a node shares."""
-        return {
-            name: scope.value
-            for name, scope in self._sites.items()
-            if scope.value is not None and scope.spec is not None
-        }
+        return {name: scope.value for name, scope in self._sites.items() if scope.value is not None}
 
-    def widen(self, values: dict[str, float]) -> None:
+    def widen(self, values: Mapping[str, float]) -> None:
         """Take the values other nodes learned where they are wider (see
-        docs/architecture.md: the job's value of a scope is its widest)."""
+        docs/architecture.md: the job's value of a scope is its widest); a scope not
+        seen here yet starts from its value."""
         for name, value in values.items():
             scope = self._sites.get(name)
-            if scope is not None:
-                scope.widen_to(value)
+            if scope is None:
+                if len(self._sites) >= self._max_sites:
+                    continue
+                scope = self._sites[name] = LearnedScope()
+            scope.widen_to(value)
 
     def to_state(self) -> dict[str, LearnedScopeState]:
         """Every scope as plain data."""
