@@ -12,8 +12,11 @@ late (or restarts) starts from the job's values, not from ``initial``.
 
 :class:`LearnedSharing` does it every ``interval`` seconds (default 2), in the node's
 loop: a write when its own values changed, one prefix read, and a widen of its server's
-values (:meth:`~aiotimer.server.TimerServer.widen_learned`). An unreachable store is
-logged once per outage and retried; the server keeps its own values meanwhile.
+values (:meth:`~aiotimer.server.TimerServer.widen_learned`). The first exchange happens
+before the node's supervisor starts its server, which takes the job's values as it
+starts (:meth:`LearnedSharing.on_event`, on ``server_started``), before its first
+worker is launched. An unreachable store is logged once per outage and retried; the
+server keeps its own values meanwhile.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from aiotimer.cluster._cli import NodeConfig
 from aiotimer.cluster._record import job_prefix, parse
 from aiotimer.cluster._store import Store
 from aiotimer.errors import LeaseLostError, StoreUnavailableError
+from aiotimer.events import Event, ServerStarted
 from aiotimer.server import TimerServer
 from aiotimer.supervisor._supervisor import Supervisor
 
@@ -119,6 +123,8 @@ class LearnedSharing:
         self._published: dict[str, float] | None = None
         self._down = False
         self.exchanges = 0
+        #: The job's values as last read (the other nodes' widest).
+        self.job_values: dict[str, float] = {}
 
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -170,10 +176,16 @@ class LearnedSharing:
                 logger.warning("skipping the learned record at %s: %s", entry.key, parsed)
                 continue
             records.append(parsed)
-        values = widest(records, skip=self.node)
+        self.job_values = values = widest(records, skip=self.node)
         if values:
             self._widen(values)
         self.exchanges += 1
+
+    def on_event(self, event: Event) -> None:
+        """Feed the node's events: a server that has just started (before its workers)
+        takes the job's values at once."""
+        if isinstance(event, ServerStarted) and self.job_values:
+            self._widen(self.job_values)
 
     def __repr__(self) -> str:
         return f"<LearnedSharing node {self.node} of job {self.job}: {self.exchanges} exchanges>"
@@ -205,6 +217,8 @@ async def sharing_learned(
         widen=widen,
         ttl=config.ttl,
     )
+    with suppress(StoreUnavailableError, LeaseLostError):  # run() reports an outage
+        await sharing.exchange()  # the job's values, for the server about to start
     async with anyio.create_task_group() as tg:
         await tg.start(sharing.run)
         try:
