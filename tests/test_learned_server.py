@@ -173,3 +173,21 @@ def test_the_benchmark_runs_and_learned_kills_no_healthy_step(
     assert bench.main(["--quick"]) == 0
     out = capsys.readouterr().out
     assert "false kills in all: learned(initial=600) 0, fixed 10x median " in out
+
+
+@pytest.mark.asyncio
+async def test_a_block_read_with_its_release_counts_from_its_own_start() -> None:
+    """A paced reader may read a block's acquire and release in one batch (folded away):
+    its duration still runs from the block's start, never zero."""
+    clock, source = FakeClock(), MemorySource()
+    async with TimerServer(sources=[source], clock=clock, reaper=RecordingReaper()) as server:
+        source.push(acquire(clock, P1))  # the scope is learned from here on
+        source.push(Request(P1, "step", -1, 0))
+        for _ in range(150):
+            line = acquire(clock, P2)
+            clock.advance(0.4)
+            source.push(line, Request(P2, "step", -1, 0))  # one read: folded
+        [summary] = server.snapshot().learned
+        assert summary.samples == 151
+        assert summary.value == pytest.approx(2.0)  # 5 x 0.4 s; zeros would give the floor
+        assert server.get_state().counters.released == 151

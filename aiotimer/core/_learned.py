@@ -136,13 +136,6 @@ class LearnedScope:
             self.value = wanted if wanted >= value else max(wanted, value * (1 - TIGHTEN_STEP))
         return Observed(before, self.in_force(spec), before < duration < spec.initial)
 
-    def observe_many(self, duration: float, count: int, spec: Learned) -> None:
-        """Record ``count`` equal durations (as ``count`` calls of :meth:`observe`)."""
-        for _ in range(min(count, 1000)):  # beyond that the value has reached its floor
-            self.observe(duration, spec)
-        if count > 1000:
-            self.sketch.add_many(duration, count - 1000)
-
     def widen_to(self, value: float) -> None:
         """Take a value learned elsewhere (another node of the job) if it is wider."""
         if self.value is None or value > self.value:
@@ -220,13 +213,6 @@ class LearnedTimeouts:
         if scope is None or scope.spec is None:
             return None
         return scope.observe(duration, scope.spec), scope
-
-    def observe_many(self, duration: float, counts: dict[str, int]) -> None:
-        """Record, for each learned scope id in ``counts``, that many ``duration``s."""
-        for scope_id, count in counts.items():
-            scope = self.scope(scope_id)
-            if scope is not None and scope.spec is not None:
-                scope.observe_many(duration, count, scope.spec)
 
     def summaries(self, limit: int | None = None) -> list[LearnedSummary]:
         """Every learned scope (with ``limit``: only the first ``limit``), most samples

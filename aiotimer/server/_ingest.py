@@ -207,7 +207,7 @@ class Ingest:
         for i in folded.apply:
             self._apply(requests[i], source, mono, wall)
         self._stats.record_many(folded.paired, 0.0)
-        self._learning.released_many(folded.paired, 0.0)
+        self._learning.folded(requests, folded, mono, wall)
         for i in folded.cancelled:  # blocks begun and cancelled within the batch
             self._cancelled(requests[i], None, mono, wall)
 

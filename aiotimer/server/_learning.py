@@ -9,8 +9,9 @@ deadline is ``initial`` seconds ahead, with its spec in the ``learned`` key
 timer's deadline: the block's start (the client's deadline less ``initial``, so a line
 read late, as a paced reader may, costs nothing) plus the scope's value in force
 (:mod:`aiotimer.core._learned`), never later than the client's own. Every duration the
-engine records (a release, the late release of a block that expired unreaped, the pairs
-of a batch that cancel out) goes to :meth:`Learning.released` as well; a learned block's
+engine records (a release, the late release of a block that expired unreaped) goes to
+:meth:`Learning.released` as well (the blocks a batch begins and ends, folded away, to
+:meth:`Learning.folded`); a learned block's
 is taken from its own start to its release's arrival (so a paced reader can make it
 longer, never shorter). It returns
 the :class:`~aiotimer.events.LearnedWouldReap` to emit when the duration is one the
@@ -25,10 +26,11 @@ The value each live learned timer got is kept by key, bounded
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from aiotimer.core._fold import Fold
 from aiotimer.core._learned import LearnedSummary, LearnedTimeouts
 from aiotimer.core._timer import Timer, TimerKey
 from aiotimer.events import LearnedWouldReap
@@ -113,11 +115,27 @@ class Learning:
             widened_to=observed.after,
         )
 
-    def released_many(self, counts: Mapping[str, int], duration: float) -> None:
-        """Blocks begun and ended within one batch, ``counts`` per scope id, each of
-        ``duration`` seconds."""
-        if self.timeouts:
-            self.timeouts.observe_many(duration, dict(counts))
+    def folded(self, requests: Sequence[Request], fold: Fold, mono: float, wall: float) -> None:
+        """The blocks of ``requests`` whose acquire and release ``fold`` paired (begun
+        and ended within the batch) ended at ``mono``: record each learned one's
+        duration from its own start. Costs nothing unless a paired scope is learned."""
+        timeouts = self.timeouts
+        if not timeouts or not any(timeouts.scope(s) for s in fold.paired):
+            return
+        applied = set(fold.apply)
+        began: dict[TimerKey, float] = {}
+        for i, req in enumerate(requests):
+            if i in applied:
+                continue
+            key = (req.pid, req.scope_id)
+            spec = req.learned
+            if not req.is_release:
+                if spec is not None:
+                    timeouts.in_force(req.scope_id, spec)
+                    kill_after = req.kill_after or 0.0
+                    began[key] = req.deadline(mono, wall) - spec.initial - kill_after
+            elif (start := began.pop(key, None)) is not None:
+                timeouts.observe(req.scope_id, max(0.0, mono - start))
 
     def expired(self, timer: Timer) -> tuple[float, int] | None:
         """``timer`` expired: the learned value that set its deadline and the samples
