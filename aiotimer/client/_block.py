@@ -475,7 +475,9 @@ class Expires:
     def __repr__(self) -> str:
         state = self._state
         deadline = self.deadline
-        if deadline is None:
+        if deadline is None and self._learned is not None:
+            when = f"after=learned(initial={self._learned.initial:g})"
+        elif deadline is None:
             when = f"after={self._after:g}s"
         else:
             when = f"deadline={deadline:.3f}"
