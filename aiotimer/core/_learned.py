@@ -14,8 +14,9 @@ scope id, or of one ``file.py:LINE``) keeps a
   another node of the job, :meth:`LearnedTimeouts.widen`, starts from that value);
 * **in force**: then it is ``clamp(v) = min(initial, max(floor, v))``: never above
   ``initial``, never below ``floor``;
-* **each duration** ``d`` (a block's real duration: its release minus its acquire on the
-  server's clock) goes into the sketch; from the ``warmup``-th on, the *wanted* value is
+* **each duration** ``d`` (a block's real duration: for a learned block, from its own
+  start to its release's arrival at the server) goes into the sketch; from the
+  ``warmup``-th on (or at once, for a scope learned before), the *wanted* value is
   ``w = clamp(factor x max(Q, d))`` with ``Q`` the sketch's ``quantile`` (1: the observed
   maximum, exact), and
 
