@@ -5,12 +5,18 @@ from __future__ import annotations
 
 import math
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aiotimer import expires, learned
-from aiotimer.core._learned import TIGHTEN_STEP, LearnedScope, LearnedTimeouts
+from aiotimer.core._learned import (
+    TIGHTEN_STEP,
+    LearnedScope,
+    LearnedScopeState,
+    LearnedTimeouts,
+)
 from aiotimer.testing import RecordingClient
 from aiotimer.wire import Learned, LineDecoder, Request, encode
 
@@ -199,3 +205,56 @@ async def test_the_async_face_and_the_decorator_send_the_spec_too() -> None:
 def test_a_wrong_after_names_both_accepted_forms() -> None:
     with pytest.raises(TypeError, match=r"after must be a number of seconds .* or learned"):
         expires(after="10")  # type: ignore[arg-type]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.one_of(st.floats(-10, 5000), st.just(math.nan)),
+    st.floats(0, 30),
+    st.floats(-1, 6000),
+    st.integers(-3, 50),
+    st.floats(0, 1.5),
+)
+def test_the_client_and_the_decoder_accept_exactly_the_same_specs(
+    initial: float, factor: float, floor: float, warmup: int, quantile: float
+) -> None:
+    """One validator: what ``learned()`` refuses, the server's decoder rejects."""
+    fields = {"initial": initial, "factor": factor, "floor": floor, "warmup": warmup}
+    fields["quantile"] = quantile
+    try:
+        spec: Learned | None = learned(
+            initial, factor=factor, floor=floor, warmup=warmup, quantile=quantile
+        )
+    except ValueError:
+        spec = None
+    body = msgspec.json.encode(fields) if math.isfinite(initial) else None
+    if body is None:  # JSON has no NaN: the client alone meets it
+        assert spec is None
+        return
+    line = (
+        b'{"pid": 4242, "scope_id": "s", "expiration_time": 1e9, "signal": 9, "learned": '
+        + body
+        + b"}\n"
+    )
+    decoded = LineDecoder().feed(line)
+    if spec is None:
+        assert decoded.requests == [] and len(decoded.rejections) == 1
+    else:
+        assert [r.learned for r in decoded.requests] == [spec]
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["a", "b", "c"]), st.floats(0, 50)), max_size=80))
+def test_a_saved_table_comes_back_with_the_same_values(samples: list[tuple[str, float]]) -> None:
+    spec = learned(60, warmup=3)
+    table = LearnedTimeouts()
+    for site, duration in samples:
+        table.in_force(site, spec)
+        table.observe(site, duration)
+    state = msgspec.json.decode(
+        msgspec.json.encode(table.to_state()), type=dict[str, LearnedScopeState]
+    )
+    fresh = LearnedTimeouts()
+    fresh.merge_state(state)
+    for site in {s for s, _ in samples}:
+        assert fresh.in_force(site, spec) == table.in_force(site, spec)
