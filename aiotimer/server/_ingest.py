@@ -207,7 +207,8 @@ class Ingest:
         for i in folded.apply:
             self._apply(requests[i], source, mono, wall)
         self._stats.record_many(folded.paired, 0.0)
-        self._learning.folded(requests, folded, mono, wall)
+        if self._learning.live:
+            self._learning.folded(requests, folded, mono, wall)
         for i in folded.cancelled:  # blocks begun and cancelled within the batch
             self._cancelled(requests[i], None, mono, wall)
 
@@ -276,7 +277,8 @@ class Ingest:
             self._counts.released += 1
             duration = max(0.0, mono - released.acquired_at)
             self._stats.record(req.scope_id, duration)
-            self._learned(req, duration, mono, wall)
+            if self._learning.live:
+                self._learned(req, duration, mono, wall)
             if self._request_events:
                 self._emit(
                     TimerReleased(time=wall, pid=req.pid, scope_id=req.scope_id, source=source)
@@ -285,7 +287,8 @@ class Ingest:
             acquired_at = self._overdue.pop((req.pid, req.scope_id))
             if acquired_at is not None:  # the late end of an expired, unreaped block
                 self._stats.record_late(req.scope_id, max(0.0, mono - acquired_at))
-                self._learned(req, max(0.0, mono - acquired_at), mono, wall)
+                if self._learning.live:
+                    self._learned(req, max(0.0, mono - acquired_at), mono, wall)
 
     def _learned(self, req: Request, duration: float, mono: float, wall: float) -> None:
         """Tell the learned timeouts a block's duration; emit what they report."""

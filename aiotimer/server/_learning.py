@@ -58,10 +58,13 @@ class _Applied:
 class Learning:
     """One engine's learned timeouts (see the module docs)."""
 
-    __slots__ = ("_applied", "timeouts")
+    __slots__ = ("_applied", "live", "timeouts")
 
     def __init__(self, timeouts: LearnedTimeouts | None = None) -> None:
         self.timeouts = LearnedTimeouts() if timeouts is None else timeouts
+        #: Whether a learned block was seen: until then the engine skips every call
+        #: about durations (a plain attribute: read on every release).
+        self.live = False
         # key -> what each live learned timer was given, until its release
         self._applied: OrderedDict[TimerKey, _Applied] = OrderedDict()
 
@@ -73,6 +76,7 @@ class Learning:
         spec = req.learned
         if spec is None:
             return deadline
+        self.live = True
         value, samples = self.timeouts.in_force(req.scope_id, spec)
         began = deadline - spec.initial - (req.kill_after or 0.0)
         learned = deadline - (spec.initial - value)
@@ -120,7 +124,7 @@ class Learning:
         and ended within the batch) ended at ``mono``: record each learned one's
         duration from its own start. Costs nothing unless a paired scope is learned."""
         timeouts = self.timeouts
-        if not timeouts or not any(timeouts.scope(s) for s in fold.paired):
+        if not self.live or not any(timeouts.scope(s) for s in fold.paired):
             return
         applied = set(fold.apply)
         began: dict[TimerKey, float] = {}
