@@ -50,6 +50,7 @@ from aiotimer.reapers._watch import Watchlist
 from aiotimer.server._expiry import EXPIRE_BUDGET, LAG_THRESHOLD, Expiry
 from aiotimer.server._ingest import MAX_TIMERS, MAX_TIMERS_PER_WORKER, Ingest
 from aiotimer.server._journal import Journal
+from aiotimer.server._learning import Learning
 from aiotimer.sources._base import Drain
 from aiotimer.wire import Decoded, Request
 
@@ -88,6 +89,7 @@ class Engine:
         self.counts = ServerCounters()
         self.stats = DurationStats()
         self.overdue = Overdue()
+        self.learning = Learning()
         self._clock = clock
         self._emit = emit
         self._journal = journal
@@ -113,6 +115,7 @@ class Engine:
             clock=clock,
             emit=emit,
             journal=journal,
+            learning=self.learning,
             request_events=request_events,
             max_timers=max_timers,
             max_timers_per_worker=max_timers_per_worker,
@@ -129,6 +132,7 @@ class Engine:
             policy=policy,
             emit=emit,
             ingest=self._ingest,
+            learning=self.learning,
         )
         #: Deadline -> first delivered signal of each reap, seconds.
         self.reap_latency = reaps.latency

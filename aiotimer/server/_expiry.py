@@ -86,6 +86,7 @@ from aiotimer.reapers._watch import Watchlist, WatchState
 from aiotimer.server._decision import Decision
 from aiotimer.server._ingest import Ingest
 from aiotimer.server._journal import Journal
+from aiotimer.server._learning import Learning
 from aiotimer.sources._base import Drain
 from aiotimer.wire import Decoded
 
@@ -169,6 +170,7 @@ class Expiry:
         policy: ReapPolicy,
         emit: Callable[[Event], None],
         ingest: Ingest,
+        learning: Learning,
     ) -> None:
         self._table = table
         self._clock = clock
@@ -181,6 +183,7 @@ class Expiry:
         self._policy = policy
         self._emit = emit
         self._ingest = ingest
+        self._learning = learning
         self._drains: list[Drain] = []
         self._decision: Decision | None = None  # the decision in progress
         self._pending: list[Drain] = []  # drains not done with its last look
@@ -429,6 +432,7 @@ class Expiry:
 
     def _report(self, timer: Timer, now: float, *, report_only: bool, action: str) -> None:
         """Emit the :class:`~aiotimer.events.TimerExpired` event of ``timer``."""
+        learned, samples = self._learning.expired(timer) or (None, 0)
         self._emit(
             TimerExpired(
                 time=self._clock.time(),
@@ -439,5 +443,7 @@ class Expiry:
                 report_only=report_only,
                 action=action,
                 kill_after=timer.kill_after,
+                learned=learned,
+                learned_samples=samples,
             )
         )

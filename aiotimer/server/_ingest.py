@@ -62,6 +62,7 @@ from aiotimer.events import (
 )
 from aiotimer.reapers._watch import Watchlist
 from aiotimer.server._journal import Journal
+from aiotimer.server._learning import Learning
 from aiotimer.server._quota import Quota
 from aiotimer.wire import Decoded, Rejection, Request
 
@@ -99,6 +100,7 @@ class Ingest:
         clock: Clock,
         emit: Callable[[Event], None],
         journal: Journal | None,
+        learning: Learning,
         request_events: bool,
         max_timers: int,
         max_timers_per_worker: int,
@@ -112,6 +114,7 @@ class Ingest:
         self._clock = clock
         self._emit = emit
         self._journal = journal
+        self._learning = learning
         self._request_events = request_events
         self._max_timers = max_timers
         self._max_per_worker = max_timers_per_worker
@@ -204,6 +207,8 @@ class Ingest:
         for i in folded.apply:
             self._apply(requests[i], source, mono, wall)
         self._stats.record_many(folded.paired, 0.0)
+        if self._learning.live:
+            self._learning.folded(requests, folded, mono, wall)
         for i in folded.cancelled:  # blocks begun and cancelled within the batch
             self._cancelled(requests[i], None, mono, wall)
 
@@ -239,6 +244,8 @@ class Ingest:
             if admission.evict is not None:
                 self._evict(*admission.evict, for_pid=pid, wall=wall)
         deadline = req.deadline(mono, wall)
+        if req.learned is not None:
+            deadline = self._learning.deadline(req, deadline)
         options = None
         if req.grace is not None or req.group or req.dump:
             options = ReapOptions(req.grace, req.group, req.dump)
@@ -268,7 +275,10 @@ class Ingest:
             if self._journal is not None:
                 self._journal.released(req.pid, req.scope_id)
             self._counts.released += 1
-            self._stats.record(req.scope_id, max(0.0, mono - released.acquired_at))
+            duration = max(0.0, mono - released.acquired_at)
+            self._stats.record(req.scope_id, duration)
+            if self._learning.live:
+                self._learned(req, duration, mono, wall)
             if self._request_events:
                 self._emit(
                     TimerReleased(time=wall, pid=req.pid, scope_id=req.scope_id, source=source)
@@ -277,6 +287,14 @@ class Ingest:
             acquired_at = self._overdue.pop((req.pid, req.scope_id))
             if acquired_at is not None:  # the late end of an expired, unreaped block
                 self._stats.record_late(req.scope_id, max(0.0, mono - acquired_at))
+                if self._learning.live:
+                    self._learned(req, max(0.0, mono - acquired_at), mono, wall)
+
+    def _learned(self, req: Request, duration: float, mono: float, wall: float) -> None:
+        """Tell the learned timeouts a block's duration; emit what they report."""
+        event = self._learning.released(req.pid, req.scope_id, duration, mono, wall)
+        if event is not None:
+            self._emit(event)
 
     def _cancelled(self, req: Request, timer: Timer | None, mono: float, wall: float) -> None:
         """``req`` releases a block whose task was cancelled at its own deadline (the
