@@ -44,6 +44,7 @@ if TYPE_CHECKING:
         expires,
         expires_at,
         launch_info,
+        learned,
         timer_server_configured,
         use_client,
     )
@@ -88,6 +89,7 @@ _LAZY: Final[dict[str, str]] = {
     "expires": "aiotimer.client",
     "expires_at": "aiotimer.client",
     "launch_info": "aiotimer.client",
+    "learned": "aiotimer.client",
     "timer_server_configured": "aiotimer.client",
     "use_client": "aiotimer.client",
     # the server
@@ -163,6 +165,7 @@ __all__ = [
     "expires",
     "expires_at",
     "launch_info",
+    "learned",
     "loop_watchdog",
     "timer_server_configured",
     "use_client",

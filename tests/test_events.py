@@ -110,6 +110,27 @@ SAMPLES: list[ev.Event] = [
     ),
     ev.BlockCancelled(time=1.0, pid=1, scope_id="a@Task-1", late=0.002, kill_after=5.0),
     ev.BlockCancelled(time=1.0, pid=1, scope_id="a@Task-1"),
+    ev.TimerExpired(
+        time=1.0,
+        pid=1,
+        scope_id="step",
+        signal=9,
+        late=0.001,
+        report_only=False,
+        action="SIGKILL",
+        learned=1.5,
+        learned_samples=300,
+    ),
+    ev.LearnedWouldReap(
+        time=1.0,
+        pid=1,
+        scope_id="step",
+        duration=2.5,
+        value=1.0,
+        samples=150,
+        initial=30.0,
+        widened_to=12.5,
+    ),
 ]
 
 

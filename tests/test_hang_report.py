@@ -16,13 +16,20 @@ from hypothesis import strategies as st
 from aiotimer._edges.clock import MonotonicClock
 from aiotimer.cluster._hang import MAX_PART_BYTES, encode_part, publish_part, read_job_report
 from aiotimer.cluster._memory import MemoryStore
-from aiotimer.core._hang import MAX_REPORT_TEXT, RankStacks, build_report
-from aiotimer.core._hang_parse import Frame, StackCaps, StackTextBound, parse_stacks
 from aiotimer.core._table import ReapOptions, Timer
 from aiotimer.events import Event, HangReported
+from aiotimer.hang import (
+    MAX_REPORT_TEXT,
+    DumpFirstPolicy,
+    Frame,
+    HangReporter,
+    RankStacks,
+    build_report,
+    parse_stacks,
+)
 from aiotimer.reapers._policy import ReapPolicy
+from aiotimer.reapers._stackbound import StackCaps, StackTextBound
 from aiotimer.reapers._steps import DumpStacks, SendSignal
-from aiotimer.supervisor._hang import DumpFirstPolicy, HangReporter
 from aiotimer.supervisor._pool import Attempt, pidfd
 from aiotimer.testing import FakeClock
 

@@ -38,10 +38,10 @@ from aiotimer.cluster._cli import add_node_arguments, node_config
 from aiotimer.cluster._node import ClusterSession, cluster_session
 from aiotimer.control import ControlPlane
 from aiotimer.errors import AiotimerError, ClusterError
+from aiotimer.hang import DEFAULT_HANG_REPORT_TIMEOUT
 from aiotimer.reapers._signal import SignalReaper
 from aiotimer.server._thread import loop_factory
 from aiotimer.supervisor._guard import start_guard
-from aiotimer.supervisor._hang import DEFAULT_HANG_REPORT_TIMEOUT
 from aiotimer.supervisor._restart import (
     DEFAULT_NO_RESTART_EXIT_CODES,
     Backoff,

@@ -47,6 +47,7 @@ from aiotimer.client._discovery import current_client
 from aiotimer.client._task_deadline import TaskDeadline
 from aiotimer.client._transport import SendNowait, TimerClient, release_undelivered
 from aiotimer.core._scope import current_pid, scope_at_site, scope_site, with_task
+from aiotimer.wire._learned import Learned
 from aiotimer.wire._request import Request, number_problem, signal_problem
 
 __all__ = ["DEFAULT_KILL_AFTER", "Expires"]
@@ -121,6 +122,7 @@ class Expires:
         "_after",
         "_client",
         "_kill_after",
+        "_learned",
         "_nowait",
         "_per_call_scope",
         "_signal",
@@ -134,6 +136,7 @@ class Expires:
     _after: float | None
     _client: TimerClient | None
     _kill_after: float | None
+    _learned: Learned | None
     _nowait: SendNowait | None
     _per_call_scope: bool
     _signal: int | None
@@ -143,7 +146,7 @@ class Expires:
     def __init__(  # noqa: PLR0917 (positional: keywords cost ~0.15 us a call on 3.11)
         self,
         scope: str,
-        after: float | None,
+        after: float | Learned | None,
         deadline: float | None,
         client: TimerClient | None,
         signal: int | None,
@@ -153,6 +156,11 @@ class Expires:
         # Refused here, at entry, whatever the server would reject: such a block would
         # otherwise run with no timer at all. Each test is the validator's own; the
         # common cases are answered from what was already checked (see scope_checked).
+        # A learned timeout (checked when made) is sent with its deadline at `initial`.
+        self._learned = None
+        if isinstance(after, Learned):
+            self._learned = after
+            after = after.initial
         if deadline is None and after is not None:
             problem = None if 0 <= after <= MAX_FLOAT else number_problem("after", after, minimum=0)
         elif after is None and deadline is not None:
@@ -191,6 +199,8 @@ class Expires:
         if client is None:
             client = self._client = current_client()
         nowait = self._nowait = getattr(client, "send_nowait", None)
+        if self._learned is not None:  # the fast path carries no spec
+            nowait = None
         mono = _monotonic()
         wall = _wall()
         after = self._after
@@ -212,10 +222,15 @@ class Expires:
         except BaseException:
             self._state = _EXITED
             raise
-        return self._acquire_request(expiration_time, reap_at, dump, kill_after)
+        return self._acquire_request(expiration_time, reap_at, dump, kill_after, self._learned)
 
     def _acquire_request(
-        self, expiration_time: float, reap_at: float, dump: bool, kill_after: float
+        self,
+        expiration_time: float,
+        reap_at: float,
+        dump: bool,
+        kill_after: float,
+        learned: Learned | None = None,
     ) -> Request:
         """The acquire of this block as a :class:`Request`, for ``send()``."""
         signal = self._signal
@@ -223,7 +238,7 @@ class Expires:
             signal = self._sender().signal
         # Positional: pid, scope_id, expiration_time (epoch), signal, version, mono,
         # grace, group, dump, start_time, kill_after (two tiers: the server is told when
-        # the block's own deadline is, so it can show both).
+        # the block's own deadline is, so it can show both), cancelled, learned.
         return Request(
             current_pid(),
             self.scope,
@@ -236,6 +251,8 @@ class Expires:
             dump,
             None,
             kill_after or None,
+            False,
+            learned,
         )
 
     def _release(self, cancelled: bool = False) -> Request | None:
@@ -432,7 +449,8 @@ class Expires:
 
     def _template(self) -> Callable[[], Expires]:
         """A maker of fresh blocks with this block's settings."""
-        scope, after, deadline = self.scope, self._after, self.deadline
+        scope, deadline = self.scope, self.deadline
+        after: float | Learned | None = self._learned or self._after
         client, signal, kill_after = self._client, self._signal, self._kill_after
         site = scope_site(scope) if self._per_call_scope else None
 
@@ -457,7 +475,9 @@ class Expires:
     def __repr__(self) -> str:
         state = self._state
         deadline = self.deadline
-        if deadline is None:
+        if deadline is None and self._learned is not None:
+            when = f"after=learned(initial={self._learned.initial:g})"
+        elif deadline is None:
             when = f"after={self._after:g}s"
         else:
             when = f"deadline={deadline:.3f}"

@@ -13,6 +13,7 @@ import sys
 import time
 from typing import Final
 
+from aiotimer.wire._learned import Learned
 from aiotimer.wire._request import number_problem, scope_id_problem
 
 __all__ = [
@@ -64,7 +65,7 @@ def deadline_problem(deadline: float) -> str | None:
 
 #: What each argument of ``expires()``/``expires_at()`` takes, in words.
 _TAKES: Final[dict[str, tuple[type | tuple[type, ...], str]]] = {
-    "after": ((int, float), "a number of seconds (int or float)"),
+    "after": ((int, float, Learned), "a number of seconds (int or float) or learned(...)"),
     "deadline": ((int, float), "a time.monotonic() deadline (int or float)"),
     "scope": (str, "a str"),
     "signal": (int, "an int signal number (e.g. signal.SIGTERM) or None"),

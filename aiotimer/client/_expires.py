@@ -40,6 +40,7 @@ from aiotimer.client._clients import (
     use_client,
 )
 from aiotimer.core._scope import default_scope, scope_site
+from aiotimer.wire._learned import Learned, learned
 
 __all__ = [
     "DEFAULT_CONNECT_TIMEOUT",
@@ -50,6 +51,7 @@ __all__ = [
     "Expires",
     "FifoClient",
     "InProcessClient",
+    "Learned",
     "QueueClient",
     "QueueRequest",
     "RequestSubmitter",
@@ -58,6 +60,7 @@ __all__ = [
     "current_client",
     "expires",
     "expires_at",
+    "learned",
     "scope_site",
     "timer_server_configured",
     "use_client",
@@ -65,7 +68,7 @@ __all__ = [
 
 
 def expires(
-    after: float,
+    after: float | Learned,
     *,
     scope: str | None = None,
     client: TimerClient | None = None,
@@ -88,7 +91,9 @@ def expires(
     task (e.g. under trio) the async face reaps at the deadline, as ``with`` does.
 
     Args:
-        after: seconds from entering the block to its deadline (>= 0).
+        after: seconds from entering the block to its deadline (>= 0); or a timeout the
+            server learns from the scope's durations, :func:`aiotimer.learned`
+            (``after=learned(initial=600)``; see docs/clients.md, "Timeouts that learn").
         scope: the scope id; by default ``"file.py:LINE#N"`` with a process-wide ``N``,
             unique per block, so concurrent tasks on one line never collide. Blocks that
             share an explicit scope share one timer (torch's behaviour).
@@ -157,7 +162,7 @@ def expires_at(
 def _block(
     face: str,
     *,
-    after: float | None,
+    after: float | Learned | None,
     deadline: float | None,
     scope: str | None,
     client: TimerClient | None,

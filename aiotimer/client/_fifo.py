@@ -276,7 +276,12 @@ class FifoClient:
     def _send_request_nowait(self, request: Request) -> bool:
         """:meth:`send_nowait` for ``request``, if it is one (a request of this process
         with no other extension): what ``send`` tries first."""
-        if request.pid != self._pid or request.grace is not None or request.group:
+        if (
+            request.pid != self._pid
+            or request.grace is not None
+            or request.group
+            or request.learned is not None
+        ):
             return False
         if request.is_release:
             return (
@@ -323,6 +328,7 @@ class FifoClient:
             and request.pid == self._pid
             and request.grace is None
             and not request.group
+            and request.learned is None
         ):
             encoder = self._encoder(request.signal, request.dump, request.kill_after or 0.0)
             return encoder(request.scope_id, request.expiration_time, mono)

@@ -2,14 +2,14 @@
 
 With ``--restart-scope job`` every node takes its own ranks' hang report before it
 restarts (the node whose worker expired at its reap, the others when the new generation
-reaches them: :mod:`aiotimer.supervisor._hang`). Each node writes its part under the job's
+reaches them: :mod:`aiotimer.hang`). Each node writes its part under the job's
 key, one key per hung generation and node::
 
     /aiotimer/v1/<job>/hang/<generation, 8 digits>/<node>
 
-holding its ranks' stacks (:meth:`~aiotimer.core._hang.RankStacks.to_dict`, each with its
+holding its ranks' stacks (:meth:`~aiotimer.hang.RankStacks.to_dict`, each with its
 node's name). :func:`read_job_report` assembles the newest generation's parts into one
-report over every rank of the job (:func:`~aiotimer.core._hang.build_report`), so any
+report over every rank of the job (:func:`~aiotimer.hang.build_report`), so any
 node, or ``aiotimer status --etcd --job J --hang-report``, reads the same report. A part
 is capped at :data:`MAX_PART_BYTES` (the ranks' raw dumps are dropped first).
 """
@@ -24,8 +24,8 @@ import anyio
 
 from aiotimer.cluster._record import job_prefix
 from aiotimer.cluster._store import Store
-from aiotimer.core._hang import HangReport, RankStacks, build_report
 from aiotimer.errors import StoreUnavailableError
+from aiotimer.hang import HangReport, RankStacks, build_report
 
 __all__ = ["MAX_PART_BYTES", "hang_key", "publish_part", "read_job_report"]
 

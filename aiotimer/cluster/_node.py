@@ -31,6 +31,7 @@ from aiotimer.cluster._cli import MAX_RECORD_WORKERS, NodeConfig, worker_records
 from aiotimer.cluster._generation import GenerationRecord
 from aiotimer.cluster._hang import publish_part
 from aiotimer.cluster._job import JobRestarts
+from aiotimer.cluster._learned import LearnedSharing, sharing_learned
 from aiotimer.cluster._publisher import NodePublisher, NodeStatus
 from aiotimer.cluster._store import Store
 from aiotimer.errors import ClusterError, ServerStateError
@@ -173,6 +174,7 @@ class ClusterSession:
     config: NodeConfig | None = None
     coordinator: JobCoordinator | None = None
     publisher: NodePublisher | None = None
+    sharing: LearnedSharing | None = None
 
     @property
     def restart_count(self) -> int:
@@ -185,6 +187,8 @@ class ClusterSession:
             self.coordinator.on_event(event)
         if self.publisher is not None:
             self.publisher.on_event(event)
+        if self.sharing is not None:
+            self.sharing.on_event(event)
 
     @asynccontextmanager
     async def publishing(self, supervisor: Supervisor) -> AsyncIterator[None]:
@@ -207,7 +211,10 @@ class ClusterSession:
             ),
             ttl=self.config.ttl,
         )
-        async with self.publisher:
+        async with (
+            self.publisher,
+            sharing_learned(self.store, self.config, supervisor) as self.sharing,
+        ):
             try:
                 yield
             finally:

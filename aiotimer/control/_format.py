@@ -15,6 +15,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Final
 
+from aiotimer.control._learned import format_learned
 from aiotimer.control.snapshot import IncidentInfo, StatusSnapshot, TimerInfo
 from aiotimer.core._stats_format import format_seconds
 
@@ -155,5 +156,6 @@ def format_status(snap: StatusSnapshot) -> str:
             f"(lists cut: {len(snap.workers)} of {snap.workers_total:,} workers, "
             f"{len(snap.timers)} of {snap.timers_total:,} timers; see --limit)"
         )
+    lines.extend(format_learned(snap.learned))
     lines.extend(format_incidents(snap.recent))
     return "\n".join(line.rstrip() for line in lines) + "\n"

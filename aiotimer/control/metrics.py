@@ -17,7 +17,9 @@ histograms
 ``aiotimer_reap_latency_seconds`` (deadline -> first signal of a reap) and
 ``aiotimer_loop_lag_seconds`` (how late expiries were handled because the event loop
 was busy elsewhere). Both run from the arrival instead of the deadline for a request
-that arrived already past its deadline.
+that arrived already past its deadline. Per learned scope (``expires(after=learned(...))``,
+the 100 with most samples), labelled ``scope``: ``aiotimer_learned_timeout_seconds`` (the
+value in force), ``aiotimer_learned_initial_seconds`` and ``aiotimer_learned_samples``.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from prometheus_client.registry import Collector
 
 from aiotimer.control.snapshot import counters_by_name
 from aiotimer.core._latency import LatencyHistogram
+from aiotimer.core._learned import LearnedSummary
 from aiotimer.server._view import ServerSnapshot
 
 __all__ = [
@@ -92,6 +95,7 @@ class MetricsSample:
     loop_lag: LatencyHistogram = field(default_factory=LatencyHistogram)
     restarts: int = 0
     undelivered: int = 0
+    learned: tuple[LearnedSummary, ...] = ()
 
 
 def sample_of(snap: ServerSnapshot) -> MetricsSample:
@@ -110,6 +114,7 @@ def sample_of(snap: ServerSnapshot) -> MetricsSample:
         reap_latency=snap.reap_latency,
         loop_lag=snap.loop_lag,
         undelivered=snap.undelivered,
+        learned=snap.learned,
     )
 
 
@@ -135,6 +140,7 @@ class ServerCollector(Collector):
             "Events dropped for slow event subscribers or a slow async callback.",
             value=s.undelivered,
         )
+        yield from _learned(s.learned)
         yield _histogram(
             "aiotimer_reap_latency_seconds",
             "Seconds from a timer's deadline to the first signal of its reap.",
@@ -145,6 +151,32 @@ class ServerCollector(Collector):
             "Seconds an expiry was handled late because the event loop was busy.",
             s.loop_lag,
         )
+
+
+def _learned(scopes: tuple[LearnedSummary, ...]) -> Iterator[Metric]:
+    """The learned timeouts' gauges, one sample per scope."""
+    value = GaugeMetricFamily(
+        "aiotimer_learned_timeout_seconds",
+        "The timeout in force for a learned scope's blocks.",
+        labels=["scope"],
+    )
+    initial = GaugeMetricFamily(
+        "aiotimer_learned_initial_seconds",
+        "A learned scope's initial timeout (its most).",
+        labels=["scope"],
+    )
+    samples = GaugeMetricFamily(
+        "aiotimer_learned_samples",
+        "Durations a learned scope's value rests on.",
+        labels=["scope"],
+    )
+    for scope in scopes:
+        value.add_metric([scope.site], scope.value)
+        initial.add_metric([scope.site], scope.initial)
+        samples.add_metric([scope.site], scope.samples)
+    yield value
+    yield initial
+    yield samples
 
 
 def _histogram(name: str, text: str, h: LatencyHistogram) -> HistogramMetricFamily:

@@ -21,6 +21,7 @@ from typing import Any, Final
 
 import msgspec
 
+from aiotimer.core._learned import LearnedSummary
 from aiotimer.core._stats import ScopeStats
 from aiotimer.core._timer import Timer
 from aiotimer.events import Event, ServerCounters, WorkerReaped
@@ -180,6 +181,8 @@ class StatusSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     ``limit``; the ``*_total`` fields count them all. ``counters`` are the run's
     :class:`~aiotimer.server.ServerCounters` by name. ``recent`` are the last reaps and
     refusals, oldest first (at most :data:`~aiotimer.server.RECENT_INCIDENTS`).
+    ``learned`` are the learned timeouts' scopes (``expires(after=learned(...))``): the
+    samples, the value in force and ``initial`` of each, most samples first.
     """
 
     api: int = API_VERSION
@@ -194,6 +197,7 @@ class StatusSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     scopes_total: int = 0
     supervisor: SupervisorInfo | None = None
     recent: tuple[IncidentInfo, ...] = ()
+    learned: tuple[LearnedSummary, ...] = ()
 
     @property
     def truncated(self) -> bool:
@@ -253,6 +257,7 @@ def status_snapshot(snap: ServerSnapshot, *, control: str | None = None) -> Stat
         scopes=snap.scopes,
         scopes_total=snap.scopes_total,
         recent=tuple(incident_info(n, e) for n, e in snap.incidents),
+        learned=snap.learned,
     )
 
 

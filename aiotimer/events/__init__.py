@@ -30,6 +30,7 @@ from aiotimer.events._base import (
     holding_task,
     signal_name,
 )
+from aiotimer.events._learned import LearnedWouldReap
 from aiotimer.events._reaping import (
     ReapAbandoned,
     ReapFailed,
@@ -79,6 +80,7 @@ __all__ = [
     "Event",
     "EventsLost",
     "HangReported",
+    "LearnedWouldReap",
     "LoopLagged",
     "RankStatus",
     "ReapAbandoned",

@@ -77,6 +77,10 @@ class TimerExpired(Event):
     its task, passed ``kill_after`` seconds earlier (``late + kill_after`` ago), and the
     block has still not ended: its loop is blocked, or the task swallowed its
     cancellation.
+
+    ``learned`` is set when the deadline was a learned timeout's value
+    (``expires(after=learned(...))``, :mod:`aiotimer.core._learned`): the value, in
+    seconds, learned from ``learned_samples`` durations of the scope.
     """
 
     kind: ClassVar[str] = "timer_expired"
@@ -88,11 +92,18 @@ class TimerExpired(Event):
     report_only: bool
     action: str
     kill_after: float = 0.0
+    learned: float | None = None
+    learned_samples: int = 0
 
     def describe(self) -> str:
         """One human-readable line."""
         late = f"{self.late * 1000:.1f} ms"
         what = f"timer {clip_scope(self.scope_id)} of worker {self.pid} expired"
+        if self.learned is not None:
+            what += (
+                f" at its learned timeout {format_seconds(self.learned)} (from "
+                f"{self.learned_samples:,} samples)"
+            )
         if self.kill_after > 0:
             return (
                 f"{what} {late} after its reap deadline: its block outlived its own "

@@ -34,8 +34,8 @@ import anyio.to_thread
 
 from aiotimer._edges.files import check_private_dir, open_owned
 from aiotimer._edges.procfs import read_start_time
-from aiotimer.core._hang_parse import StackCaps, StackTextBound
 from aiotimer.errors import ProcessGoneError
+from aiotimer.reapers._stackbound import StackCaps, StackTextBound
 from aiotimer.wire._dumpfile import (
     DEFAULT_DUMP_SIGNAL,
     END_MARKER,
@@ -310,7 +310,7 @@ def py_spy_executable() -> str | None:
 
 #: How many times :func:`py_spy_dump_or_why` runs a py-spy that keeps crashing.
 PY_SPY_ATTEMPTS: Final[int] = 3
-#: How much of py-spy's output is kept (see :class:`~aiotimer.core._hang_parse.StackCaps`):
+#: How much of py-spy's output is kept (see :class:`~aiotimer.reapers._stackbound.StackCaps`):
 #: at most about 1.3 MB of text per dump, whatever the worker's stacks.
 PY_SPY_CAPS: Final[StackCaps] = StackCaps()
 _CHUNK: Final[int] = 64 * 1024
@@ -334,7 +334,7 @@ async def py_spy_dump_or_why(pid: int, *, timeout: float = 10.0) -> str | NoDump
 
     py-spy's output is as large as the worker makes it (threads, depth, name lengths),
     so it is read as it streams, in a worker thread, into a bounded copy
-    (:class:`~aiotimer.core._hang_parse.StackTextBound` with :data:`PY_SPY_CAPS`: lines
+    (:class:`~aiotimer.reapers._stackbound.StackTextBound` with :data:`PY_SPY_CAPS`: lines
     cut to 512 characters, 50 frames per thread, 50 threads, 16 MiB read, then py-spy is
     stopped); the text ends with a note of what was left out. Nothing of it is held or
     parsed in the event loop.

@@ -76,6 +76,7 @@ from aiotimer.server._effects import (
 )
 from aiotimer.server._ingest import MAX_TIMERS, MAX_TIMERS_PER_WORKER
 from aiotimer.server._journal import Journal
+from aiotimer.server._learning import Learning
 from aiotimer.server._machine import EXPIRE_BUDGET, LAG_THRESHOLD, Machine
 from aiotimer.sources._base import Drain
 from aiotimer.wire import Decoded, Request
@@ -134,6 +135,7 @@ class Engine:
         self.counts: ServerCounters = machine.counts
         self.stats: DurationStats = machine.stats
         self.overdue: Overdue = machine.overdue
+        self.learning: Learning = machine.learning
         #: How late each slice of expiries was handled (the loop was busy), seconds.
         self.loop_lag: LatencyHistogram = machine.loop_lag
         self._clock = clock

@@ -61,6 +61,7 @@ from aiotimer.events import (
     WorkerUnknown,
 )
 from aiotimer.server._effects import Effect, JournalAcquired, JournalReleased
+from aiotimer.server._learning import Learning
 from aiotimer.server._quota import Quota
 from aiotimer.wire import Decoded, Rejection, Request
 
@@ -86,6 +87,7 @@ class Ingest:
         counts: ServerCounters,
         stats: DurationStats,
         overdue: Overdue,
+        learning: Learning,
         quota: Quota,
         watched: set[int],
         own_pid: int,
@@ -99,6 +101,7 @@ class Ingest:
         self._stats = stats
         self._overdue = overdue
         self._watched = watched
+        self._learning = learning
         self._journal = journal
         self._request_events = request_events
         self._max_timers = max_timers
@@ -210,6 +213,8 @@ class Ingest:
         for i in folded.apply:
             self._apply(requests[i], source, mono, wall)
         self._stats.record_many(folded.paired, 0.0)
+        if self._learning.live:
+            self._learning.folded(requests, folded, mono, wall)
         for i in folded.cancelled:  # blocks begun and cancelled within the batch
             self._cancelled(requests[i], None, mono, wall)
 
@@ -243,6 +248,8 @@ class Ingest:
             if admission.evict is not None:
                 self._evict(*admission.evict, for_pid=pid, wall=wall)
         deadline = req.deadline(mono, wall)
+        if req.learned is not None:
+            deadline = self._learning.deadline(req, deadline)
         options = None
         if req.grace is not None or req.group or req.dump:
             options = ReapOptions(req.grace, req.group, req.dump)
@@ -272,7 +279,10 @@ class Ingest:
             if self._journal:
                 self.out.append(JournalReleased(req.pid, req.scope_id))
             self._counts.released += 1
-            self._stats.record(req.scope_id, max(0.0, mono - released.acquired_at))
+            duration = max(0.0, mono - released.acquired_at)
+            self._stats.record(req.scope_id, duration)
+            if self._learning.live:
+                self._learned(req, duration, mono, wall)
             if self._request_events:
                 self.out.append(
                     TimerReleased(time=wall, pid=req.pid, scope_id=req.scope_id, source=source)
@@ -281,6 +291,14 @@ class Ingest:
             acquired_at = self._overdue.pop((req.pid, req.scope_id))
             if acquired_at is not None:  # the late end of an expired, unreaped block
                 self._stats.record_late(req.scope_id, max(0.0, mono - acquired_at))
+                if self._learning.live:
+                    self._learned(req, max(0.0, mono - acquired_at), mono, wall)
+
+    def _learned(self, req: Request, duration: float, mono: float, wall: float) -> None:
+        """Tell the learned timeouts a block's duration; report what they say."""
+        event = self._learning.released(req.pid, req.scope_id, duration, mono, wall)
+        if event is not None:
+            self.out.append(event)
 
     def _cancelled(self, req: Request, timer: Timer | None, mono: float, wall: float) -> None:
         """``req`` releases a block whose task was cancelled at its own deadline (the

@@ -110,6 +110,7 @@ from aiotimer.server._effects import (
     Question,
 )
 from aiotimer.server._ingest import MAX_TIMERS, MAX_TIMERS_PER_WORKER, Ingest
+from aiotimer.server._learning import Learning
 from aiotimer.server._quota import Quota
 from aiotimer.server._slice import Begun, Slice, expiry, known_due
 from aiotimer.wire import Decoded, Request
@@ -163,6 +164,7 @@ class Machine:
         self.counts = ServerCounters()
         self.stats = DurationStats()
         self.overdue = Overdue()
+        self.learning = Learning()
         self._policy = policy
         self._own_pid = own_pid
         self._journal = journal
@@ -175,6 +177,7 @@ class Machine:
             counts=self.counts,
             stats=self.stats,
             overdue=self.overdue,
+            learning=self.learning,
             quota=self._quota,
             watched=self._watched,
             own_pid=own_pid,
@@ -364,7 +367,9 @@ class Machine:
         self.stats.record_expired(timer.scope_id, max(0.0, work.now - timer.acquired_at))
         if not plan and how is not Acted.UNPINNED:  # the block runs on: its release
             self.overdue.add(timer.key, timer.acquired_at)  # will tell how long it took
-        self._out.append(expiry(timer, plan, how, work, self._policy))
+        self._out.append(
+            expiry(timer, plan, how, work, policy=self._policy, learning=self.learning)
+        )
         if how is Acted.REFUSED:  # a refused timer abandons only itself
             self._out.append(ProceedReap(timer.pid, (timer.scope_id,), 0))
         elif how is Acted.BEGUN:

@@ -216,8 +216,9 @@ class Run:
         engine.lag_threshold = cfg.lag_threshold
         await tg.start(self.handoff.run)
         if cfg.stats_file is not None:
-            cfg.stats_file.load_into(engine.stats)
-            tg.start_soon(cfg.stats_file.run, engine.stats, cfg.stats_interval)
+            learned = engine.learning.timeouts
+            cfg.stats_file.load_into(engine.stats, learned)
+            tg.start_soon(cfg.stats_file.run, engine.stats, cfg.stats_interval, learned)
         if self.journal is not None:
             await self._restore(self.journal, engine)
             tg.start_soon(self.journal.run, engine.table, self._mono_to_wall)
@@ -237,7 +238,7 @@ class Run:
             self._emit(self._stopped(kept))
         self._event_logger.close()
         if self.settings.stats_file is not None and self.engine is not None:
-            self.settings.stats_file.save(self.engine.stats)
+            self.settings.stats_file.save(self.engine.stats, self.engine.learning.timeouts)
         if self.event_log is not None:
             self.event_log.close()
         self._bus.close()

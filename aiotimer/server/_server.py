@@ -25,7 +25,7 @@ import inspect
 import logging
 import os
 import signal as _signal
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar, cast
 
@@ -466,6 +466,13 @@ class TimerServer(TaskOwner):
             TimeoutError: see :meth:`snapshot`.
         """
         return self.snapshot(0, sites=None).scopes
+
+    def widen_learned(self, values: Mapping[str, float]) -> None:
+        """Take learned timeouts (seconds by scope site) where wider than this server's
+        (another node's: :mod:`aiotimer.cluster._learned`). Call it in the server's loop."""
+        run = self._run
+        if run is not None and run.engine is not None:
+            run.engine.learning.timeouts.widen(values)
 
     async def dump_stacks(self, pid: int, *, timeout: float = 2.0) -> str | None:
         """Ask worker ``pid`` for a stack dump now, through the reaper (an operator's

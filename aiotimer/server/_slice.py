@@ -17,6 +17,7 @@ from aiotimer.events import TimerExpired
 from aiotimer.reapers._policy import ReapPolicy
 from aiotimer.reapers._steps import Step, format_plan
 from aiotimer.server._effects import Acted
+from aiotimer.server._learning import Learning
 
 __all__ = ["Begun", "Slice", "expiry", "known_due"]
 
@@ -57,7 +58,13 @@ class Slice:
 
 
 def expiry(
-    timer: Timer, plan: tuple[Step, ...], how: Acted, work: Slice, policy: ReapPolicy
+    timer: Timer,
+    plan: tuple[Step, ...],
+    how: Acted,
+    work: Slice,
+    *,
+    policy: ReapPolicy,
+    learning: Learning,
 ) -> TimerExpired:
     """The report of ``timer``'s expiry, acted on with ``plan`` as ``how`` says
     (:attr:`Acted.UNWATCHED`: the server's own process)."""
@@ -72,6 +79,7 @@ def expiry(
         action = "nothing (shadow mode); would do: " + format_plan(policy.intended(timer))
     else:
         action = format_plan(plan)
+    learned, samples = learning.expired(timer) or (None, 0)
     return TimerExpired(
         time=work.wall,
         pid=timer.pid,
@@ -81,4 +89,6 @@ def expiry(
         report_only=report_only,
         action=action,
         kill_after=timer.kill_after,
+        learned=learned,
+        learned_samples=samples,
     )

@@ -1,6 +1,9 @@
 """Duration statistics that survive a crash: periodic snapshots to a file, merged back.
 
-A server with an event log keeps its statistics in ``<event log>.stats.json`` too.
+A server with an event log keeps its statistics in ``<event log>.stats.json`` too, and
+with them its learned timeouts (:mod:`aiotimer.core._learned`: each learned scope's
+durations and value), so a restarted server times a learned scope at the value it had
+learned, not at ``initial``.
 :meth:`StatsFile.load_into` merges what a previous run left there into a fresh run's
 statistics; :meth:`StatsFile.run` rewrites the file every ``interval`` seconds while
 the statistics change, and :meth:`StatsFile.save` once more on a clean stop. A write is
@@ -27,9 +30,10 @@ import anyio.abc
 import msgspec
 
 from aiotimer._edges.files import read_owned, write_atomic
+from aiotimer.core._learned import LearnedScopeState, LearnedTimeouts
 from aiotimer.core._stats import DurationStats, StatsState
 
-__all__ = ["MAX_STATS_BYTES", "StatsFile", "stats_path_for"]
+__all__ = ["MAX_STATS_BYTES", "SavedStats", "StatsFile", "stats_path_for"]
 
 logger = logging.getLogger("aiotimer")
 
@@ -42,6 +46,12 @@ _WHAT: Final[str] = "statistics file"
 #: here (read 20 ms, decode 0.22 s, merge 0.2 s). Twice and a half that bounds the
 #: start-up cost of any file that can be there.
 MAX_STATS_BYTES: Final[int] = 32 * 1024 * 1024
+
+
+class SavedStats(StatsState, frozen=True, kw_only=True):
+    """What the file holds: the statistics, and the learned timeouts by site."""
+
+    learned: dict[str, LearnedScopeState] = {}
 
 
 def stats_path_for(event_log: str | os.PathLike[str]) -> Path:
@@ -57,13 +67,17 @@ class StatsFile:
         self.path = Path(path)
         self._saved_samples = -1
 
-    def load_into(self, stats: DurationStats) -> bool:
-        """Merge the saved statistics into ``stats``; ``False`` (and a logged warning) if
-        the file is missing, unreadable, not a regular file of this user, larger than
+    def load_into(self, stats: DurationStats, learned: LearnedTimeouts | None = None) -> bool:
+        """Merge the saved statistics into ``stats`` (and the learned timeouts into
+        ``learned``); ``False`` (and a logged warning) if the file is missing,
+        unreadable, not a regular file of this user, larger than
         :data:`MAX_STATS_BYTES` or of another precision. Never blocks on the file."""
         try:
             data = read_owned(self.path, MAX_STATS_BYTES, what=_WHAT)
-            stats.merge_state(msgspec.json.decode(data, type=StatsState))
+            saved = msgspec.json.decode(data, type=SavedStats)
+            stats.merge_state(saved)
+            if learned is not None:
+                learned.merge_state(saved.learned)
         except FileNotFoundError:
             return False
         except (OSError, ValueError, msgspec.DecodeError) as exc:
@@ -75,29 +89,36 @@ class StatsFile:
         self,
         stats: DurationStats,
         interval: float,
+        learned: LearnedTimeouts | None = None,
         *,
         task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
-        """Save ``stats`` every ``interval`` seconds when it changed; until cancelled."""
+        """Save ``stats`` (and ``learned``) every ``interval`` seconds when they
+        changed; until cancelled."""
         task_status.started()
         while True:
             await anyio.sleep(interval)
-            state = self._changed(stats)
+            state = self._changed(stats, learned)
             if state is not None:
                 await anyio.to_thread.run_sync(self._write, _encode(state))
 
-    def save(self, stats: DurationStats) -> None:
-        """Save ``stats`` now (blocking: for the end of a run)."""
-        state = self._changed(stats)
+    def save(self, stats: DurationStats, learned: LearnedTimeouts | None = None) -> None:
+        """Save ``stats`` (and ``learned``) now (blocking: for the end of a run)."""
+        state = self._changed(stats, learned)
         if state is not None:
             self._write(_encode(state))
 
-    def _changed(self, stats: DurationStats) -> StatsState | None:
-        samples = stats.samples
+    def _changed(self, stats: DurationStats, learned: LearnedTimeouts | None) -> StatsState | None:
+        samples = stats.samples + (0 if learned is None else learned.samples)
         if samples == self._saved_samples:
             return None
         self._saved_samples = samples
-        return stats.to_state()
+        state = stats.to_state()
+        if not learned:
+            return state
+        return SavedStats(
+            relative_error=state.relative_error, sites=state.sites, learned=learned.to_state()
+        )
 
     def _write(self, data: bytes) -> None:
         try:

@@ -30,11 +30,13 @@ import msgspec
 
 from aiotimer._edges.lifecycle import LifecycleState
 from aiotimer.core._latency import LatencyHistogram
+from aiotimer.core._learned import LearnedSummary
 from aiotimer.core._stats import ScopeStats
 from aiotimer.core._timer import Timer
 from aiotimer.events import Event, ServerCounters, ServerStopped
 from aiotimer.reapers._policy import ReapPolicy
 from aiotimer.reapers._steps import format_plan
+from aiotimer.server._learning import LEARNED_LISTED
 
 if TYPE_CHECKING:
     from aiotimer._edges.clock import Clock
@@ -98,7 +100,9 @@ class ServerSnapshot:
     subscribers; ``incidents`` are the last reaps and refusals, numbered as events,
     oldest first. ``journal`` is the journal's path (``None``: it keeps none) and
     ``journal_problem`` why it cannot be written now (``None``: it can, or it has not
-    tried yet). A server that is not running lists no
+    tried yet). ``learned`` are the learned timeouts' scopes (the
+    :data:`~aiotimer.server._learning.LEARNED_LISTED` with most samples). A
+    server that is not running lists no
     workers or timers, and keeps its last run's counters, statistics and histograms.
     """
 
@@ -127,6 +131,7 @@ class ServerSnapshot:
     incidents: tuple[tuple[int, Event], ...] = ()
     journal: str | None = None
     journal_problem: str | None = None
+    learned: tuple[LearnedSummary, ...] = ()
 
     @property
     def uptime(self) -> float | None:
@@ -231,6 +236,7 @@ def take(
             scopes_total=len(stats),
             reap_latency=engine.reap_latency.copy(),
             loop_lag=engine.loop_lag.copy(),
+            learned=tuple(engine.learning.summaries(LEARNED_LISTED)),
         )
     if engine is not None and live:
         table = engine.table

@@ -130,6 +130,10 @@ class Attempt:
         """The worker's pid (its session and process group id too)."""
         return self.popen.pid
 
+    def exited(self) -> bool:
+        """Whether the process has exited (and was waited for)."""
+        return self.popen.poll() is not None
+
 
 class ObservedReaper:
     """Wraps the server's reaper to learn when a process first registers a timer, and

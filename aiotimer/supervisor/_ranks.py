@@ -30,10 +30,10 @@ from aiotimer.events import (
     WorkerRunning,
     WorkerStarted,
 )
+from aiotimer.hang import HangReporter
 from aiotimer.reapers._policy import ReapPolicy
 from aiotimer.reapers._signal import NoDump, Reaper
 from aiotimer.supervisor._exits import ExitReason, classify_exit
-from aiotimer.supervisor._hang import HangReporter
 from aiotimer.supervisor._pool import (
     Attempt,
     ObservedReaper,

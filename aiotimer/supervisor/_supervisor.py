@@ -37,7 +37,6 @@ import anyio
 from aiotimer._edges.clock import Clock, MonotonicClock
 from aiotimer._edges.eventlog import EventLog
 from aiotimer._edges.lifecycle import LifecycleState, OwnedTask, TaskOwner
-from aiotimer.core._hang import HangReport
 from aiotimer.errors import LaunchError, ServerStateError
 from aiotimer.events import (
     Event,
@@ -48,11 +47,11 @@ from aiotimer.events import (
     TimerExpired,
     WorkerReaped,
 )
+from aiotimer.hang import HangReport, open_scopes
 from aiotimer.reapers._policy import ReapPolicy
 from aiotimer.reapers._signal import Reaper, SignalReaper
 from aiotimer.server._server import TimerServer
 from aiotimer.supervisor import _proctree
-from aiotimer.supervisor._hang import open_scopes
 from aiotimer.supervisor._pool import WORKER_ENV, WorkerPool
 from aiotimer.supervisor._ranks import Ranks
 from aiotimer.supervisor._records import (

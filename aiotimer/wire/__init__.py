@@ -16,6 +16,7 @@ from aiotimer._faces import face_getattr
 if TYPE_CHECKING:
     from aiotimer.wire._decoder import Decoded, LineDecoder, Rejection
     from aiotimer.wire._encoder import BlockEncoder, block_encoder, encode
+    from aiotimer.wire._learned import Learned, learned, learned_problem
     from aiotimer.wire._request import (
         ENV_FIFO,
         JOB_CONTROL_SIGNALS,
@@ -44,6 +45,9 @@ _LAZY: Final[dict[str, str]] = {
     "BlockEncoder": "aiotimer.wire._encoder",
     "block_encoder": "aiotimer.wire._encoder",
     "encode": "aiotimer.wire._encoder",
+    "Learned": "aiotimer.wire._learned",
+    "learned": "aiotimer.wire._learned",
+    "learned_problem": "aiotimer.wire._learned",
     "ENV_FIFO": "aiotimer.wire._request",
     "JOB_CONTROL_SIGNALS": "aiotimer.wire._request",
     "MARKER_SUFFIX": "aiotimer.wire._request",
@@ -80,6 +84,7 @@ __all__ = [
     "TORCH_ENV_FIFO",
     "BlockEncoder",
     "Decoded",
+    "Learned",
     "LineDecoder",
     "Rejection",
     "Request",
@@ -87,6 +92,8 @@ __all__ = [
     "block_encoder",
     "check_block",
     "encode",
+    "learned",
+    "learned_problem",
     "number_problem",
     "scope_id_problem",
     "signal_problem",

@@ -6,6 +6,7 @@ beyond reading the environment.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import tempfile
 from pathlib import Path
@@ -15,8 +16,10 @@ __all__ = [
     "DEFAULT_DUMP_SIGNAL",
     "END_MARKER",
     "ENV_DUMP_DIR",
+    "FAULT_THREAD_HEADER",
     "HEADER_TAG",
     "MAX_DUMP_BYTES",
+    "SPY_THREAD_HEADER",
     "dump_dir_for",
     "dump_path_for",
 ]
@@ -50,3 +53,11 @@ def dump_path_for(pid: int, dump_dir: str | os.PathLike[str] | None = None) -> P
     """The dump file of worker ``pid``: ``<dir>/aiotimer-dump-<pid>.txt`` in
     :func:`dump_dir_for` ``(dump_dir)``."""
     return dump_dir_for(dump_dir) / f"aiotimer-dump-{pid}.txt"
+
+
+#: A thread's header in :mod:`faulthandler`'s stacks (the dump hook's first half).
+FAULT_THREAD_HEADER: Final = re.compile(
+    r"^(?:Current thread|Thread) 0x[0-9a-fA-F]+ \(most recent call first\):"
+)
+#: A thread's header in ``py-spy dump``'s output; its group is the thread's name.
+SPY_THREAD_HEADER: Final = re.compile(r'^Thread (?:0x)?[0-9a-fA-F]+ \([^)]*\)(?:: "(.*)")?\s*$')

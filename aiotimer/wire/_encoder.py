@@ -23,6 +23,9 @@ def _number(x: float, name: str) -> str:
     return repr(x)
 
 
+_learned_json: Final = msgspec.json.Encoder().encode
+
+
 def encode(req: Request) -> bytes:
     """Encode ``req`` as one wire line, newline included.
 
@@ -53,6 +56,8 @@ def encode(req: Request) -> bytes:
         text += f', "kill_after": {_number(float(req.kill_after), "kill_after")}'
     if req.cancelled:
         text += ', "cancelled": true'
+    if req.learned is not None:
+        text += ', "learned": ' + _learned_json(req.learned).decode()
     data = (text + "}\n").encode("ascii")
     if len(data) > PIPE_BUF:
         raise RequestTooLargeError(

@@ -35,6 +35,10 @@ Keys (see docs/protocol.md for the full table):
                      field 22, clock ticks since boot) when it sent the request; the
                      server refuses to pin a process whose start time differs (the
                      worker died and its pid was reused before its request was read).
+``learned``          aiotimer extension, on an acquire: a learned timeout's spec
+                     (:mod:`aiotimer.wire._learned`); ``expiration_time`` is then the
+                     block's deadline at ``initial``, and an aiotimer server times it at
+                     the value it learned for the scope, never later.
 
 Unknown keys are ignored, so newer clients can talk to older servers.
 """
@@ -48,6 +52,8 @@ from collections.abc import Set as AbstractSet
 from typing import Annotated, Final
 
 import msgspec
+
+from aiotimer.wire._learned import Learned
 
 __all__ = [
     "ENV_FIFO",
@@ -149,6 +155,7 @@ class Request(msgspec.Struct, frozen=True, gc=False):
     start_time: _StartTime | None = None
     kill_after: _Grace | None = None
     cancelled: bool = False
+    learned: Learned | None = None
 
     @property
     def is_release(self) -> bool:

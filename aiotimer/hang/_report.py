@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from aiotimer.core._hang_parse import Frame, parse_stacks
+from aiotimer.hang._parse import Frame, parse_stacks
 
 __all__ = [
     "MAX_RANK_TEXT",

@@ -9,7 +9,7 @@ only then does the reap proceed. A task reads the dumps (``py-spy`` for a worker
 the hook), waits for the reaped rank's own dump, which its reap takes before the kill
 (:meth:`HangReporter.reap_policy`: the server's policy under the group scope), all
 within ``timeout`` seconds, and groups them with the pure
-:func:`~aiotimer.core._hang.build_report`. A worker that does not answer in time
+:func:`~aiotimer.hang.build_report`. A worker that does not answer in time
 (stopped, stuck in C code before the dump hook ran, no hook and no py-spy) is reported as
 such. The restart waits for the report, never past the bound (:meth:`settle`). A job
 restart that no local expiry began (another node's) takes its report when it starts.
@@ -28,10 +28,10 @@ import logging
 import math
 import os
 import signal
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Set
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Final, Protocol
 
 import anyio
 import anyio.abc
@@ -39,17 +39,51 @@ import anyio.to_thread
 
 from aiotimer._edges.clock import Clock
 from aiotimer._edges.files import write_atomic
-from aiotimer.core._hang import HangReport, RankStacks, build_report
 from aiotimer.core._table import Timer
 from aiotimer.events import Event, HangReported
+from aiotimer.hang._report import HangReport, RankStacks, build_report
 from aiotimer.reapers._dumps import NoDump, prepare_dump, py_spy_dump_or_why, read_dump_or_why
 from aiotimer.reapers._policy import ReapPolicy
 from aiotimer.reapers._steps import DumpStacks, Step
 from aiotimer.server._server import TimerServer
-from aiotimer.supervisor._pool import Attempt
 from aiotimer.wire._dumpfile import DEFAULT_DUMP_SIGNAL
 
-__all__ = ["DEFAULT_HANG_REPORT_TIMEOUT", "DumpFirstPolicy", "HangReporter", "open_scopes"]
+
+class RankProcess(Protocol):
+    """What a hang report needs of a rank's running process (the supervisor's attempt)."""
+
+    @property
+    def pid(self) -> int:
+        """The worker's pid."""
+        ...
+
+    @property
+    def pidfd(self) -> int | None:
+        """A pidfd of the worker, where the OS has them."""
+        ...
+
+    @property
+    def timer_pids(self) -> Set[int]:
+        """The other processes of the rank that hold timers."""
+        ...
+
+    @property
+    def expired(self) -> tuple[str, ...]:
+        """The scopes of the rank's timers that expired."""
+        ...
+
+    def exited(self) -> bool:
+        """Whether the process has exited."""
+        ...
+
+
+__all__ = [
+    "DEFAULT_HANG_REPORT_TIMEOUT",
+    "DumpFirstPolicy",
+    "HangReporter",
+    "RankProcess",
+    "open_scopes",
+]
 
 logger = logging.getLogger("aiotimer")
 
@@ -154,11 +188,11 @@ class HangReporter:
     def begin(
         self,
         tg: anyio.abc.TaskGroup,
-        live: Mapping[int, Attempt],
+        live: Mapping[int, RankProcess],
         scopes: Callable[[], Mapping[int, tuple[str, ...]]],
         *,
         cause: str,
-        reaped: Attempt | None = None,
+        reaped: RankProcess | None = None,
         dumping: bool = False,
     ) -> None:
         """Signal the dump hook of every ``live`` worker but ``reaped`` (whose reap is
@@ -172,7 +206,7 @@ class HangReporter:
         self._done = anyio.Event()
         asks = []
         for rank, att in sorted(live.items()):
-            if att.popen.poll() is not None:
+            if att.exited():
                 continue
             open_ = (s for p in (att.pid, *att.timer_pids) for s in open_timers.get(p, ()))
             blocks = tuple(dict.fromkeys((*att.expired, *open_)))
@@ -191,7 +225,7 @@ class HangReporter:
             if ask.pid == pid and scope not in ask.blocks:
                 ask.blocks = (scope, *ask.blocks)
 
-    def _signal(self, att: Attempt) -> tuple[Path, int] | NoDump:
+    def _signal(self, att: RankProcess) -> tuple[Path, int] | NoDump:
         try:
             prepared = prepare_dump(att.pid, DEFAULT_DUMP_SIGNAL, self.dump_dir)
             if not isinstance(prepared, NoDump):
