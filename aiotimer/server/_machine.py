@@ -364,7 +364,7 @@ class Machine:
         self.stats.record_expired(timer.scope_id, max(0.0, work.now - timer.acquired_at))
         if not plan and how is not Acted.UNPINNED:  # the block runs on: its release
             self.overdue.add(timer.key, timer.acquired_at)  # will tell how long it took
-        self._out.append(expiry(timer, plan, how, work, self._policy))
+        self._out.append(expiry(timer, plan, how, work, policy=self._policy))
         if how is Acted.REFUSED:  # a refused timer abandons only itself
             self._out.append(ProceedReap(timer.pid, (timer.scope_id,), 0))
         elif how is Acted.BEGUN:

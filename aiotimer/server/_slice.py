@@ -57,7 +57,7 @@ class Slice:
 
 
 def expiry(
-    timer: Timer, plan: tuple[Step, ...], how: Acted, work: Slice, policy: ReapPolicy
+    timer: Timer, plan: tuple[Step, ...], how: Acted, work: Slice, *, policy: ReapPolicy
 ) -> TimerExpired:
     """The report of ``timer``'s expiry, acted on with ``plan`` as ``how`` says
     (:attr:`Acted.UNWATCHED`: the server's own process)."""
