@@ -81,6 +81,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from aiotimer.core._fold import Fold
 from aiotimer.core._latency import LatencyHistogram
@@ -99,7 +100,6 @@ from aiotimer.server._effects import (
     Acted,
     ActOn,
     Arm,
-    Effect,
     JournalCleared,
     JournalForgot,
     JournalReleased,
@@ -113,6 +113,10 @@ from aiotimer.server._ingest import MAX_TIMERS, MAX_TIMERS_PER_WORKER, Ingest
 from aiotimer.server._quota import Quota
 from aiotimer.server._slice import Begun, Slice, expiry, known_due
 from aiotimer.wire import Decoded, Request
+
+if TYPE_CHECKING:
+    from aiotimer.server._effects import Effect
+
 
 __all__ = ["EXPIRE_BUDGET", "LAG_THRESHOLD", "Machine"]
 
