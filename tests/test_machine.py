@@ -12,6 +12,7 @@ import itertools
 import math
 import signal
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import pytest
 from _pids import fake_pid
@@ -24,7 +25,6 @@ from aiotimer.server._effects import (
     Acted,
     ActOn,
     Arm,
-    Effect,
     JournalAcquired,
     JournalForgot,
     JournalReleased,
@@ -35,6 +35,10 @@ from aiotimer.server._effects import (
 )
 from aiotimer.server._machine import Machine
 from aiotimer.wire import Decoded, Request
+
+if TYPE_CHECKING:
+    from aiotimer.server._effects import Effect
+
 
 OWN = fake_pid(99)
 WORKERS = [fake_pid(n) for n in (1, 2, 3, 4)]

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeAlias
 
-from aiotimer.core._table import Timer
-from aiotimer.events import Event
-from aiotimer.reapers._steps import Step
+if TYPE_CHECKING:  # for types only: the records import nothing at run time
+    from aiotimer.core._table import Timer
+    from aiotimer.events import Event
+    from aiotimer.reapers._steps import Step
 
 __all__ = [
     "ActOn",
@@ -153,15 +155,17 @@ class JournalForgot:
     pid: int
 
 
-Effect = (
-    Event
-    | ProceedReap
-    | Arm
-    | JournalAcquired
-    | JournalReleased
-    | JournalCleared
-    | JournalForgot
-    | Pin
-    | ActOn
-    | NeedInput
-)
+if TYPE_CHECKING:
+    #: Everything a step of the machine returns (an event is its own effect).
+    Effect: TypeAlias = (
+        Event
+        | ProceedReap
+        | Arm
+        | JournalAcquired
+        | JournalReleased
+        | JournalCleared
+        | JournalForgot
+        | Pin
+        | ActOn
+        | NeedInput
+    )

@@ -45,6 +45,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import anyio.abc
 import anyio.lowlevel
@@ -65,7 +66,6 @@ from aiotimer.server._effects import (
     Acted,
     ActOn,
     Arm,
-    Effect,
     JournalAcquired,
     JournalCleared,
     JournalForgot,
@@ -80,6 +80,10 @@ from aiotimer.server._learning import Learning
 from aiotimer.server._machine import EXPIRE_BUDGET, LAG_THRESHOLD, Machine
 from aiotimer.sources._base import Drain
 from aiotimer.wire import Decoded, Request
+
+if TYPE_CHECKING:
+    from aiotimer.server._effects import Effect
+
 
 __all__ = [
     "DUMP_SLACK",

@@ -46,7 +46,7 @@ Ingest never handles expiries: the machine does, once the batch is applied.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from aiotimer.core._fold import Fold, fold
 from aiotimer.core._stats import DurationStats, Overdue
@@ -60,10 +60,14 @@ from aiotimer.events import (
     TimerReleased,
     WorkerUnknown,
 )
-from aiotimer.server._effects import Effect, JournalAcquired, JournalReleased
+from aiotimer.server._effects import JournalAcquired, JournalReleased
 from aiotimer.server._learning import Learning
 from aiotimer.server._quota import Quota
 from aiotimer.wire import Decoded, Rejection, Request
+
+if TYPE_CHECKING:
+    from aiotimer.server._effects import Effect
+
 
 __all__ = ["MAX_TIMERS", "MAX_TIMERS_PER_WORKER", "REPORTED_REJECTIONS", "Ingest"]
 

@@ -81,6 +81,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from aiotimer.core._fold import Fold
 from aiotimer.core._latency import LatencyHistogram
@@ -99,7 +100,6 @@ from aiotimer.server._effects import (
     Acted,
     ActOn,
     Arm,
-    Effect,
     JournalCleared,
     JournalForgot,
     JournalReleased,
@@ -114,6 +114,10 @@ from aiotimer.server._learning import Learning
 from aiotimer.server._quota import Quota
 from aiotimer.server._slice import Begun, Slice, expiry, known_due
 from aiotimer.wire import Decoded, Request
+
+if TYPE_CHECKING:
+    from aiotimer.server._effects import Effect
+
 
 __all__ = ["EXPIRE_BUDGET", "LAG_THRESHOLD", "Machine"]
 
