@@ -16,7 +16,8 @@ from aiotimer import expires, expires_at
     [
         (
             {"after": "10"},
-            "expires(): after must be a number of seconds (int or float), got str '10'",
+            "expires(): after must be a number of seconds (int or float) or learned(...), "
+            "got str '10'",
         ),
         ({"after": None}, "expires(): after must be a number of seconds"),
         ({"after": 10, "scope": 123}, "expires(): scope must be a str, got int 123"),

@@ -20,7 +20,7 @@ import pytest
 from _etcd import EtcdServer
 
 from aiotimer.cluster import connect
-from aiotimer.cluster._learned import LearnedRecord, learned_key
+from aiotimer.cluster._learned import SHARE_INTERVAL, LearnedRecord, learned_key
 from aiotimer.cluster._record import decode
 
 pytestmark = [pytest.mark.etcd, pytest.mark.process, pytest.mark.timeout(90)]
@@ -86,7 +86,16 @@ def test_a_node_that_starts_late_times_its_first_step_at_the_jobs_value(
             assert a.poll() is None, (tmp_path / "a.log").read_text()
             assert time.monotonic() < deadline, "node a published its learned value"
             time.sleep(0.2)
-        assert 1.0 <= value <= 3.0
+        # a's worker sleeps once done, so a's value stops changing after its last share
+        # went out (one every SHARE_INTERVAL): wait for two reads an interval apart to agree
+        while True:
+            time.sleep(SHARE_INTERVAL + 0.5)
+            settled = published_step(etcd, job)
+            if settled == value:
+                break
+            assert time.monotonic() < deadline, "node a's learned value settled"
+            value = settled
+        assert value is not None and 1.0 <= value <= 3.0
         b = node(etcd, tmp_path, "b", job)
         assert b.wait(timeout=40) != 0, "b's worker was reaped and b gave up"
         hung_at = float((tmp_path / "b-hang").read_text())
