@@ -48,6 +48,7 @@ from aiotimer.events._server import (
     ServerStopped,
     SourceFailed,
 )
+from aiotimer.events._straggler import StragglerDetected, StragglerRecovered
 from aiotimer.events._supervisor import (
     HangReported,
     RankStatus,
@@ -92,6 +93,8 @@ __all__ = [
     "SignalSent",
     "SourceFailed",
     "StacksDumped",
+    "StragglerDetected",
+    "StragglerRecovered",
     "SupervisorGaveUp",
     "SupervisorStopped",
     "TimerAcquired",

@@ -90,6 +90,11 @@ class RankStatus(msgspec.Struct, frozen=True, kw_only=True):
     uptime: float = 0.0
     attempt_uptime: float | None = None
     reasons: tuple[str, ...] = ()
+    #: Its slowness against its peers (:mod:`aiotimer.core._straggler`): the largest
+    #: ratio over the scopes it was judged in (``None``: not judged yet).
+    slowness: float | None = None
+    #: The scopes it is a straggler in (empty: none).
+    straggler: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

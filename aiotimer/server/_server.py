@@ -50,6 +50,7 @@ from aiotimer.server._engine import (
 )
 from aiotimer.server._eventbus import EventBus
 from aiotimer.server._journal import journal_path
+from aiotimer.server._observed import RequestObserver
 from aiotimer.server._run import Run, RunSettings
 from aiotimer.server._statsfile import StatsFile, stats_path_for
 from aiotimer.server._transports import own_sources
@@ -125,6 +126,9 @@ class TimerServer(TaskOwner):
             (of the user holding the most, if two more than its own), or is rejected
             (see ``docs/operations.md``, quotas per user).
         max_timers_per_worker: reject a worker's acquires of new timers past this many.
+        on_requests: called in the server's loop with each batch of requests its
+            sources read, and when (its monotonic clock), before they are applied
+            (:mod:`aiotimer.server._observed`); it must be quick and must not block.
 
     Reads: :meth:`snapshot` (one bounded, consistent view, from any thread), and what
     derives from it (:meth:`get_state`, :meth:`scope_stats`). A control socket, metrics
@@ -158,6 +162,7 @@ class TimerServer(TaskOwner):
         max_timers: int = MAX_TIMERS,
         max_timers_per_worker: int = MAX_TIMERS_PER_WORKER,
         socket_mode: int | None = None,
+        on_requests: RequestObserver | None = None,
     ) -> None:
         if max_timers < 1 or max_timers_per_worker < 1:
             raise ValueError("max_timers and max_timers_per_worker must be at least 1")
@@ -189,6 +194,7 @@ class TimerServer(TaskOwner):
             async_on_event=cast("Callable[[Event], Awaitable[object]]", on_event)
             if is_async
             else None,
+            on_requests=on_requests,
         )
         self._about = _view.About(
             pid=os.getpid(),

@@ -53,6 +53,8 @@ def encode(req: Request) -> bytes:
         text += f', "kill_after": {_number(float(req.kill_after), "kill_after")}'
     if req.cancelled:
         text += ', "cancelled": true'
+    if req.at is not None:
+        text += f', "at": {_number(req.at, "at")}'
     data = (text + "}\n").encode("ascii")
     if len(data) > PIPE_BUF:
         raise RequestTooLargeError(

@@ -1,0 +1,81 @@
+"""Stragglers named in real runs: ``aiotimer run --nproc 4 --event-log FILE``.
+
+Every rank runs 150 steps of ``with expires(after=10, scope="step")`` of ~40 ms of
+sleep with lognormal jitter (sigma 0.1); in one run rank 2's steps are 1.6x longer,
+in the other the four ranks are equal. Both runs go at once (their workers sleep: the
+two cores are not the limit). Each must end within 60 s (about 10 s on an idle box);
+the assertions are on the events, not on any timing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.process, pytest.mark.timeout(90)]
+
+STEPS = """
+import os, random, time
+from aiotimer import expires
+
+rank = int(os.environ["RANK"])
+slow = float(os.environ["TEST_SLOW"]) if rank == 2 else 1.0
+rng = random.Random(rank)
+for _ in range(150):
+    with expires(after=10, scope="step"):
+        time.sleep(0.04 * slow * rng.lognormvariate(0, 0.1))
+"""
+
+
+def start_run(tmp_path: Path, name: str, slow: float) -> tuple[subprocess.Popen[bytes], Path]:
+    script = tmp_path / "steps.py"
+    script.write_text(STEPS)
+    log = tmp_path / f"{name}.jsonl"
+    env = {**os.environ, "TEST_SLOW": str(slow), "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "aiotimer", "run", "--nproc", "4", "--event-log", str(log)]
+        + ["--", sys.executable, str(script)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    return proc, log
+
+
+def events(log: Path, *kinds: str) -> list[dict[str, object]]:
+    out = []
+    for line in log.read_text().splitlines():
+        event = json.loads(line)
+        if event["event"] in kinds:
+            out.append(event)
+    return out
+
+
+def test_the_slow_rank_is_named_during_the_run_and_equal_ranks_never(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    slowed, slowed_log = start_run(tmp_path / "a", "slowed", 1.6)
+    equal, equal_log = start_run(tmp_path / "b", "equal", 1.0)
+    try:
+        assert slowed.wait(timeout=60) == 0
+        assert equal.wait(timeout=60) == 0
+    finally:
+        for proc in (slowed, equal):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    named = events(slowed_log, "straggler", "supervisor_stopped")
+    stragglers = [e for e in named if e["event"] == "straggler"]
+    assert stragglers, "no straggler named"
+    assert {e["rank"] for e in stragglers} == {2}
+    first = stragglers[0]
+    assert first["scope"] == "step" and first["window"] == 20
+    assert 1.3 <= float(first["ratio"]) <= 2.5  # type: ignore[arg-type]
+    # During the run: before the supervisor stopped.
+    assert named.index(first) < len(named) - 1 and named[-1]["event"] == "supervisor_stopped"
+    assert events(equal_log, "straggler") == []
