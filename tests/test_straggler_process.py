@@ -37,9 +37,9 @@ def start_run(tmp_path: Path, name: str, slow: float) -> tuple[subprocess.Popen[
     script.write_text(STEPS)
     log = tmp_path / f"{name}.jsonl"
     env = {**os.environ, "TEST_SLOW": str(slow), "PYTHONPATH": os.pathsep.join(sys.path)}
+    run = [sys.executable, "-m", "aiotimer", "run", "--nproc", "4", "--event-log", str(log)]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "aiotimer", "run", "--nproc", "4", "--event-log", str(log)]
-        + ["--", sys.executable, str(script)],
+        [*run, "--", sys.executable, str(script)],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
