@@ -79,3 +79,48 @@ def test_the_slow_rank_is_named_during_the_run_and_equal_ranks_never(tmp_path: P
     # During the run: before the supervisor stopped.
     assert named.index(first) < len(named) - 1 and named[-1]["event"] == "supervisor_stopped"
     assert events(equal_log, "straggler") == []
+
+
+GLOO = """
+import os, time
+import torch
+import torch.distributed as dist
+from aiotimer import expires
+
+rank = int(os.environ["RANK"])
+dist.init_process_group("gloo")
+t = torch.ones(1)
+for _ in range(80):
+    time.sleep(0.02 + (0.03 if rank == 1 else 0.0))  # its own work, outside the collective
+    with expires(after=10, scope="allreduce"):
+        dist.all_reduce(t)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(150)
+def test_a_rank_slow_outside_its_collective_is_named(tmp_path: Path) -> None:
+    """4 gloo ranks (torch, CPU); rank 1 works 30 ms more per step before each
+    all_reduce, which every rank waits out inside its block: rank 1 is named, by its
+    time outside the scope. Torch's start-up takes most of the ~15 s here."""
+    pytest.importorskip("torch.distributed")
+    script = tmp_path / "gloo.py"
+    script.write_text(GLOO)
+    log = tmp_path / "events.jsonl"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    env.pop("MASTER_PORT", None)
+    run = [sys.executable, "-m", "aiotimer", "run", "--nproc", "4", "--event-log", str(log)]
+    result = subprocess.run(
+        [*run, "--", sys.executable, str(script)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=140,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    named = events(log, "straggler")
+    assert named, "no straggler named"
+    assert {e["rank"] for e in named} == {1}
+    assert named[0]["scope"] == "allreduce" and named[0]["basis"] == "own"
