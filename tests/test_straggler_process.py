@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+
+from aiotimer.control.client import ControlClient
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(90)]
 
@@ -32,14 +36,16 @@ for _ in range(150):
 """
 
 
-def start_run(tmp_path: Path, name: str, slow: float) -> tuple[subprocess.Popen[bytes], Path]:
+def start_run(
+    tmp_path: Path, name: str, slow: float, *options: str
+) -> tuple[subprocess.Popen[bytes], Path]:
     script = tmp_path / "steps.py"
     script.write_text(STEPS)
     log = tmp_path / f"{name}.jsonl"
     env = {**os.environ, "TEST_SLOW": str(slow), "PYTHONPATH": os.pathsep.join(sys.path)}
     run = [sys.executable, "-m", "aiotimer", "run", "--nproc", "4", "--event-log", str(log)]
     proc = subprocess.Popen(
-        [*run, "--", sys.executable, str(script)],
+        [*run, *options, "--", sys.executable, str(script)],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -59,9 +65,37 @@ def events(log: Path, *kinds: str) -> list[dict[str, object]]:
 def test_the_slow_rank_is_named_during_the_run_and_equal_ranks_never(tmp_path: Path) -> None:
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    slowed, slowed_log = start_run(tmp_path / "a", "slowed", 1.6)
+    control = tmp_path / "a" / "control.sock"
+    slowed, slowed_log = start_run(tmp_path / "a", "slowed", 1.6, "--control", str(control))
     equal, equal_log = start_run(tmp_path / "b", "equal", 1.0)
     try:
+        # While it runs, the status table marks rank 2 and /metrics has every ratio.
+        deadline = time.monotonic() + 30
+        while True:
+            assert time.monotonic() < deadline, "rank 2 marked in the status within 30 s"
+            time.sleep(0.2)
+            if not control.exists():
+                continue
+            status = subprocess.run(
+                [sys.executable, "-m", "aiotimer", "status", "--control", str(control)],
+                capture_output=True,
+                text=True,
+                timeout=20,
+                check=False,
+                env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+            ).stdout
+            marked = [line for line in status.splitlines() if "STRAGGLER" in line]
+            if marked:
+                break
+        assert len(marked) == 1 and marked[0].split()[0] == "2", status
+        assert "in step" in marked[0]
+        metrics = ControlClient(control).metrics()
+        ratios = {
+            int(m[1]): float(m[2])
+            for m in re.finditer(r'aiotimer_rank_slowness_ratio\{rank="(\d)"\} (\S+)', metrics)
+        }
+        assert set(ratios) == {0, 1, 2, 3} and ratios[2] >= 1.3, metrics
+        assert max(ratios[r] for r in (0, 1, 3)) < 1.3
         assert slowed.wait(timeout=60) == 0
         assert equal.wait(timeout=60) == 0
     finally:
