@@ -28,9 +28,9 @@ import os, random, time
 from aiotimer import expires
 
 rank = int(os.environ["RANK"])
-slow = float(os.environ["TEST_SLOW"]) if rank == 2 else 1.0
+slow = float(os.environ["TEST_SLOW"]) if rank == int(os.environ.get("TEST_SLOW_RANK", 2)) else 1.0
 rng = random.Random(rank)
-for _ in range(150):
+for _ in range(int(os.environ.get("TEST_STEPS", 150))):
     with expires(after=10, scope="step"):
         time.sleep(0.04 * slow * rng.lognormvariate(0, 0.1))
 """
