@@ -29,6 +29,8 @@ from aiotimer import expires
 
 rank = int(os.environ["RANK"])
 slow = float(os.environ["TEST_SLOW"]) if rank == int(os.environ.get("TEST_SLOW_RANK", 2)) else 1.0
+if os.environ["AIOTIMER_RESTART_COUNT"] != "0":
+    slow = 1.0  # a restarted rank is as fast as the others
 rng = random.Random(rank)
 for _ in range(int(os.environ.get("TEST_STEPS", 150))):
     with expires(after=10, scope="step"):
@@ -37,12 +39,17 @@ for _ in range(int(os.environ.get("TEST_STEPS", 150))):
 
 
 def start_run(
-    tmp_path: Path, name: str, slow: float, *options: str
+    tmp_path: Path, name: str, slow: float, *options: str, steps: int = 150
 ) -> tuple[subprocess.Popen[bytes], Path]:
     script = tmp_path / "steps.py"
     script.write_text(STEPS)
     log = tmp_path / f"{name}.jsonl"
-    env = {**os.environ, "TEST_SLOW": str(slow), "PYTHONPATH": os.pathsep.join(sys.path)}
+    env = {
+        **os.environ,
+        "TEST_SLOW": str(slow),
+        "TEST_STEPS": str(steps),
+        "PYTHONPATH": os.pathsep.join(sys.path),
+    }
     run = [sys.executable, "-m", "aiotimer", "run", "--nproc", "4", "--event-log", str(log)]
     proc = subprocess.Popen(
         [*run, *options, "--", sys.executable, str(script)],
@@ -158,3 +165,35 @@ def test_a_rank_slow_outside_its_collective_is_named(tmp_path: Path) -> None:
     assert named, "no straggler named"
     assert {e["rank"] for e in named} == {1}
     assert named[0]["scope"] == "allreduce" and named[0]["basis"] == "own"
+
+
+def test_restart_rank_restarts_the_straggler_charged_to_the_budget(tmp_path: Path) -> None:
+    """``--on-straggler restart-rank``: rank 2, slow in its first process only, is
+    restarted once (a restart of the budget, cause ``straggler``); the run succeeds."""
+    proc, log = start_run(
+        tmp_path,
+        "restarted",
+        1.6,
+        "--on-straggler",
+        "restart-rank",
+        "--max-restarts",
+        "1",
+        steps=60,
+    )
+    try:
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    told = events(log, "straggler", "restart_scheduled", "worker_started")
+    kinds = [(e["event"], e.get("rank", e.get("ranks"))) for e in told]
+    assert kinds.count(("straggler", 2)) == 1
+    restarts = [e for e in told if e["event"] == "restart_scheduled"]
+    assert len(restarts) == 1 and restarts[0]["ranks"] == [2]
+    assert restarts[0]["cause"] == "straggler" and restarts[0]["budget"] == 1
+    assert kinds.index(("straggler", 2)) < told.index(restarts[0])
+    assert [e["attempt"] for e in told if e["event"] == "worker_started" and e["rank"] == 2] == [
+        1,
+        2,
+    ]
