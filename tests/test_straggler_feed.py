@@ -4,10 +4,15 @@ requests (aiotimer.core._blocks), the supervisor's pid -> rank feed and its even
 from __future__ import annotations
 
 import random
+import time
+from collections.abc import Sequence
+from pathlib import Path
 
+import anyio
 import pytest
 
-from aiotimer.client._fifo import stamped
+from aiotimer import TimerServer, expires
+from aiotimer.client._fifo import FifoClient, stamped
 from aiotimer.core._blocks import BlockTimes, FinishedBlock
 from aiotimer.core._straggler import StragglerDetector
 from aiotimer.events import Event, RankStatus, StragglerDetected, StragglerRecovered, WorkerState
@@ -108,3 +113,39 @@ def test_a_bounded_number_of_sites_is_watched() -> None:
     assert "1 sites" in repr(det)
     with pytest.raises(ValueError, match="max_sites"):
         StragglerDetector(max_sites=0)
+
+
+@pytest.mark.asyncio
+async def test_a_server_that_observes_gets_stamped_blocks_and_one_that_does_not_none(
+    tmp_path: Path,
+) -> None:
+    """Through a real FIFO: a server with ``on_requests`` asks for stamps in its marker
+    and the client's lines carry ``at``; a plain server's marker does not, nor do they."""
+    for observing in (True, False):
+        seen: list[Request] = []
+        fifo = tmp_path / f"{observing}.fifo"
+
+        def observe(reqs: Sequence[Request], _at: float, seen: list[Request] = seen) -> None:
+            seen.extend(reqs)
+
+        async with TimerServer(fifo=fifo, on_requests=observe if observing else None):
+            client = FifoClient(str(fifo))
+            try:
+                before = time.monotonic()
+                for _ in range(3):
+                    with expires(after=30, scope="step", client=client):
+                        pass
+                after = time.monotonic()
+                deadline = time.monotonic() + 10
+                while observing and len(seen) < 6:
+                    assert time.monotonic() < deadline, "6 requests observed within 10 s"
+                    await anyio.sleep(0.01)
+            finally:
+                client.close()
+        if observing:
+            assert [r.is_release for r in seen] == [False, True] * 3
+            stamps = [r.at for r in seen]
+            assert all(s is not None and before <= s <= after for s in stamps), (before, stamps, after)
+            assert stamps == sorted(stamps)  # type: ignore[type-var]
+        else:
+            assert seen == []

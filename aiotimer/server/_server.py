@@ -129,6 +129,8 @@ class TimerServer(TaskOwner):
         on_requests: called in the server's loop with each batch of requests its
             sources read, and when (its monotonic clock), before they are applied
             (:mod:`aiotimer.server._observed`); it must be quick and must not block.
+            The FIFO's marker then asks clients to stamp their blocks' lines with
+            their own times (the ``at`` extension).
 
     Reads: :meth:`snapshot` (one bounded, consistent view, from any thread), and what
     derives from it (:meth:`get_state`, :meth:`scope_stats`). A control socket, metrics
@@ -171,6 +173,8 @@ class TimerServer(TaskOwner):
             fifo=fifo, queue=queue, socket=socket, fifo_mode=fifo_mode, socket_mode=socket_mode
         )
         self._sources: tuple[Source, ...] = (*own, *sources)
+        if on_requests is not None and self._fifo_source is not None:
+            self._fifo_source.advertise({"stamps": True})  # block times, by the workers
         self._reaper: Reaper = reaper if reaper is not None else SignalReaper()
         self._clock: Clock = clock if clock is not None else MonotonicClock()
         self._policy = policy if policy is not None else ReapPolicy()
