@@ -145,7 +145,11 @@ async def test_a_server_that_observes_gets_stamped_blocks_and_one_that_does_not_
         if observing:
             assert [r.is_release for r in seen] == [False, True] * 3
             stamps = [r.at for r in seen]
-            assert all(s is not None and before <= s <= after for s in stamps), (before, stamps, after)
+            assert all(s is not None and before <= s <= after for s in stamps), (
+                before,
+                stamps,
+                after,
+            )
             assert stamps == sorted(stamps)  # type: ignore[type-var]
         else:
             assert seen == []
