@@ -45,9 +45,10 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from statistics import median
-from typing import Final
+from typing import Final, NamedTuple, TypeVar
 
 __all__ = [
     "CONFIRM",
@@ -59,6 +60,8 @@ __all__ = [
     "WINDOW",
     "StragglerChange",
     "StragglerDetector",
+    "Timing",
+    "compare_ranks",
 ]
 
 #: A rank whose slowness ratio is at least this is slow (see docs/stragglers.md).
@@ -93,6 +96,17 @@ class StragglerChange:
     excess: float
     #: Blocks per rank the medians were taken over.
     window: int
+
+
+class Timing(NamedTuple):
+    """A rank's medians in one site, over its window (seconds)."""
+
+    cycle: float
+    gap: float
+    duration: float
+
+
+K = TypeVar("K", bound=Hashable)
 
 
 class _Series:
@@ -231,16 +245,12 @@ class StragglerDetector:
         }
         if len(full) < 2:
             return []
-        cycle = {rank: median(s.cycles) for rank, s in full.items()}
-        gap = {rank: median(s.gaps) for rank, s in full.items()}
-        floor = min(median(s.durations) for s in full.values())
+        timings = {
+            rank: Timing(median(s.cycles), median(s.gaps), median(s.durations))
+            for rank, s in full.items()
+        }
         changes = []
-        for rank in full:
-            peers = [r for r in full if r != rank]
-            ratio, basis, excess = _compare(cycle[rank], median(cycle[r] for r in peers), "cycle")
-            own = _compare(gap[rank] + floor, median(gap[r] + floor for r in peers), "own")
-            if own[0] > ratio:
-                ratio, basis, excess = own
+        for rank, (ratio, basis, excess) in compare_ranks(timings).items():
             judged = entry.judged.get(rank)
             if judged is None:
                 judged = entry.judged[rank] = _Judgement()
@@ -257,6 +267,18 @@ class StragglerDetector:
                     StragglerChange(rank, site, judged.flagged, ratio, basis, excess, window)
                 )
         return changes
+
+    def timings(self) -> dict[int, dict[str, Timing]]:
+        """Each rank's medians per site, over its window (only full windows): what a
+        job-wide view compares across nodes (:func:`compare_ranks`)."""
+        out: dict[int, dict[str, Timing]] = {}
+        for site, entry in self._sites.items():
+            for rank, s in entry.ranks.items():
+                if len(s.cycles) >= self._window:
+                    out.setdefault(rank, {})[site] = Timing(
+                        median(s.cycles), median(s.gaps), median(s.durations)
+                    )
+        return out
 
     def forget(self, rank: int) -> list[StragglerChange]:
         """Drop every record of ``rank`` (its process was replaced); return a recovery
@@ -289,6 +311,22 @@ class StragglerDetector:
 
     def __repr__(self) -> str:
         return f"<StragglerDetector {len(self._sites)} sites, {len(self.stragglers())} stragglers>"
+
+
+def compare_ranks(timings: Mapping[K, Timing]) -> dict[K, tuple[float, str, float]]:
+    """Each rank's ``(ratio, basis, excess)`` against the others of ``timings`` (at
+    least two; else none): the larger of its cycle ratio and its own ratio (see the
+    module docs)."""
+    if len(timings) < 2:
+        return {}
+    floor = min(t.duration for t in timings.values())
+    out = {}
+    for key, mine in timings.items():
+        peers = [t for k, t in timings.items() if k != key]
+        best = _compare(mine.cycle, median(t.cycle for t in peers), "cycle")
+        own = _compare(mine.gap + floor, median(t.gap + floor for t in peers), "own")
+        out[key] = own if own[0] > best[0] else best
+    return out
 
 
 def _compare(mine: float, peers: float, basis: str) -> tuple[float, str, float]:
