@@ -13,6 +13,8 @@ import pytest
 
 from aiotimer import TimerServer, expires
 from aiotimer.client._fifo import FifoClient, stamped
+from aiotimer.cluster._record import NodeRecord
+from aiotimer.cluster._stragglers import format_stragglers, job_stragglers
 from aiotimer.core._blocks import BlockTimes, FinishedBlock
 from aiotimer.core._straggler import StragglerDetector
 from aiotimer.events import Event, RankStatus, StragglerDetected, StragglerRecovered, WorkerState
@@ -153,3 +155,33 @@ async def test_a_server_that_observes_gets_stamped_blocks_and_one_that_does_not_
             assert stamps == sorted(stamps)  # type: ignore[type-var]
         else:
             assert seen == []
+
+
+def node(name: str, *ranks: RankStatus) -> NodeRecord:
+    return NodeRecord(
+        node=name, job="j", host="h", pid=1, started_at=1.0, updated_at=1.0, heartbeat=1.0,
+        ranks=ranks,
+    )  # fmt: skip
+
+
+def test_the_job_view_lists_named_ranks_and_ranks_slow_across_nodes() -> None:
+    healthy = WorkerState.HEALTHY
+    even = {"step": (0.04, 0.001, 0.039)}
+    records = [
+        node("a", RankStatus(rank=0, state=healthy, timings=even)),
+        node(
+            "b",
+            RankStatus(rank=0, state=healthy, pid=7, timings={"step": (0.064, 0.001, 0.063)}),
+            RankStatus(rank=1, state=healthy, slowness=2.0, straggler=("load",), timings=even),
+        ),
+        node("c", RankStatus(rank=0, state=healthy, timings=even)),
+    ]
+    found = job_stragglers(records)
+    assert [(s.node, s.rank, s.scopes, s.job_wide) for s in found] == [
+        ("b", 1, ("load",), False),  # named by its node, the slowest
+        ("b", 0, ("step",), True),  # 1.6x the job's other ranks in "step"
+    ]
+    assert found[1].slowness == pytest.approx(1.6, rel=0.01) and found[1].pid == 7
+    lines = format_stragglers(found)
+    assert lines[0] == "stragglers:" and lines[2].endswith("in step (across nodes)")
+    assert job_stragglers(records[:1]) == () and format_stragglers(()) == []

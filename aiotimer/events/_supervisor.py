@@ -95,6 +95,9 @@ class RankStatus(msgspec.Struct, frozen=True, kw_only=True):
     slowness: float | None = None
     #: The scopes it is a straggler in (empty: none).
     straggler: tuple[str, ...] = ()
+    #: Its medians per scope site over its last blocks, ``(cycle, gap, duration)``
+    #: seconds (:class:`~aiotimer.core._straggler.Timing`), for a job-wide comparison.
+    timings: dict[str, tuple[float, float, float]] = {}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -33,6 +33,8 @@ __all__ = ["ON_STRAGGLER", "Stragglers"]
 
 #: What the supervisor does with a straggler: say so, or also restart it.
 ON_STRAGGLER: Final = ("report", "restart-rank")
+#: The most scope sites whose medians a rank's status carries (a node's record).
+TIMED_SITES: Final = 8
 
 
 class Stragglers:
@@ -96,16 +98,22 @@ class Stragglers:
                 )
 
     def annotate(self, rows: Sequence[RankStatus]) -> tuple[RankStatus, ...]:
-        """``rows`` with each rank's ``slowness`` and ``straggler`` scopes filled in."""
+        """``rows`` with each rank's ``slowness``, ``straggler`` scopes and ``timings``
+        (of at most :data:`TIMED_SITES` sites) filled in."""
         ratios = self.detector.ratios()
         flagged = self.detector.stragglers()
+        timings = self.detector.timings()
         return tuple(
             msgspec.structs.replace(
                 row,
                 slowness=None if row.rank not in ratios else round(ratios[row.rank], 3),
                 straggler=tuple(site for site, _ in flagged.get(row.rank, ())),
+                timings={
+                    site: (round(t.cycle, 6), round(t.gap, 6), round(t.duration, 6))
+                    for site, t in list(timings.get(row.rank, {}).items())[:TIMED_SITES]
+                },
             )
-            if row.rank in ratios
+            if row.rank in ratios or row.rank in timings
             else row
             for row in rows
         )
