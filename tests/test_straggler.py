@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import random
+import statistics
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aiotimer.core._straggler import StragglerChange, StragglerDetector
+from aiotimer.core._straggler import StragglerChange, StragglerDetector, Timing, compare_ranks
 
 Block = tuple[float, int, float]  # (end, rank, start)
 
@@ -190,3 +191,26 @@ def test_bad_parameters_are_refused() -> None:
         StragglerDetector(window=2)
     with pytest.raises(ValueError, match="threshold"):
         StragglerDetector(threshold=1.0)
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.floats(0.001, 1.0), st.floats(0.0, 0.1), st.floats(0.0, 1.0)),
+        min_size=2,
+        max_size=12,
+    )
+)
+def test_compare_ranks_is_each_rank_against_the_median_of_the_others(
+    rows: list[tuple[float, float, float]],
+) -> None:
+    """Against a naive model: the peers' medians taken by leaving the rank out."""
+    timings = {i: Timing(*row) for i, row in enumerate(rows)}
+    floor = min(t.duration for t in timings.values())
+    got = compare_ranks(timings)
+    for i, t in timings.items():
+        peers = [p for j, p in timings.items() if j != i]
+        cycle = t.cycle / statistics.median(p.cycle for p in peers)
+        peer_own = statistics.median(p.gap + floor for p in peers)
+        own = (t.gap + floor) / peer_own if peer_own > 0 else got[i][0]
+        assert got[i][0] == pytest.approx(min(max(cycle, own), 1000.0), rel=1e-9)
