@@ -115,6 +115,7 @@ def test_ctrl_c_later_is_quiet(argv: tuple[str, ...], delay: float, tmp_path: Pa
         (("run", "--dump-dir", "", "--", "true"), "--dump-dir"),
         (("run", "--restart-window", "0", "--", "true"), "--restart-window"),
         (("run", "--restart-scope", "job", "--", "true"), "--restart-scope job"),
+        (("run", "--on-straggler", "kill", "--", "true"), "--on-straggler"),
         (("run", "--control", "regular", "--", "true"), "--control"),
         (("run", "--control", "missing/dir/ctl.sock", "--", "true"), "--control"),
         (("run", "--control", "", "--", "true"), "--control"),

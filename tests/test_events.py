@@ -66,6 +66,17 @@ SAMPLES: list[ev.Event] = [
         task="Task-7",
     ),
     ev.RestartScheduled(time=1.0, ranks=(0, 1), delay=0.5, restarts=(1, 1), attempt=1, budget=3),
+    ev.StragglerDetected(
+        time=1.0,
+        rank=2,
+        pid=42,
+        scope="step",
+        ratio=1.6,
+        basis="cycle",
+        excess=0.024,
+        window=20,
+    ),
+    ev.StragglerRecovered(time=1.0, rank=2, scope="step", ratio=1.02, window=20),
     ev.HangReported(
         time=1.0,
         summary="rank 2 of 4 differs: in `load_batch` (data.py:88)",

@@ -297,6 +297,8 @@ PUBLIC_ALL: dict[str, set[str]] = {
         "SignalSent",
         "SourceFailed",
         "StacksDumped",
+        "StragglerDetected",
+        "StragglerRecovered",
         "SupervisorGaveUp",
         "SupervisorStopped",
         "TimerAcquired",

@@ -87,6 +87,9 @@ class Marker(msgspec.Struct, frozen=True, kw_only=True):
     #: FIFO at once rather than at its trickle pace (:mod:`aiotimer.sources._bell`).
     bell: str | None = None
     bell_lead: float | None = None
+    #: The server times blocks by the worker's own clock: a client stamps both lines of
+    #: a block with the ``at`` extension (to name stragglers, docs/stragglers.md).
+    stamps: bool | None = None
 
     def reads(self, st: os.stat_result) -> bool:
         """Whether the file ``st`` describes is the FIFO this server reads (``True`` when

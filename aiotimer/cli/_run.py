@@ -49,6 +49,7 @@ from aiotimer.supervisor._restart import (
     RestartScope,
 )
 from aiotimer.supervisor._runfile import runs_dir, runtime_parent
+from aiotimer.supervisor._stragglers import ON_STRAGGLER
 from aiotimer.supervisor._supervisor import Supervisor, format_summary
 
 __all__ = ["configure_run", "run_run"]
@@ -193,6 +194,14 @@ def configure_run(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-hang-report", action="store_true", help="take no hang report (see above)"
     )
+    parser.add_argument(
+        "--on-straggler",
+        choices=ON_STRAGGLER,
+        default="report",
+        help="a rank slower than its peers (docs/stragglers.md) is reported (a "
+        "`straggler` event, the status table, /metrics), or also restarted, charged to "
+        "the restart budget (default: report)",
+    )
     add_reap_arguments(parser)
     add_kill_policy_arguments(parser, descendants_only=True)
     add_node_arguments(parser)
@@ -243,6 +252,7 @@ async def _supervise(
         coordinator=cluster.coordinator,
         restart_count=cluster.restart_count,
         on_event=cluster.on_event,
+        on_straggler=args.on_straggler,
     )
     loop = asyncio.get_running_loop()
     # SIGINT/SIGTERM stop the run, which then exits 128+N (a second one: SIGKILL at once).

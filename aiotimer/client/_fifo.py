@@ -12,7 +12,9 @@ How it works:
   encodes both lines of its block at once (:func:`~aiotimer.wire.block_encoder`),
   so the release line is ready when the block ends. An acquire due in less than the
   server's ``bell_lead`` also rings its bell (:mod:`aiotimer.client._fifo_link`), so a
-  server pacing a trickle reads it at once.
+  server pacing a trickle reads it at once. When the server's marker asks for it
+  (``stamps``), both lines of a block sent this way end with the ``at`` extension
+  (:func:`stamped`): when the block began and ended, on the worker's monotonic clock.
 * **The slow path** (:meth:`FifoClient._sending`, driven blocking or awaiting): connect,
   retry while no server reads, reopen after a broken pipe, wait for room in a full pipe.
 * **Replay.** The client remembers the acquire line of every open block it delivered
@@ -58,7 +60,7 @@ from aiotimer.client._transport import (
 )
 from aiotimer.errors import ClientBackpressureError, ServerUnavailableError
 from aiotimer.wire._encoder import BlockEncoder, block_encoder, encode
-from aiotimer.wire._request import Request
+from aiotimer.wire._request import PIPE_BUF, Request
 
 __all__ = ["FifoClient"]
 
@@ -67,6 +69,21 @@ _MAX_REOPENS: Final[int] = 3
 #: The most block encoders a client keeps beside its two defaults (see _encoder).
 _MAX_ENCODERS: Final[int] = 64
 _monotonic: Final = time.monotonic
+_ryu: Final = msgspec.json.encode
+_AT: Final = b', "at": '
+
+
+def stamped(line: bytes, at: float) -> bytes:
+    """``line`` (a request ending in ``}\n``) with the ``at`` extension appended: the
+    bytes of ``encode()`` of its request with ``at``, or ``line`` as it is when that
+    would not fit in one atomic write."""
+    if 1e-4 <= at < 1e16:  # where msgspec writes what repr() writes (see wire._encoder)
+        out = line[:-2] + _AT + _ryu(at) + b"}\n"
+        if len(out) <= PIPE_BUF:
+            return out
+    return line
+
+
 _live_fifo_clients: weakref.WeakSet[FifoClient] = weakref.WeakSet()
 
 
@@ -220,10 +237,11 @@ class FifoClient:
         link = self._link
         if expiration_time < 0:  # a release: it forgets its block
             tracked = self._open_scopes.pop(scope_id, None)
+            at = _monotonic() if link.stamps else None
             if tracked is None or cancelled:
-                line = encode(Request(self._pid, scope_id, -1, 0, cancelled=cancelled))
+                line = encode(Request(self._pid, scope_id, -1, 0, cancelled=cancelled, at=at))
             else:
-                line = tracked[1]
+                line = tracked[1] if at is None else stamped(tracked[1], at)
             lines = None
             urgent = False
         else:
@@ -237,7 +255,7 @@ class FifoClient:
                 else self._encoder(signal, dump, kill_after)
             )
             lines = encode_block(scope_id, expiration_time, mono)
-            line = lines[0]
+            line = stamped(lines[0], now) if link.stamps else lines[0]
         lock = link.lock
         lock.acquire()  # not `with`: half the cost, and this is the path of every block
         try:
@@ -404,7 +422,10 @@ class FifoClient:
         try:
             if persistent:
                 link.write_backlog_locked(fd)
-                os.write(fd, encode(request) if lines is None else lines[0])
+                line = encode(request) if lines is None else lines[0]
+                if link.stamps and request.at is None:
+                    line = stamped(line, _monotonic())
+                os.write(fd, line)
                 if lines is not None and _lead(request) < link.bell_lead:
                     link.ring_locked()
             else:

@@ -55,6 +55,8 @@ class FifoLink:
         backlog: the lines to write before any other, oldest first.
         bell_lead: an acquire with less than this many seconds to its deadline rings
             the bell (``0.0``: no bell).
+        stamps: the server's marker asks for the ``at`` extension on both lines of a
+            block (set with the bell, from the same marker).
         recheck_at: when the marker is due to be checked again (``time.monotonic()``).
     """
 
@@ -70,6 +72,7 @@ class FifoLink:
         "fd",
         "lock",
         "recheck_at",
+        "stamps",
     )
 
     def __init__(self, path: str, open_scopes: Mapping[str, tuple[bytes, bytes]]) -> None:
@@ -84,6 +87,7 @@ class FifoLink:
         self._flusher: threading.Thread | None = None
         self._bell: int | None = None  # the bell's descriptor
         self.bell_lead = 0.0
+        self.stamps = False
 
     def open_locked(self, recheck_every: float) -> int:
         """A descriptor to the server reading the FIFO, kept (with a replay queued on a
@@ -135,6 +139,7 @@ class FifoLink:
         needs none) and the bell is a FIFO of the FIFO's owner; else go without."""
         self._close_bell_locked()
         marker = server.marker
+        self.stamps = marker.stamps is True
         if marker.bell is None or not marker.bell_lead or marker.bell_lead <= 0:
             return
         st = os.fstat(fd)
@@ -156,6 +161,7 @@ class FifoLink:
     def _close_bell_locked(self) -> None:
         bell, self._bell = self._bell, None
         self.bell_lead = 0.0
+        self.stamps = False
         if bell is not None:
             os.close(bell)
 

@@ -25,6 +25,7 @@ import msgspec
 
 from aiotimer.cluster._generation import GenerationRecord
 from aiotimer.cluster._record import MemberRecord, NodeRecord, ReapRecord
+from aiotimer.cluster._stragglers import JobStraggler, format_stragglers, job_stragglers
 
 __all__ = ["STALE_HEARTBEATS", "JobView", "NodeRow", "build_view", "format_view", "worker_rows"]
 
@@ -65,6 +66,7 @@ class JobView(msgspec.Struct, frozen=True, kw_only=True):
     worker_states: dict[str, int] = msgspec.field(default_factory=dict)
     recent_reaps: tuple[JobReap, ...] = ()
     skipped: tuple[str, ...] = ()
+    stragglers: tuple[JobStraggler, ...] = ()
 
     def to_json(self) -> dict[str, object]:
         """The ``--json`` form: ``nodes`` is a list of node records, each with ``node``;
@@ -95,6 +97,7 @@ class JobView(msgspec.Struct, frozen=True, kw_only=True):
                 {"node": r.node, **msgspec.to_builtins(r.reap)} for r in self.recent_reaps
             ],
             "skipped": list(self.skipped),
+            "stragglers": msgspec.to_builtins(self.stragglers),
         }
 
 
@@ -162,6 +165,7 @@ def build_view(
         totals=dict(totals),
         worker_states=dict(sorted(states.items())),
         recent_reaps=tuple(reaps[:RECENT_REAPS]),
+        stragglers=job_stragglers(row.record for row in ordered if row.record is not None),
     )
 
 
@@ -228,6 +232,7 @@ def format_view(view: JobView) -> str:
         )
         if rec is not None:
             lines += map(_worker_line, worker_rows(rec))
+    lines += format_stragglers(view.stragglers)
     if view.recent_reaps:
         lines.append("recent reaps:")
         for item in view.recent_reaps:

@@ -140,6 +140,8 @@ def format_status(snap: StatusSnapshot) -> str:
         )
         if w.timers > len(w.scopes):
             shown += f", ... {w.timers - len(w.scopes)} more"
+        if w.straggler:
+            restarts += f" STRAGGLER {w.slowness or 0:.2f}x in {', '.join(w.straggler)}"
         cells = ("-" if w.pid is None else str(w.pid), w.state + restarts, str(w.timers))
         rank = () if not ranked else ("-" if w.rank is None else str(w.rank),)
         rows.append((*rank, *cells, shown or "-"))

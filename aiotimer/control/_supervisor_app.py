@@ -67,6 +67,8 @@ def supervised(snap: StatusSnapshot, sup: SupervisorState) -> StatusSnapshot:
                 scopes=() if listed is None else listed.scopes,
                 restarts=w.restarts,
                 rank=w.rank,
+                slowness=w.slowness,
+                straggler=w.straggler,
             )
         )
     workers += by_pid.values()
@@ -121,6 +123,7 @@ def supervisor_routes(sup: Supervisor, *, control: str | None = None) -> list[Ro
             sample_of(server.snapshot(0, sites=0, by_state=True)),
             workers=collections.Counter(w.state.value for w in workers),
             restarts=sum(w.restarts for w in workers),
+            slowness={w.rank: w.slowness for w in workers if w.slowness is not None},
         )
 
     rendered = RenderedMetrics(sample)

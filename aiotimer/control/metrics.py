@@ -12,7 +12,9 @@ Metrics: ``aiotimer_live_timers``, ``aiotimer_workers{state}``,
 ``aiotimer_reaps_total``, ``aiotimer_reap_failures_total``,
 ``aiotimer_workers_exited_total``, ``aiotimer_restarts_total``,
 ``aiotimer_events_dropped_total``, ``aiotimer_events_undelivered_total``,
-``aiotimer_cap_rejections_total``, ``aiotimer_timers_evicted_total``, and the
+``aiotimer_cap_rejections_total``, ``aiotimer_timers_evicted_total``,
+``aiotimer_rank_slowness_ratio{rank}`` (under a supervisor: each rank's slowness
+against its peers, docs/stragglers.md), and the
 histograms
 ``aiotimer_reap_latency_seconds`` (deadline -> first signal of a reap) and
 ``aiotimer_loop_lag_seconds`` (how late expiries were handled because the event loop
@@ -96,6 +98,8 @@ class MetricsSample:
     restarts: int = 0
     undelivered: int = 0
     learned: tuple[LearnedSummary, ...] = ()
+    #: Each supervised rank's slowness ratio against its peers (docs/stragglers.md).
+    slowness: Mapping[int, float] = field(default_factory=dict)
 
 
 def sample_of(snap: ServerSnapshot) -> MetricsSample:
@@ -135,6 +139,14 @@ class ServerCollector(Collector):
         for name, (key, text) in _COUNTERS.items():
             yield CounterMetricFamily(name, text, value=s.counters.get(key, 0))
         yield CounterMetricFamily("aiotimer_restarts", "Worker restarts.", value=s.restarts)
+        slowness = GaugeMetricFamily(
+            "aiotimer_rank_slowness_ratio",
+            "Each rank's slowness against its peers' median (1: as fast; a straggler from 1.3).",
+            labels=["rank"],
+        )
+        for rank, ratio in sorted(s.slowness.items()):
+            slowness.add_metric([str(rank)], ratio)
+        yield slowness
         yield CounterMetricFamily(
             "aiotimer_events_undelivered",
             "Events dropped for slow event subscribers or a slow async callback.",

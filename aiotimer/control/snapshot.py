@@ -114,7 +114,9 @@ class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True):
     in progress). A rank's row has its :class:`~aiotimer.events.RankStatus`'s ``rank``,
     ``state`` (``"healthy"``, ``"backoff"``, ...), ``restarts`` and ``pid`` (``None``
     between attempts), with the timers the server lists for that pid; ``rank`` and
-    ``restarts`` are ``None`` in a worker's row.
+    ``restarts`` are ``None`` in a worker's row. A rank's ``slowness`` is its ratio
+    against its peers and ``straggler`` the scopes it is a straggler in (see
+    docs/stragglers.md).
     """
 
     pid: int | None
@@ -123,6 +125,8 @@ class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True):
     scopes: tuple[str, ...] = ()
     restarts: int | None = None
     rank: int | None = None
+    slowness: float | None = None
+    straggler: tuple[str, ...] = ()
 
 
 class ServerInfo(msgspec.Struct, frozen=True, kw_only=True):

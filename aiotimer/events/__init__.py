@@ -49,6 +49,7 @@ from aiotimer.events._server import (
     ServerStopped,
     SourceFailed,
 )
+from aiotimer.events._straggler import StragglerDetected, StragglerRecovered
 from aiotimer.events._supervisor import (
     HangReported,
     RankStatus,
@@ -94,6 +95,8 @@ __all__ = [
     "SignalSent",
     "SourceFailed",
     "StacksDumped",
+    "StragglerDetected",
+    "StragglerRecovered",
     "SupervisorGaveUp",
     "SupervisorStopped",
     "TimerAcquired",

@@ -90,6 +90,14 @@ class RankStatus(msgspec.Struct, frozen=True, kw_only=True):
     uptime: float = 0.0
     attempt_uptime: float | None = None
     reasons: tuple[str, ...] = ()
+    #: Its slowness against its peers (:mod:`aiotimer.core._straggler`): the largest
+    #: ratio over the scopes it was judged in (``None``: not judged yet).
+    slowness: float | None = None
+    #: The scopes it is a straggler in (empty: none).
+    straggler: tuple[str, ...] = ()
+    #: Its medians per scope site over its last blocks, ``(cycle, gap, duration)``
+    #: seconds (:class:`~aiotimer.core._straggler.Timing`), for a job-wide comparison.
+    timings: dict[str, tuple[float, float, float]] = {}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -44,6 +44,7 @@ from aiotimer.server._engine import Engine, ReapRetry
 from aiotimer.server._eventbus import EventBus
 from aiotimer.server._handoff import Handoff
 from aiotimer.server._journal import Journal, JournalKept
+from aiotimer.server._observed import ObservedSink, RequestObserver
 from aiotimer.server._statsfile import StatsFile
 from aiotimer.sources._base import Source, serve_source
 from aiotimer.wire import Decoded
@@ -79,6 +80,7 @@ class RunSettings:
     stats_file: StatsFile | None
     stats_interval: float
     async_on_event: Callable[[Event], Awaitable[object]] | None
+    on_requests: RequestObserver | None = None
 
 
 class Run:
@@ -222,8 +224,11 @@ class Run:
         if self.journal is not None:
             await self._restore(self.journal, engine)
             tg.start_soon(self.journal.run, engine.table, self._mono_to_wall)
+        sink = (
+            engine if cfg.on_requests is None else ObservedSink(engine, cfg.on_requests, cfg.clock)
+        )
         for source in cfg.sources:
-            await tg.start(serve_source, source, engine, self._source_failed(source))
+            await tg.start(serve_source, source, sink, self._source_failed(source))
         tg.start_soon(engine.run_expiry, name="aiotimer-expiry")
 
     def _close(self, *, on_purpose: bool, started: bool) -> None:

@@ -52,6 +52,7 @@ from aiotimer.server._engine import (
 )
 from aiotimer.server._eventbus import EventBus
 from aiotimer.server._journal import journal_path
+from aiotimer.server._observed import RequestObserver
 from aiotimer.server._run import Run, RunSettings
 from aiotimer.server._statsfile import StatsFile, stats_path_for
 from aiotimer.server._transports import own_sources
@@ -127,6 +128,11 @@ class TimerServer(TaskOwner):
             (of the user holding the most, if two more than its own), or is rejected
             (see ``docs/operations.md``, quotas per user).
         max_timers_per_worker: reject a worker's acquires of new timers past this many.
+        on_requests: called in the server's loop with each batch of requests its
+            sources read, and when (its monotonic clock), before they are applied
+            (:mod:`aiotimer.server._observed`); it must be quick and must not block.
+            The FIFO's marker then asks clients to stamp their blocks' lines with
+            their own times (the ``at`` extension).
 
     Reads: :meth:`snapshot` (one bounded, consistent view, from any thread), and what
     derives from it (:meth:`get_state`, :meth:`scope_stats`). A control socket, metrics
@@ -160,6 +166,7 @@ class TimerServer(TaskOwner):
         max_timers: int = MAX_TIMERS,
         max_timers_per_worker: int = MAX_TIMERS_PER_WORKER,
         socket_mode: int | None = None,
+        on_requests: RequestObserver | None = None,
     ) -> None:
         if max_timers < 1 or max_timers_per_worker < 1:
             raise ValueError("max_timers and max_timers_per_worker must be at least 1")
@@ -168,6 +175,8 @@ class TimerServer(TaskOwner):
             fifo=fifo, queue=queue, socket=socket, fifo_mode=fifo_mode, socket_mode=socket_mode
         )
         self._sources: tuple[Source, ...] = (*own, *sources)
+        if on_requests is not None and self._fifo_source is not None:
+            self._fifo_source.advertise({"stamps": True})  # block times, by the workers
         self._reaper: Reaper = reaper if reaper is not None else SignalReaper()
         self._clock: Clock = clock if clock is not None else MonotonicClock()
         self._policy = policy if policy is not None else ReapPolicy()
@@ -191,6 +200,7 @@ class TimerServer(TaskOwner):
             async_on_event=cast("Callable[[Event], Awaitable[object]]", on_event)
             if is_async
             else None,
+            on_requests=on_requests,
         )
         self._about = _view.About(
             pid=os.getpid(),

@@ -33,6 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import anyio
+import anyio.abc
 
 from aiotimer._edges.clock import Clock, MonotonicClock
 from aiotimer._edges.eventlog import EventLog
@@ -67,6 +68,7 @@ from aiotimer.supervisor._records import (
 from aiotimer.supervisor._restart import GiveUp, Restart, RestartPlanner, RestartPolicy, WorkerState
 from aiotimer.supervisor._rundumps import RunDumps
 from aiotimer.supervisor._runfile import RunFile, runs_dir, runtime_parent, sweep
+from aiotimer.supervisor._stragglers import ON_STRAGGLER, Stragglers
 
 __all__ = [
     "WORKER_ENV",
@@ -123,11 +125,16 @@ class Supervisor(TaskOwner):
         keep_dumps: keep the directory made for the run when the run stops, if any
             dump file is left in it (the default reaper then keeps its exited workers'
             files too: ``SignalReaper(keep_dumps=True)``).
+        on_straggler: what to do with a rank slower than its peers
+            (:mod:`aiotimer.supervisor._stragglers`): ``"report"`` (a ``straggler``
+            event, the status table, ``/metrics``) or ``"restart-rank"`` (also restart
+            it, charged to the restart budget; once the budget is spent, only report).
         clock: the time source (monotonic seconds).
         rng: uniform ``[0, 1)`` floats for the back-off jitter.
 
     Raises:
-        ValueError: ``nproc < 1``, an empty command or a negative ``stop_timeout``.
+        ValueError: ``nproc < 1``, an empty command, a negative ``stop_timeout`` or an
+            unknown ``on_straggler``.
     """
 
     def __init__(
@@ -153,6 +160,7 @@ class Supervisor(TaskOwner):
         hang_report: float | None = None,
         dump_dir: str | os.PathLike[str] | None = None,
         keep_dumps: bool = False,
+        on_straggler: str = "report",
         clock: Clock | None = None,
         rng: Callable[[], float] | None = None,
     ) -> None:
@@ -160,6 +168,8 @@ class Supervisor(TaskOwner):
             raise ValueError("the worker command is empty")
         if not stop_timeout >= 0:
             raise ValueError(f"stop_timeout must be >= 0 seconds, got {stop_timeout!r}")
+        if on_straggler not in ON_STRAGGLER:
+            raise ValueError(f"on_straggler must be one of {ON_STRAGGLER}, got {on_straggler!r}")
         self.command = tuple(command)
         self.policy = policy if policy is not None else RestartPolicy()
         self.run_id = run_id if run_id is not None else uuid.uuid4().hex[:12]
@@ -209,6 +219,13 @@ class Supervisor(TaskOwner):
             hang=(hang_report, dump_dir, event_log),
             scopes=lambda: open_scopes(self._server, nproc),
         )
+        self._stragglers = Stragglers(
+            ranks_by_pid=self._ranks.launched,
+            emit=self._emit,
+            wall=self._clock.time,
+            restart=self._restart_straggler if on_straggler == "restart-rank" else None,
+        )
+        self._tg: anyio.abc.TaskGroup | None = None
         self._summary: tuple[RankStatus, ...] = ()
         self._interrupted: int | None = None  # the signal that stopped the run
 
@@ -334,6 +351,7 @@ class Supervisor(TaskOwner):
                                 )
                             assert self._fifo is not None
                             self._ranks.begin(tg, self._fifo)
+                            self._tg = tg
                             ready()
                             served = True
                             await self._life.wait_stop_requested()
@@ -366,6 +384,7 @@ class Supervisor(TaskOwner):
             policy=self._ranks.reap_policy(self._reap_policy),
             clock=self._clock,
             on_event=self._server_event,
+            on_requests=self._stragglers.observe,
         )
         await self._server.start()
 
@@ -466,6 +485,23 @@ class Supervisor(TaskOwner):
         )
         await self._ranks.carry_out(decision)
 
+    def _restart_straggler(self, rank: int) -> None:
+        """Restart straggler ``rank``, charged to the budget (``restart-rank``)."""
+        now = self._clock.monotonic()
+        att = self._pool.attempts.get(rank)
+        if self._tg is None or att is None or self._life.stop_requested:
+            return
+        if self._planner.gave_up is not None or not self._planner.slot(rank).state.alive:
+            return
+        if self._planner.restarts_in_window(now) >= self.policy.max_restarts:
+            logger.warning(
+                "rank %d is a straggler, but the restart budget is spent: only reported", rank
+            )
+            return
+        att.stop_requested = True
+        decision = self._planner.restart((rank,), now, cause="straggler")
+        self._tg.start_soon(self._ranks.carry_out, decision)
+
     def give_up(self, reason: str) -> None:
         """End the run: stop every worker (a coordinator's or operator's decision)."""
         if self._planner.gave_up is None:
@@ -499,7 +535,7 @@ class Supervisor(TaskOwner):
             policy=self.policy,
             fifo=self._fifo,
             restarts_in_window=self._planner.restarts_in_window(now),
-            workers=tuple(workers),
+            workers=self._stragglers.annotate(workers),
             outcome=self._ranks.outcome,
             gave_up=None if self._planner.gave_up is None else self._planner.gave_up.reason,
             server=None if self._server is None or not server else self._server.get_state(),

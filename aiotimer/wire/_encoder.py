@@ -58,6 +58,8 @@ def encode(req: Request) -> bytes:
         text += ', "cancelled": true'
     if req.learned is not None:
         text += ', "learned": ' + _learned_json(req.learned).decode()
+    if req.at is not None:
+        text += f', "at": {_number(req.at, "at")}'
     data = (text + "}\n").encode("ascii")
     if len(data) > PIPE_BUF:
         raise RequestTooLargeError(

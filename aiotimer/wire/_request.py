@@ -31,6 +31,10 @@ Keys (see docs/protocol.md for the full table):
                      seconds before this request's deadline (the reap).
 ``cancelled``        aiotimer extension, on a release: the block ended at its own
                      deadline, its task cancelled (the first tier: ``TimeoutError``).
+``at``               aiotimer extension: when the worker sent the request, on
+                     ``CLOCK_MONOTONIC``: an acquire's is its block's start, a
+                     release's its end (the block's times, however late the server
+                     reads them; see docs/stragglers.md).
 ``start_time``       aiotimer extension: the worker's start time (``/proc/<pid>/stat``
                      field 22, clock ticks since boot) when it sent the request; the
                      server refuses to pin a process whose start time differs (the
@@ -156,6 +160,7 @@ class Request(msgspec.Struct, frozen=True, gc=False):
     kill_after: _Grace | None = None
     cancelled: bool = False
     learned: Learned | None = None
+    at: float | None = None
 
     @property
     def is_release(self) -> bool:
@@ -289,6 +294,8 @@ def validate(req: Request) -> str | None:
     if req.version is not None and req.version not in _SUPPORTED_VERSIONS:
         return f"unsupported protocol version {req.version}"
     if req.mono is not None and (problem := number_problem("mono", req.mono)):
+        return problem
+    if req.at is not None and (problem := number_problem("at", req.at)):
         return problem
     if req.grace is not None and (problem := number_problem("grace", req.grace, minimum=0)):
         return problem
