@@ -191,3 +191,19 @@ async def test_a_block_read_with_its_release_counts_from_its_own_start() -> None
         assert summary.samples == 151
         assert summary.value == pytest.approx(2.0)  # 5 x 0.4 s; zeros would give the floor
         assert server.get_state().counters.released == 151
+
+
+@pytest.mark.asyncio
+async def test_a_stamped_release_is_timed_when_the_worker_sent_it() -> None:
+    """A release read 2 s late (a paced reader) but stamped ``at`` its block's end
+    teaches the block's 0.3 s, not 2.3 s; an unstamped one teaches what was read."""
+    for stamped, value in ((True, 5 * 0.3), (False, 5 * 2.3)):
+        clock, source = FakeClock(), MemorySource()
+        async with TimerServer(sources=[source], clock=clock, reaper=RecordingReaper()) as server:
+            for _ in range(120):  # the warm-up, then tightening 5% a sample from 30 s
+                source.push(acquire(clock, P1))
+                ended = clock.monotonic() + 0.3
+                clock.advance(2.3)
+                source.push(Request(P1, "step", -1, 0, at=ended if stamped else None))
+            [summary] = server.snapshot().learned
+            assert summary.value == pytest.approx(value, rel=0.02), stamped

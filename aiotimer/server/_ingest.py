@@ -299,8 +299,10 @@ class Ingest:
                     self._learned(req, max(0.0, mono - acquired_at), mono, wall)
 
     def _learned(self, req: Request, duration: float, mono: float, wall: float) -> None:
-        """Tell the learned timeouts a block's duration; report what they say."""
-        event = self._learning.released(req.pid, req.scope_id, duration, mono, wall)
+        """Tell the learned timeouts a block's duration; report what they say. A release
+        stamped with its worker's time (``at``) ended then, not when it was read."""
+        ended = mono if req.at is None else min(mono, req.at)
+        event = self._learning.released(req.pid, req.scope_id, duration, ended, wall)
         if event is not None:
             self.out.append(event)
 

@@ -121,7 +121,8 @@ class Learning:
 
     def folded(self, requests: Sequence[Request], fold: Fold, mono: float, wall: float) -> None:
         """The blocks of ``requests`` whose acquire and release ``fold`` paired (begun
-        and ended within the batch) ended at ``mono``: record each learned one's
+        and ended within the batch) ended at ``mono`` (or at their release's ``at``
+        stamp, when the worker sent one): record each learned one's
         duration from its own start. Costs nothing unless a paired scope is learned."""
         timeouts = self.timeouts
         if not self.live or not any(timeouts.scope(s) for s in fold.paired):
@@ -139,7 +140,8 @@ class Learning:
                     kill_after = req.kill_after or 0.0
                     began[key] = req.deadline(mono, wall) - spec.initial - kill_after
             elif (start := began.pop(key, None)) is not None:
-                timeouts.observe(req.scope_id, max(0.0, mono - start))
+                ended = mono if req.at is None else min(mono, req.at)
+                timeouts.observe(req.scope_id, max(0.0, ended - start))
 
     def expired(self, timer: Timer) -> tuple[float, int] | None:
         """``timer`` expired: the learned value that set its deadline and the samples
