@@ -210,7 +210,6 @@ PUBLIC_ALL: dict[str, set[str]] = {
     "aiotimer.core": {
         "DurationStats",
         "LatencyHistogram",
-        "ReapOptions",
         "ScopeStats",
         "StatsState",
         "Timer",

@@ -49,7 +49,7 @@ from aiotimer._edges.clock import Clock
 from aiotimer._edges.procfs import read_status
 from aiotimer.core._fold import fold
 from aiotimer.core._stats import DurationStats, Overdue
-from aiotimer.core._table import ReapOptions, Timer, TimerTable
+from aiotimer.core._table import Timer, TimerTable
 from aiotimer.events import (
     BlockCancelled,
     Event,
@@ -239,10 +239,7 @@ class Ingest:
             if admission.evict is not None:
                 self._evict(*admission.evict, for_pid=pid, wall=wall)
         deadline = req.deadline(mono, wall)
-        options = None
-        if req.grace is not None or req.group or req.dump:
-            options = ReapOptions(req.grace, req.group, req.dump)
-        timer = Timer(pid, req.scope_id, deadline, req.signal, mono, options, req.kill_after or 0.0)
+        timer = Timer(pid, req.scope_id, deadline, req.signal, mono, req)
         if table.acquire(timer) is None:
             self._quota.added += 1
         if self._journal is not None:
