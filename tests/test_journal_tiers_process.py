@@ -1,5 +1,6 @@
 """A two-tier timer survives a server restart with both tiers: the journal keeps the
-request the wire carried, ``kill_after`` included, and the next server lists it so.
+request the wire carried, ``kill_after`` included, and the next server lists it so
+(the timer's row, and the request itself under ``request``).
 
 Real processes: ``python -m aiotimer serve`` twice on one FIFO, a ``sleep`` worker whose
 two-tier acquire is written to the FIFO as a line, ``aiotimer status --json`` to read
@@ -62,5 +63,7 @@ def test_a_restored_two_tier_timer_keeps_its_kill_after(tmp_path: Path) -> None:
             second.send_signal(signal.SIGTERM)
             assert second.wait(BOUND) == 0
         assert after["kill_after"] == 20.0, after
+        assert after["request"]["kill_after"] == 20.0  # the record the wire carried
+        assert after["request"]["start_time"] == entry["start_time"]
         assert after["block_deadline"] == pytest.approx(after["deadline"] - 20.0)
         assert after["deadline"] == pytest.approx(before["deadline"], abs=1.0)

@@ -31,6 +31,7 @@ from aiotimer.server._view import (
     EventHistory,
     ServerSnapshot,
 )
+from aiotimer.wire import Request
 
 __all__ = [
     "API_VERSION",
@@ -68,6 +69,10 @@ class TimerInfo(msgspec.Struct, frozen=True, kw_only=True):
     (``TimeoutError``). Both are ``None`` for a block of one tier. ``passed`` says which
     deadline has passed: ``"none"``, ``"block"`` (its task was cancelled, the block has
     not ended yet: it is reaped at ``deadline`` unless it ends first) or ``"reap"``.
+
+    ``request`` is the wire request that set the timer, every key as the worker sent it
+    (the journal's, after a restart; ``None`` for a timer made without one): a key the
+    wire grows is listed here with no change to this record.
     """
 
     pid: int
@@ -79,6 +84,7 @@ class TimerInfo(msgspec.Struct, frozen=True, kw_only=True):
     block_deadline: float | None = None
     block_seconds_left: float | None = None
     passed: str = "none"
+    request: Request | None = None
 
 
 class IncidentInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -272,6 +278,7 @@ def _timer_info(t: Timer, wall: float, mono: float) -> TimerInfo:
         block_deadline=None if block_left is None else wall + block_left,
         block_seconds_left=block_left,
         passed=passed,
+        request=t.request,
     )
 
 

@@ -23,6 +23,29 @@ def _number(x: float, name: str) -> str:
     return repr(x)
 
 
+#: The keys written above one by one, in the order torch's and aiotimer's clients have
+#: always written them; any other key of :class:`Request` is written after them, in the
+#: record's order, when it is not ``None`` or ``False`` (its default).
+_KNOWN_KEYS: Final = frozenset(
+    {"version", "pid", "scope_id", "expiration_time", "signal", "mono", "start_time"}
+    | {"grace", "group", "dump", "kill_after", "cancelled"}
+)
+_LATER_KEYS: Final = tuple(f for f in Request.__struct_fields__ if f not in _KNOWN_KEYS)
+
+
+def _value(value: object, name: str) -> str:
+    """``value`` as ``json.dumps`` writes it (a bool, int, float or string)."""
+    if value is True:
+        return "true"
+    if isinstance(value, int):
+        return str(int(value))
+    if isinstance(value, float):
+        return _number(value, name)
+    if isinstance(value, str):
+        return encode_basestring_ascii(value)
+    raise TypeError(f"{name}: cannot encode {type(value).__name__} on the wire")
+
+
 def encode(req: Request) -> bytes:
     """Encode ``req`` as one wire line, newline included.
 
@@ -53,6 +76,10 @@ def encode(req: Request) -> bytes:
         text += f', "kill_after": {_number(float(req.kill_after), "kill_after")}'
     if req.cancelled:
         text += ', "cancelled": true'
+    for name in _LATER_KEYS:  # keys added to the record since: as json.dumps writes them
+        value = getattr(req, name)
+        if value is not None and value is not False:
+            text += f", {encode_basestring_ascii(name)}: {_value(value, name)}"
     data = (text + "}\n").encode("ascii")
     if len(data) > PIPE_BUF:
         raise RequestTooLargeError(
