@@ -106,7 +106,6 @@ PUBLIC_ALL: dict[str, set[str]] = {
         "NodeStatus",
         "ReapRecord",
         "Store",
-        "WorkerRecord",
         "build_view",
         "connect",
         "format_view",
@@ -258,6 +257,7 @@ PUBLIC_ALL: dict[str, set[str]] = {
     "aiotimer.events": {
         "MAX_LOGGED_TEXT",
         "MAX_REPORTED_SCOPES",
+        "WorkerInfo",
         "BlockCancelled",
         "ControlRefused",
         "Event",
@@ -313,7 +313,6 @@ PUBLIC_ALL: dict[str, set[str]] = {
         "ServerState",
         "TimerServer",
         "TimerServerThread",
-        "WorkerView",
         "loop_factory",
     },
     "aiotimer.sources": {"FifoSource", "QueueSource", "RequestSink", "SocketSource", "Source"},

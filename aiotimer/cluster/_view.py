@@ -175,8 +175,8 @@ def worker_rows(rec: NodeRecord) -> list[dict[str, Any]]:
     (with its live timers, from its server's workers), else one per worker its server
     watches; each ``{rank, pid, state, restarts, live_timers}``."""
     if not rec.ranks:
-        return [_row(None, w.pid, w.state, 0, w.live_timers) for w in rec.workers]
-    timers = {w.pid: w.live_timers for w in rec.workers}
+        return [_row(None, w.pid, w.state, 0, w.timers) for w in rec.workers]
+    timers = {w.pid: w.timers for w in rec.workers}
     return [
         _row(r.rank, r.pid, r.state.value, r.restarts, 0 if r.pid is None else timers.get(r.pid, 0))
         for r in rec.ranks

@@ -23,7 +23,7 @@ import msgspec
 
 from aiotimer.core._stats import ScopeStats
 from aiotimer.core._timer import Timer
-from aiotimer.events import Event, ServerCounters, WorkerReaped
+from aiotimer.events import Event, ServerCounters, WorkerInfo, WorkerReaped
 from aiotimer.server._view import (
     DEFAULT_LIMIT,
     SCOPES_PER_WORKER,
@@ -107,27 +107,6 @@ class IncidentInfo(msgspec.Struct, frozen=True, kw_only=True):
     task: str | None = None
     late: float | None = None
     kill_after: float | None = None
-
-
-class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True):
-    """One row of ``GET /v1/state``'s workers: a worker the server knows (its
-    :class:`~aiotimer.server.WorkerView`), and under a supervisor one row per rank.
-
-    A worker's row has its ``pid``, ``state``, how many live ``timers`` it has and (up to
-    :data:`SCOPES_PER_WORKER` of) their ``scopes``; ``state`` is ``"timed"`` (it has live
-    timers), ``"idle"`` (watched, none live) or ``"reaping"`` (an expired timer's reap is
-    in progress). A rank's row has its :class:`~aiotimer.events.RankStatus`'s ``rank``,
-    ``state`` (``"healthy"``, ``"backoff"``, ...), ``restarts`` and ``pid`` (``None``
-    between attempts), with the timers the server lists for that pid; ``rank`` and
-    ``restarts`` are ``None`` in a worker's row.
-    """
-
-    pid: int | None
-    state: str
-    timers: int
-    scopes: tuple[str, ...] = ()
-    restarts: int | None = None
-    rank: int | None = None
 
 
 class ServerInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -248,10 +227,7 @@ def status_snapshot(snap: ServerSnapshot, *, control: str | None = None) -> Stat
     return StatusSnapshot(
         time=wall,
         server=info,
-        workers=tuple(
-            WorkerInfo(pid=w.pid, state=w.state, timers=w.timers, scopes=w.scopes)
-            for w in snap.workers
-        ),
+        workers=snap.workers,
         workers_total=snap.workers_total,
         timers=tuple(_timer_info(t, wall, mono) for t in snap.timers),
         timers_total=snap.timers_total,

@@ -70,6 +70,7 @@ from aiotimer.events._timers import (
     WorkerExited,
     WorkerUnknown,
 )
+from aiotimer.events._workers import WorkerInfo
 
 __all__ = [
     "MAX_LOGGED_TEXT",
@@ -100,6 +101,7 @@ __all__ = [
     "TimerReleased",
     "WorkerEnded",
     "WorkerExited",
+    "WorkerInfo",
     "WorkerReaped",
     "WorkerRunning",
     "WorkerStarted",

@@ -1,0 +1,36 @@
+"""The one record of a worker, shared by the server's view, the control plane and the
+cluster's node records. Pure."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+
+__all__ = ["WorkerInfo"]
+
+_Count = Annotated[int, msgspec.Meta(ge=0)]
+
+
+class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """One worker, the one record of it: a server's snapshot lists these, ``GET
+    /v1/state`` serves them as they are (``workers``), and a cluster node record carries
+    them.
+
+    A worker's row has its ``pid``, ``state``, how many live ``timers`` it has and (up to
+    ``SCOPES_PER_WORKER`` of) their ``scopes``; ``state`` is ``"timed"`` (it has live
+    timers), ``"idle"`` (watched, none live) or ``"reaping"`` (an expired timer's reap is
+    in progress). Under a supervisor there is one row per rank: its
+    :class:`~aiotimer.events.RankStatus`'s ``rank``, ``state`` (``"healthy"``,
+    ``"backoff"``, ...), ``restarts`` and ``pid`` (``None`` between attempts), with the
+    timers the server lists for that pid; ``rank`` and ``restarts`` are ``None`` in a
+    worker's row. Decoding checks the counts are not negative (a node record is read
+    from a shared store).
+    """
+
+    pid: Annotated[int, msgspec.Meta(gt=0)] | None
+    state: str
+    timers: _Count
+    scopes: tuple[str, ...] = ()
+    restarts: _Count | None = None
+    rank: _Count | None = None
