@@ -212,7 +212,8 @@ def test_view_judges_running_stale_lost_and_left_nodes() -> None:
         "pid": 12,
         "state": "healthy",
         "restarts": 1,
-        "live_timers": 2,
+        "timers": 2,
+        "scopes": (),
     }
     assert nodes[0]["workers_total"] == 2 and "ranks" not in nodes[0]
     assert nodes[3] == {"node": "d", "status": "lost", "host": "host-d", "pid": 1, "age": None}

@@ -258,6 +258,7 @@ PUBLIC_ALL: dict[str, set[str]] = {
         "MAX_LOGGED_TEXT",
         "MAX_REPORTED_SCOPES",
         "WorkerInfo",
+        "by_rank",
         "BlockCancelled",
         "ControlRefused",
         "Event",

@@ -70,7 +70,7 @@ from aiotimer.events._timers import (
     WorkerExited,
     WorkerUnknown,
 )
-from aiotimer.events._workers import WorkerInfo
+from aiotimer.events._workers import WorkerInfo, by_rank
 
 __all__ = [
     "MAX_LOGGED_TEXT",
@@ -108,6 +108,7 @@ __all__ = [
     "WorkerState",
     "WorkerSurvived",
     "WorkerUnknown",
+    "by_rank",
     "clip_text",
     "exit_phrase",
     "holding_task",

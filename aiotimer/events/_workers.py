@@ -3,11 +3,14 @@ cluster's node records. Pure."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Annotated
 
 import msgspec
 
-__all__ = ["WorkerInfo"]
+from aiotimer.events._supervisor import RankStatus
+
+__all__ = ["WorkerInfo", "by_rank"]
 
 _Count = Annotated[int, msgspec.Meta(ge=0)]
 
@@ -34,3 +37,28 @@ class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     scopes: tuple[str, ...] = ()
     restarts: _Count | None = None
     rank: _Count | None = None
+
+
+def by_rank(
+    ranks: Iterable[RankStatus], workers: Iterable[WorkerInfo]
+) -> tuple[tuple[WorkerInfo, ...], tuple[WorkerInfo, ...]]:
+    """Supervised ``ranks`` as worker rows, and the ``workers`` no rank names.
+
+    One row per rank: its ``rank``, ``state``, ``restarts`` and current ``pid``, with the
+    ``timers`` and ``scopes`` that ``workers`` (a server's rows) list for that pid. O(n).
+    """
+    by_pid = {w.pid: w for w in workers}
+    rows = []
+    for r in ranks:
+        listed = None if r.pid is None else by_pid.pop(r.pid, None)
+        rows.append(
+            WorkerInfo(
+                pid=r.pid,
+                state=r.state.value,
+                timers=0 if listed is None else listed.timers,
+                scopes=() if listed is None else listed.scopes,
+                restarts=r.restarts,
+                rank=r.rank,
+            )
+        )
+    return tuple(rows), tuple(by_pid.values())
