@@ -12,7 +12,7 @@ import msgspec
 
 from aiotimer.wire._request import PIPE_BUF, PROTOCOL_VERSION, Request, RequestTooLargeError
 
-__all__ = ["BlockEncoder", "block_encoder", "encode"]
+__all__ = ["BlockEncoder", "block_encoder", "encode", "fits_block_encoder"]
 
 
 # Byte-identical to json.dumps, which writes ints with int.__repr__, floats with
@@ -114,6 +114,31 @@ BlockEncoder = Callable[[str, float, float], tuple[bytes, bytes]]
 
 _ryu: Final = msgspec.json.encode
 _join: Final = b"".join
+
+
+#: The keys a block encoder writes (or that its line leaves at their defaults by
+#: construction): a request with any other key set needs :func:`encode`.
+_BLOCK_KEYS: Final = frozenset(
+    {"version", "pid", "scope_id", "expiration_time", "signal", "mono", "start_time"}
+    | {"dump", "kill_after", "cancelled"}
+)
+_OTHER_KEYS: Final = tuple(
+    (name, default)
+    for name, default in zip(
+        Request.__struct_fields__[-len(Request.__struct_defaults__) :],
+        Request.__struct_defaults__,
+        strict=True,
+    )
+    if name not in _BLOCK_KEYS
+)
+
+
+def fits_block_encoder(request: Request) -> bool:
+    """Whether a :func:`block_encoder` can write ``request``'s acquire: every key it
+    does not write (``grace``, ``group``, and any key added to :class:`Request` since)
+    is at its default. A client's ``send()`` takes its fast path only then, so a new
+    key is never dropped on the way."""
+    return all(getattr(request, name) == default for name, default in _OTHER_KEYS)
 
 
 def block_encoder(
