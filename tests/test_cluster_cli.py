@@ -13,7 +13,7 @@ import anyio
 import pytest
 from _etcd import EtcdServer, free_port
 
-from aiotimer.cluster import NodePublisher, NodeStatus, WorkerRecord, connect
+from aiotimer.cluster import NodePublisher, NodeStatus, connect
 from aiotimer.cluster._cli import (
     add_job_status_arguments,
     add_node_arguments,
@@ -22,6 +22,7 @@ from aiotimer.cluster._cli import (
     server_status,
 )
 from aiotimer.errors import ClusterError, MissingExtraError
+from aiotimer.events import WorkerInfo
 from aiotimer.server import TimerServer
 from aiotimer.testing import RecordingReaper, wait_until
 
@@ -99,7 +100,7 @@ def test_status_lists_a_published_node_and_exits_3_once_it_left(
 ) -> None:
     status = NodeStatus(
         role="server",
-        workers=(WorkerRecord(pid=4242, state="running", live_timers=1),),
+        workers=(WorkerInfo(pid=4242, state="running", timers=1),),
         live_timers=1,
     )
 
@@ -135,7 +136,7 @@ async def test_server_status_reports_live_timers_per_worker() -> None:
         status = server_status(server)
     assert status.role == "server"
     assert status.live_timers == 2
-    assert [(w.pid, w.live_timers) for w in status.workers] == [(os.getpid(), 2)]
+    assert [(w.pid, w.timers) for w in status.workers] == [(os.getpid(), 2)]
     assert status.ranks == ()
     assert status.counters["acquired"] == 2
 

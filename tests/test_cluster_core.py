@@ -13,13 +13,12 @@ from aiotimer.cluster import (
     MemberRecord,
     NodeRecord,
     ReapRecord,
-    WorkerRecord,
     build_view,
     format_view,
 )
 from aiotimer.cluster._generation import next_generation
 from aiotimer.cluster._record import PublishSchedule, decode, encode, node_key
-from aiotimer.events import RankStatus, WorkerState
+from aiotimer.events import RankStatus, WorkerInfo, WorkerState
 from aiotimer.supervisor._restart import Backoff, RestartPolicy
 
 NOW = 1_700_000_000.0
@@ -45,7 +44,7 @@ def test_records_round_trip_and_bad_values_decode_to_none() -> None:
     rec = node(
         "a",
         ranks=(RankStatus(rank=0, state=WorkerState.HEALTHY, pid=5, restarts=1),),
-        workers=(WorkerRecord(pid=5, state="timed", live_timers=1),),
+        workers=(WorkerInfo(pid=5, state="timed", timers=1),),
         last_reaps=(ReapRecord(at=NOW, pid=5, rank=0, scopes=("step",), signal="SIGKILL"),),
         counters={"reaped": 1},
     )
@@ -170,7 +169,7 @@ def test_view_judges_running_stale_lost_and_left_nodes() -> None:
                 RankStatus(rank=0, state=WorkerState.HEALTHY, pid=11, restarts=1),
                 RankStatus(rank=1, state=WorkerState.HEALTHY, pid=12, restarts=1),
             ),
-            workers=(WorkerRecord(pid=12, state="timed", live_timers=2),),
+            workers=(WorkerInfo(pid=12, state="timed", timers=2),),
             live_timers=2,
             restarts=1,
             last_reaps=(ReapRecord(at=NOW - 5, pid=10, rank=0, scopes=("s",), signal="SIGKILL"),),
@@ -213,7 +212,10 @@ def test_view_judges_running_stale_lost_and_left_nodes() -> None:
         "pid": 12,
         "state": "healthy",
         "restarts": 1,
-        "live_timers": 2,
+        "timers": 2,
+        "scopes": (),
+        "slowness": None,
+        "straggler": (),
     }
     assert nodes[0]["workers_total"] == 2 and "ranks" not in nodes[0]
     assert nodes[3] == {"node": "d", "status": "lost", "host": "host-d", "pid": 1, "age": None}

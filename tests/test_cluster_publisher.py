@@ -18,13 +18,12 @@ from aiotimer.cluster import (
     NodePublisher,
     NodeRecord,
     NodeStatus,
-    WorkerRecord,
     read_view,
 )
 from aiotimer.cluster._record import decode, encode, member_key, node_key
 from aiotimer.cluster._store import Entry
 from aiotimer.errors import NodeNameTakenError
-from aiotimer.events import RankStatus, WorkerReaped, WorkerState
+from aiotimer.events import RankStatus, WorkerInfo, WorkerReaped, WorkerState
 from aiotimer.supervisor._restart import Backoff, RestartPolicy
 from aiotimer.testing import FakeClock, MemoryStore, settle
 
@@ -38,7 +37,7 @@ class Node:
         self.status = NodeStatus(
             role="supervisor",
             ranks=(RankStatus(rank=0, state=WorkerState.HEALTHY, pid=4242),),
-            workers=(WorkerRecord(pid=4242, state="timed", live_timers=1),),
+            workers=(WorkerInfo(pid=4242, state="timed", timers=1),),
             live_timers=1,
         )
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from aiotimer._edges.clock import MonotonicClock
 from aiotimer.cluster._hang import MAX_PART_BYTES, encode_part, publish_part, read_job_report
 from aiotimer.cluster._memory import MemoryStore
-from aiotimer.core._table import ReapOptions, Timer
+from aiotimer.core._table import Timer
 from aiotimer.events import Event, HangReported
 from aiotimer.hang import (
     MAX_REPORT_TEXT,
@@ -32,6 +32,7 @@ from aiotimer.reapers._stackbound import StackCaps, StackTextBound
 from aiotimer.reapers._steps import DumpStacks, SendSignal
 from aiotimer.supervisor._pool import Attempt, pidfd
 from aiotimer.testing import FakeClock
+from aiotimer.wire import Request
 
 FAULTHANDLER = """\
 Thread 0x00007f0000000001 (most recent call first):
@@ -325,7 +326,7 @@ def test_a_streamed_dump_stops_at_its_read_cap() -> None:
 
 def test_the_group_scope_policy_dumps_before_every_reap() -> None:
     def timer(sig: int = 9, dump: bool = False) -> Timer:
-        return Timer(4242, "a.py:1#1", 10.0, sig, options=ReapOptions(dump=dump))
+        return Timer(4242, "a.py:1#1", 10.0, sig, request=Request(4242, "s", 0.0, sig, dump=dump))
 
     plain = DumpFirstPolicy(ReapPolicy(), 9.0)
     assert plain.plan(Timer(4242, "a.py:1#1", 10.0, 9)) == (DumpStacks(9.0), SendSignal(9))

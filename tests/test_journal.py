@@ -14,9 +14,10 @@ import anyio
 import pytest
 
 from aiotimer._edges.procfs import boot_id, read_start_time
-from aiotimer.core._table import ReapOptions, Timer, TimerTable
+from aiotimer.core._table import Timer, TimerTable
 from aiotimer.server._journal import Journal
 from aiotimer.testing import wait_until
+from aiotimer.wire import Request
 
 pytestmark = pytest.mark.skipif(boot_id() is None, reason="needs Linux's boot id")
 
@@ -40,9 +41,9 @@ async def test_each_worker_is_journaled_by_its_earliest_signalling_timer(
 ) -> None:
     path, table = tmp_path / "j", TimerTable()
     journal = Journal(path, interval=0.01)
-    opts = ReapOptions(grace=2.0)
+    opts = Request(sleeper, "early", 0.0, 15, grace=2.0, kill_after=5.0)
     table.acquire(Timer(sleeper, "late", 200.0, 9))
-    table.acquire(Timer(sleeper, "early", 100.0, 15, options=opts))
+    table.acquire(Timer(sleeper, "early", 100.0, 15, request=opts))
     table.acquire(Timer(sleeper, "report-only", 50.0, 0))
     async with anyio.create_task_group() as tg:
         await tg.start(journal.run, table, lambda: 1000.0)
@@ -53,7 +54,8 @@ async def test_each_worker_is_journaled_by_its_earliest_signalling_timer(
         [entry] = _written(path)
         assert entry["scope_id"] == "early" and entry["signal"] == 15
         assert (entry["mono"], entry["expiration_time"]) == (100.0, 1100.0)
-        assert entry["grace"] == 2.0 and entry["start_time"] == read_start_time(sleeper)
+        assert (entry["grace"], entry["kill_after"]) == (2.0, 5.0)
+        assert entry["start_time"] == read_start_time(sleeper)
         table.release(sleeper, "early")
         journal.released(sleeper, "early")
         await wait_until(lambda: _written(path)[0]["scope_id"] == "late")
@@ -327,3 +329,24 @@ def test_keep_writes_every_workers_earliest_timer_at_once(tmp_path: Path, sleepe
     assert (entry["scope_id"], entry["expiration_time"]) == ("s4", 1096.0)
     assert journal.keep(TimerTable(), 1000.0) == 0
     assert _written(path) == []
+
+
+def test_a_journal_of_the_previous_version_restores_and_an_entry_without_mono_does_not(
+    tmp_path: Path, sleeper: int
+) -> None:
+    """The previous version journaled its own entry type: the same keys as the wire's,
+    without ``kill_after`` (every key it wrote is listed here). Such a file restores as
+    one-tier timers; an entry without a ``mono`` deadline is invalid."""
+    path, now = tmp_path / "j", time.monotonic()
+    old = {"pid": sleeper, "start_time": read_start_time(sleeper), "scope_id": "old",
+           "mono": now + 30, "expiration_time": 1e9, "signal": 15, "grace": 2.0,
+           "group": True, "dump": False}  # fmt: skip
+    no_mono = {k: v for k, v in old.items() if k != "mono"}
+    body = {"format": "aiotimer-journal-1", "boot_id": boot_id(), "server_pid": 1,
+            "entries": [old, no_mono]}  # fmt: skip
+    path.write_text(json.dumps(body))
+    found = Journal(path).load(now)
+    [req] = found.requests
+    assert (req.scope_id, req.signal, req.grace, req.group) == ("old", 15, 2.0, True)
+    assert (req.mono, req.kill_after) == (now + 30, None)
+    assert found.invalid == 1

@@ -10,11 +10,12 @@ from hypothesis import strategies as st
 
 from aiotimer.cli import build_parser
 from aiotimer.cli._args import policy_from_args
-from aiotimer.core._table import ReapOptions, Timer
+from aiotimer.core._table import Timer
 from aiotimer.reapers._escalator import Escalator, Outcome, ReapRetry, Result, WaitUntil
 from aiotimer.reapers._policy import Escalation, ReapPolicy
 from aiotimer.reapers._steps import DumpStacks, SendSignal, Step, Wait, format_plan
 from aiotimer.testing import FakeClock
+from aiotimer.wire import Request
 
 TERM = int(signal.SIGTERM)
 KILL = int(signal.SIGKILL)
@@ -29,8 +30,8 @@ def timer(
     dump: bool = False,
     with_request: bool = True,
 ) -> Timer:
-    options = ReapOptions(grace=grace, group=group, dump=dump)
-    return Timer(4242, "a.py:1#1", 10.0, sig, options=options if with_request else None)
+    request = Request(4242, "a.py:1#1", 10.0, sig, grace=grace, group=group, dump=dump)
+    return Timer(4242, "a.py:1#1", 10.0, sig, request=request if with_request else None)
 
 
 # -- plans ----------------------------------------------------------------------------

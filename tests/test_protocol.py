@@ -40,6 +40,7 @@ from aiotimer.wire import (
     validate,
 )
 from aiotimer.wire._decoder import REJECTED_BYTES_KEPT
+from aiotimer.wire._encoder import fits_block_encoder
 
 TORCH_ACQUIRE = (
     b'{"version": 1, "pid": 4242, "scope_id": "train.py#42", '
@@ -974,3 +975,10 @@ def test_start_time_travels_with_an_acquire() -> None:
     assert block_encoder(5, 9, 123456)("s", 100.5, 3.25)[0] == line
     bad = line.replace(b"123456", b"-1")
     assert LineDecoder().feed(bad).requests == []
+
+
+def test_only_requests_a_block_encoder_can_write_take_the_fast_path() -> None:
+    plain = Request(1, "s", 1.0, 9, mono=1.0, start_time=5, dump=True, kill_after=2.0)
+    assert fits_block_encoder(plain)
+    assert not fits_block_encoder(msgspec.structs.replace(plain, grace=0.0))
+    assert not fits_block_encoder(msgspec.structs.replace(plain, group=True))

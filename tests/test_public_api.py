@@ -109,7 +109,6 @@ PUBLIC_ALL: dict[str, set[str]] = {
         "NodeStatus",
         "ReapRecord",
         "Store",
-        "WorkerRecord",
         "build_view",
         "connect",
         "format_view",
@@ -229,7 +228,6 @@ PUBLIC_ALL: dict[str, set[str]] = {
     "aiotimer.core": {
         "DurationStats",
         "LatencyHistogram",
-        "ReapOptions",
         "ScopeStats",
         "StatsState",
         "Timer",
@@ -278,6 +276,8 @@ PUBLIC_ALL: dict[str, set[str]] = {
     "aiotimer.events": {
         "MAX_LOGGED_TEXT",
         "MAX_REPORTED_SCOPES",
+        "WorkerInfo",
+        "by_rank",
         "BlockCancelled",
         "ControlRefused",
         "Event",
@@ -336,7 +336,6 @@ PUBLIC_ALL: dict[str, set[str]] = {
         "ServerState",
         "TimerServer",
         "TimerServerThread",
-        "WorkerView",
         "loop_factory",
     },
     "aiotimer.sources": {"FifoSource", "QueueSource", "RequestSink", "SocketSource", "Source"},

@@ -59,7 +59,7 @@ from aiotimer.client._transport import (
     next_retry,
 )
 from aiotimer.errors import ClientBackpressureError, ServerUnavailableError
-from aiotimer.wire._encoder import BlockEncoder, block_encoder, encode
+from aiotimer.wire._encoder import BlockEncoder, block_encoder, encode, fits_block_encoder
 from aiotimer.wire._request import PIPE_BUF, Request
 
 __all__ = ["FifoClient"]
@@ -294,12 +294,7 @@ class FifoClient:
     def _send_request_nowait(self, request: Request) -> bool:
         """:meth:`send_nowait` for ``request``, if it is one (a request of this process
         with no other extension): what ``send`` tries first."""
-        if (
-            request.pid != self._pid
-            or request.grace is not None
-            or request.group
-            or request.learned is not None
-        ):
+        if request.pid != self._pid or not fits_block_encoder(request):
             return False
         if request.is_release:
             return (
@@ -341,13 +336,7 @@ class FifoClient:
     def _block_lines(self, request: Request) -> tuple[bytes, bytes]:
         """The acquire line of ``request`` and the release line of its block."""
         mono = request.mono
-        if (
-            mono is not None
-            and request.pid == self._pid
-            and request.grace is None
-            and not request.group
-            and request.learned is None
-        ):
+        if mono is not None and request.pid == self._pid and fits_block_encoder(request):
             encoder = self._encoder(request.signal, request.dump, request.kill_after or 0.0)
             return encoder(request.scope_id, request.expiration_time, mono)
         if request.pid == self._pid and request.start_time is None:  # as the fast path does

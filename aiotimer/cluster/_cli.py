@@ -21,10 +21,8 @@ from dataclasses import dataclass
 from aiotimer.cluster import connect, format_view, read_view
 from aiotimer.cluster._hang import read_job_report
 from aiotimer.cluster._publisher import NodePublisher, NodeStatus
-from aiotimer.cluster._record import WorkerRecord
 from aiotimer.errors import AiotimerError, ClusterError, StoreUnavailableError
 from aiotimer.server._server import TimerServer
-from aiotimer.server._view import ServerSnapshot
 
 __all__ = [
     "NodeConfig",
@@ -35,7 +33,6 @@ __all__ = [
     "publishing",
     "run_job_status",
     "server_status",
-    "worker_records",
 ]
 
 #: The most workers a node record lists (the totals count them all).
@@ -133,11 +130,6 @@ async def publishing(
         await store.aclose()
 
 
-def worker_records(snap: ServerSnapshot) -> tuple[WorkerRecord, ...]:
-    """The workers ``snap`` lists, as a node record carries them."""
-    return tuple(WorkerRecord(pid=w.pid, state=w.state, live_timers=w.timers) for w in snap.workers)
-
-
 def server_status(server: TimerServer) -> NodeStatus:
     """A standalone server's :class:`NodeStatus`: its workers (by pid) and timer counts.
 
@@ -148,7 +140,7 @@ def server_status(server: TimerServer) -> NodeStatus:
     snap = server.snapshot(MAX_RECORD_WORKERS, sites=0)
     return NodeStatus(
         role="server",
-        workers=worker_records(snap),
+        workers=snap.workers,
         workers_total=snap.workers_total,
         live_timers=snap.timers_total,
         counters=dataclasses.asdict(snap.counters),

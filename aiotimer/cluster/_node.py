@@ -27,7 +27,7 @@ import anyio.abc
 
 from aiotimer._edges.lifecycle import LifecycleState
 from aiotimer.cluster import connect
-from aiotimer.cluster._cli import MAX_RECORD_WORKERS, NodeConfig, worker_records
+from aiotimer.cluster._cli import MAX_RECORD_WORKERS, NodeConfig
 from aiotimer.cluster._generation import GenerationRecord
 from aiotimer.cluster._hang import publish_part
 from aiotimer.cluster._job import JobRestarts
@@ -60,7 +60,7 @@ def supervisor_status(supervisor: Supervisor, generation: int | None = None) -> 
     return NodeStatus(
         role="supervisor",
         ranks=state.workers,
-        workers=() if snap is None else worker_records(snap),
+        workers=() if snap is None else snap.workers,
         workers_total=0 if snap is None else snap.workers_total,
         restarts=sum(max(0, w.attempts - 1) for w in state.workers),
         live_timers=0 if snap is None else snap.timers_total,

@@ -28,7 +28,6 @@ from aiotimer.cluster._record import (
     NodeRecord,
     PublishSchedule,
     ReapRecord,
-    WorkerRecord,
     decode,
     encode,
     member_key,
@@ -36,7 +35,7 @@ from aiotimer.cluster._record import (
 )
 from aiotimer.cluster._store import Store
 from aiotimer.errors import LeaseLostError, NodeNameTakenError, StoreUnavailableError
-from aiotimer.events import Event, RankStatus, WorkerReaped, signal_name
+from aiotimer.events import Event, RankStatus, WorkerInfo, WorkerReaped, signal_name
 
 __all__ = ["NodePublisher", "NodeStatus"]
 
@@ -62,7 +61,7 @@ class NodeStatus:
 
     role: str = "server"
     ranks: tuple[RankStatus, ...] = ()
-    workers: tuple[WorkerRecord, ...] = ()
+    workers: tuple[WorkerInfo, ...] = ()
     workers_total: int = 0
     restarts: int = 0
     live_timers: int = 0

@@ -24,7 +24,7 @@ from typing import Annotated, Final, TypeVar
 
 import msgspec
 
-from aiotimer.events import RankStatus
+from aiotimer.events import RankStatus, WorkerInfo
 
 __all__ = [
     "KEY_ROOT",
@@ -37,7 +37,6 @@ __all__ = [
     "ReapRecord",
     "Seconds",
     "Time",
-    "WorkerRecord",
     "decode",
     "encode",
     "generation_key",
@@ -84,15 +83,6 @@ def generation_key(job: str) -> str:
     return f"{job_prefix(job)}generation"
 
 
-class WorkerRecord(msgspec.Struct, frozen=True, kw_only=True):
-    """One worker the node's timer server watches: its pid, its state there (``timed``,
-    ``idle``, ``reaping``) and how many live timers it has."""
-
-    pid: Pid
-    state: str = "unknown"
-    live_timers: Count = 0
-
-
 class ReapRecord(msgspec.Struct, frozen=True, kw_only=True):
     """A worker the node's timer server reaped: when (epoch), whom, which scopes, how."""
 
@@ -122,7 +112,7 @@ class NodeRecord(msgspec.Struct, frozen=True, kw_only=True):
     heartbeat: Seconds
     generation: Count | None = None
     ranks: tuple[RankStatus, ...] = ()
-    workers: tuple[WorkerRecord, ...] = ()
+    workers: tuple[WorkerInfo, ...] = ()
     workers_total: Count = 0
     restarts: Count = 0
     live_timers: Count = 0

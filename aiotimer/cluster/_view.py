@@ -19,13 +19,13 @@ from __future__ import annotations
 import time as _time
 from collections import Counter
 from collections.abc import Iterable
-from typing import Any
 
 import msgspec
 
 from aiotimer.cluster._generation import GenerationRecord
 from aiotimer.cluster._record import MemberRecord, NodeRecord, ReapRecord
 from aiotimer.cluster._stragglers import JobStraggler, format_stragglers, job_stragglers
+from aiotimer.events import WorkerInfo, by_rank
 
 __all__ = ["STALE_HEARTBEATS", "JobView", "NodeRow", "build_view", "format_view", "worker_rows"]
 
@@ -79,7 +79,8 @@ class JobView(msgspec.Struct, frozen=True, kw_only=True):
                 item = msgspec.to_builtins(row.record)
                 del item["ranks"]
                 item.update(
-                    workers=worker_rows(row.record), workers_total=_worker_count(row.record)
+                    workers=msgspec.to_builtins(worker_rows(row.record)),
+                    workers_total=_worker_count(row.record),
                 )
             item.update(node=row.node, status=row.status, host=row.host, pid=row.pid)
             item["age"] = row.age
@@ -152,7 +153,7 @@ def build_view(
         totals["live_timers"] += rec.live_timers
         totals["restarts"] += rec.restarts
         totals["reaped"] += rec.counters.get("reaped", 0)
-        states.update(w["state"] for w in worker_rows(rec))
+        states.update(w.state for w in worker_rows(rec))
         reaps.extend(JobReap(node=row.node, reap=r) for r in rec.last_reaps)
     reaps.sort(key=lambda r: r.reap.at, reverse=True)
     for name in ("workers", "live_timers", "restarts", "reaped"):
@@ -174,30 +175,18 @@ def _worker_count(rec: NodeRecord) -> int:
     return len(rec.ranks) if rec.ranks else max(rec.workers_total, len(rec.workers))
 
 
-def worker_rows(rec: NodeRecord) -> list[dict[str, Any]]:
-    """A node's workers as the job view shows them: one row per rank of a supervisor
-    (with its live timers, from its server's workers), else one per worker its server
-    watches; each ``{rank, pid, state, restarts, live_timers}``."""
-    if not rec.ranks:
-        return [_row(None, w.pid, w.state, 0, w.live_timers) for w in rec.workers]
-    timers = {w.pid: w.live_timers for w in rec.workers}
-    return [
-        _row(r.rank, r.pid, r.state.value, r.restarts, 0 if r.pid is None else timers.get(r.pid, 0))
-        for r in rec.ranks
-    ]
+def worker_rows(rec: NodeRecord) -> tuple[WorkerInfo, ...]:
+    """A node's workers as the job view shows them (the rows ``/v1/state`` serves): one
+    per rank of a supervisor (with its live timers, from its server's workers), else the
+    workers its server watches."""
+    return by_rank(rec.ranks, rec.workers)[0] if rec.ranks else rec.workers
 
 
-def _row(
-    rank: int | None, pid: int | None, state: str, restarts: int, timers: int
-) -> dict[str, Any]:
-    return {"rank": rank, "pid": pid, "state": state, "restarts": restarts, "live_timers": timers}
-
-
-def _worker_line(w: dict[str, Any]) -> str:
-    pid = "-" if w["pid"] is None else str(w["pid"])
-    rank = "-" if w["rank"] is None else str(w["rank"])
-    return f"  rank {rank:<4} pid {pid:>8}  {w['state']:<10} restarts {w['restarts']}" + (
-        f", {w['live_timers']} timers" if w["live_timers"] else ""
+def _worker_line(w: WorkerInfo) -> str:
+    pid = "-" if w.pid is None else str(w.pid)
+    rank = "-" if w.rank is None else str(w.rank)
+    return f"  rank {rank:<4} pid {pid:>8}  {w.state:<10} restarts {w.restarts or 0}" + (
+        f", {w.timers} timers" if w.timers else ""
     )
 
 

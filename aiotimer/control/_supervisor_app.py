@@ -29,10 +29,10 @@ from aiotimer.control.snapshot import (
     MAX_LIMIT,
     StatusSnapshot,
     SupervisorInfo,
-    WorkerInfo,
     status_snapshot,
 )
 from aiotimer.errors import ServerStateError
+from aiotimer.events import by_rank
 
 if TYPE_CHECKING:
     from aiotimer.supervisor._records import SupervisorState
@@ -55,23 +55,7 @@ def supervised(snap: StatusSnapshot, sup: SupervisorState) -> StatusSnapshot:
     lists for that pid), then any other worker the server lists (its own process); the
     recent reaps and refusals of a process it launched name its rank.
     """
-    by_pid = {w.pid: w for w in snap.workers}
-    workers = []
-    for w in sup.workers:
-        listed = by_pid.pop(w.pid, None) if w.pid is not None else None
-        workers.append(
-            WorkerInfo(
-                pid=w.pid,
-                state=w.state.value,
-                timers=0 if listed is None else listed.timers,
-                scopes=() if listed is None else listed.scopes,
-                restarts=w.restarts,
-                rank=w.rank,
-                slowness=w.slowness,
-                straggler=w.straggler,
-            )
-        )
-    workers += by_pid.values()
+    rows, others = by_rank(sup.workers, snap.workers)
     info = SupervisorInfo(
         run_id=sup.run_id,
         state=sup.state.value,
@@ -83,7 +67,7 @@ def supervised(snap: StatusSnapshot, sup: SupervisorState) -> StatusSnapshot:
         gave_up=sup.gave_up,
         hang_report=sup.hang_report,
     )
-    others = snap.workers_total - (len(snap.workers) - len(by_pid))
+    unlisted = snap.workers_total - len(snap.workers)
     ranks = sup.ranks_by_pid
     recent = tuple(
         i if i.pid is None or i.pid not in ranks else msgspec.structs.replace(i, rank=ranks[i.pid])
@@ -91,8 +75,8 @@ def supervised(snap: StatusSnapshot, sup: SupervisorState) -> StatusSnapshot:
     )
     return msgspec.structs.replace(
         snap,
-        workers=tuple(workers),
-        workers_total=len(sup.workers) + others,
+        workers=rows + others,
+        workers_total=len(sup.workers) + len(others) + unlisted,
         supervisor=info,
         recent=recent,
     )

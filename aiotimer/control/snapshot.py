@@ -24,7 +24,7 @@ import msgspec
 from aiotimer.core._learned import LearnedSummary
 from aiotimer.core._stats import ScopeStats
 from aiotimer.core._timer import Timer
-from aiotimer.events import Event, ServerCounters, WorkerReaped
+from aiotimer.events import Event, ServerCounters, WorkerInfo, WorkerReaped
 from aiotimer.server._view import (
     DEFAULT_LIMIT,
     SCOPES_PER_WORKER,
@@ -32,6 +32,7 @@ from aiotimer.server._view import (
     EventHistory,
     ServerSnapshot,
 )
+from aiotimer.wire import Request
 
 __all__ = [
     "API_VERSION",
@@ -69,6 +70,10 @@ class TimerInfo(msgspec.Struct, frozen=True, kw_only=True):
     (``TimeoutError``). Both are ``None`` for a block of one tier. ``passed`` says which
     deadline has passed: ``"none"``, ``"block"`` (its task was cancelled, the block has
     not ended yet: it is reaped at ``deadline`` unless it ends first) or ``"reap"``.
+
+    ``request`` is the wire request that set the timer, every key as the worker sent it
+    (the journal's, after a restart; ``None`` for a timer made without one): a key the
+    wire grows is listed here with no change to this record.
     """
 
     pid: int
@@ -80,6 +85,7 @@ class TimerInfo(msgspec.Struct, frozen=True, kw_only=True):
     block_deadline: float | None = None
     block_seconds_left: float | None = None
     passed: str = "none"
+    request: Request | None = None
 
 
 class IncidentInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -102,31 +108,6 @@ class IncidentInfo(msgspec.Struct, frozen=True, kw_only=True):
     task: str | None = None
     late: float | None = None
     kill_after: float | None = None
-
-
-class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True):
-    """One row of ``GET /v1/state``'s workers: a worker the server knows (its
-    :class:`~aiotimer.server.WorkerView`), and under a supervisor one row per rank.
-
-    A worker's row has its ``pid``, ``state``, how many live ``timers`` it has and (up to
-    :data:`SCOPES_PER_WORKER` of) their ``scopes``; ``state`` is ``"timed"`` (it has live
-    timers), ``"idle"`` (watched, none live) or ``"reaping"`` (an expired timer's reap is
-    in progress). A rank's row has its :class:`~aiotimer.events.RankStatus`'s ``rank``,
-    ``state`` (``"healthy"``, ``"backoff"``, ...), ``restarts`` and ``pid`` (``None``
-    between attempts), with the timers the server lists for that pid; ``rank`` and
-    ``restarts`` are ``None`` in a worker's row. A rank's ``slowness`` is its ratio
-    against its peers and ``straggler`` the scopes it is a straggler in (see
-    docs/stragglers.md).
-    """
-
-    pid: int | None
-    state: str
-    timers: int
-    scopes: tuple[str, ...] = ()
-    restarts: int | None = None
-    rank: int | None = None
-    slowness: float | None = None
-    straggler: tuple[str, ...] = ()
 
 
 class ServerInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -250,10 +231,7 @@ def status_snapshot(snap: ServerSnapshot, *, control: str | None = None) -> Stat
     return StatusSnapshot(
         time=wall,
         server=info,
-        workers=tuple(
-            WorkerInfo(pid=w.pid, state=w.state, timers=w.timers, scopes=w.scopes)
-            for w in snap.workers
-        ),
+        workers=snap.workers,
         workers_total=snap.workers_total,
         timers=tuple(_timer_info(t, wall, mono) for t in snap.timers),
         timers_total=snap.timers_total,
@@ -281,6 +259,7 @@ def _timer_info(t: Timer, wall: float, mono: float) -> TimerInfo:
         block_deadline=None if block_left is None else wall + block_left,
         block_seconds_left=block_left,
         passed=passed,
+        request=t.request,
     )
 
 

@@ -25,12 +25,11 @@ if TYPE_CHECKING:
     from aiotimer.core._latency import LatencyHistogram
     from aiotimer.core._stats import DurationStats, ScopeStats, StatsState
     from aiotimer.core._table import TimerTable
-    from aiotimer.core._timer import ReapOptions, Timer, TimerKey
+    from aiotimer.core._timer import Timer, TimerKey
 
 _LAZY: Final[dict[str, str]] = {
     "DurationStats": "aiotimer.core._stats",
     "LatencyHistogram": "aiotimer.core._latency",
-    "ReapOptions": "aiotimer.core._timer",
     "ScopeStats": "aiotimer.core._stats",
     "StatsState": "aiotimer.core._stats",
     "Timer": "aiotimer.core._timer",
@@ -44,7 +43,6 @@ __getattr__, __dir__ = face_getattr("aiotimer.core", globals(), lazy=_LAZY)
 __all__ = [
     "DurationStats",
     "LatencyHistogram",
-    "ReapOptions",
     "ScopeStats",
     "StatsState",
     "Timer",

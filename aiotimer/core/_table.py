@@ -67,9 +67,9 @@ import heapq
 import itertools
 from collections.abc import Iterator, KeysView
 
-from aiotimer.core._timer import ReapOptions, Timer, TimerKey
+from aiotimer.core._timer import Timer, TimerKey
 
-__all__ = ["MIN_STALE", "REBUILD_STEP", "ReapOptions", "Timer", "TimerKey", "TimerTable"]
+__all__ = ["MIN_STALE", "REBUILD_STEP", "Timer", "TimerKey", "TimerTable"]
 
 #: Default ``min_stale``: compact when more entries than this are stale *and* they are
 #: over half the heap.

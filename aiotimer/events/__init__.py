@@ -72,6 +72,7 @@ from aiotimer.events._timers import (
     WorkerExited,
     WorkerUnknown,
 )
+from aiotimer.events._workers import WorkerInfo, by_rank
 
 __all__ = [
     "MAX_LOGGED_TEXT",
@@ -105,12 +106,14 @@ __all__ = [
     "TimerReleased",
     "WorkerEnded",
     "WorkerExited",
+    "WorkerInfo",
     "WorkerReaped",
     "WorkerRunning",
     "WorkerStarted",
     "WorkerState",
     "WorkerSurvived",
     "WorkerUnknown",
+    "by_rank",
     "clip_text",
     "exit_phrase",
     "holding_task",

@@ -102,7 +102,7 @@ class ReapPolicy:
             after the last step before it declares the worker unkillable (or surviving).
 
     The request's extension keys (``grace``, ``group``, ``dump``; see the protocol docs)
-    are honoured through the timer's :class:`~aiotimer.core._table.ReapOptions`.
+    are read from the request that set the timer (:attr:`~aiotimer.core.Timer.request`).
     """
 
     __slots__ = ("default", "shadow", "unkillable_after")
@@ -131,10 +131,10 @@ class ReapPolicy:
         """
         if timer.signal <= 0:
             return None
-        options = timer.options
-        grace = None if options is None else options.grace
-        group = options is not None and options.group
-        dump = options is not None and options.dump
+        request = timer.request
+        grace = None if request is None else request.grace
+        group = request is not None and request.group
+        dump = request is not None and request.dump
         ladder = self.default
         if ladder is not None:
             return Escalation(

@@ -20,7 +20,7 @@ from aiotimer.server._thread import (
     TimerServerThread,
     loop_factory,
 )
-from aiotimer.server._view import EventHistory, ServerSnapshot, WorkerView
+from aiotimer.server._view import EventHistory, ServerSnapshot
 
 __all__ = [
     "EventHistory",
@@ -32,7 +32,6 @@ __all__ = [
     "ServerState",
     "TimerServer",
     "TimerServerThread",
-    "WorkerView",
     "loop_factory",
 ]
 

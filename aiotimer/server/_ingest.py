@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Final
 
 from aiotimer.core._fold import Fold, fold
 from aiotimer.core._stats import DurationStats, Overdue
-from aiotimer.core._table import ReapOptions, Timer, TimerTable
+from aiotimer.core._table import Timer, TimerTable
 from aiotimer.events import (
     BlockCancelled,
     RequestRejected,
@@ -254,10 +254,7 @@ class Ingest:
         deadline = req.deadline(mono, wall)
         if req.learned is not None:
             deadline = self._learning.deadline(req, deadline)
-        options = None
-        if req.grace is not None or req.group or req.dump:
-            options = ReapOptions(req.grace, req.group, req.dump)
-        timer = Timer(pid, req.scope_id, deadline, req.signal, mono, options, req.kill_after or 0.0)
+        timer = Timer(pid, req.scope_id, deadline, req.signal, mono, req)
         if table.acquire(timer) is None:
             self._quota.added += 1
         if self._journal:

@@ -70,18 +70,18 @@ import anyio.abc
 import msgspec
 
 from aiotimer._edges.procfs import boot_id, read_start_time
-from aiotimer.core._table import ReapOptions, Timer, TimerTable
+from aiotimer.core._table import Timer, TimerTable
 from aiotimer.errors import ProcessGoneError
 from aiotimer.server._journal_file import JournalFile
 from aiotimer.server._journal_writer import JournalWriter
-from aiotimer.server._restore import JournalEntry, Restored, restore_entries
+from aiotimer.server._restore import Restored, restore_entries
+from aiotimer.wire import Request
 
 __all__ = [
     "JOURNAL_SUFFIX",
     "MAX_SCAN",
     "RETRY_INTERVAL",
     "Journal",
-    "JournalEntry",
     "JournalKept",
     "journal_path",
 ]
@@ -134,28 +134,40 @@ class JournalKept:
 
 
 class _File(msgspec.Struct, frozen=True, kw_only=True):
+    """The journal file: one entry per worker, the :class:`~aiotimer.wire.Request` that
+    set its earliest signalling timer (:func:`_entry`)."""
+
     format: str
     boot_id: str | None
     server_pid: int
-    entries: list[JournalEntry]
+    entries: list[Request]
 
 
-_decoder: Final = msgspec.json.Decoder(_File)
+class _Read(msgspec.Struct, frozen=True, kw_only=True):
+    """The journal file as read: each entry decoded on its own (a bad one is left out,
+    not the whole file; :func:`~aiotimer.server._restore.restore_entries`)."""
+
+    format: str
+    boot_id: str | None
+    server_pid: int
+    entries: list[msgspec.Raw]
+
+
+_decoder: Final = msgspec.json.Decoder(_Read)
 _encode: Final = msgspec.json.Encoder().encode
 
 
-def _entry(timer: Timer, start_time: int | None, mono_to_wall: float) -> JournalEntry:
-    options = timer.options if timer.options is not None else ReapOptions()
-    return JournalEntry(
-        pid=timer.pid,
-        start_time=start_time,
-        scope_id=timer.scope_id,
+def _entry(timer: Timer, start_time: int | None, mono_to_wall: float) -> Request:
+    """The journal's entry for ``timer``: the request that set it, with its deadline on
+    both clocks as the timer has it and the worker's start time (its identity)."""
+    request = timer.request
+    if request is None:  # a timer built by hand: no extension keys
+        request = Request(timer.pid, timer.scope_id, 0.0, timer.signal)
+    return msgspec.structs.replace(
+        request,
         mono=timer.deadline,
         expiration_time=timer.deadline + mono_to_wall,
-        signal=timer.signal,
-        grace=options.grace,
-        group=options.group,
-        dump=options.dump,
+        start_time=start_time,
     )
 
 
@@ -182,7 +194,7 @@ class Journal:
         self._interval = interval
         self._max_workers = max_workers
         self._grace = grace
-        self._entries: dict[int, JournalEntry] = {}
+        self._entries: dict[int, Request] = {}
         self._start_times: dict[int, int | None] = {}
         self._earliest: dict[int, Timer] = {}  # new earliest timers, not yet written
         self._recompute: set[int] = set()  # workers whose earliest timer must be looked up
@@ -208,7 +220,7 @@ class Journal:
             self._earliest.pop(pid, None)  # the earliest timer moved: look it up again
             self._recompute.add(pid)
         elif timer.signal > 0:
-            best = math.inf if entry is None else entry.mono
+            best = math.inf if entry is None or entry.mono is None else entry.mono
             if pending is not None:
                 best = pending.deadline
             if timer.deadline >= best:

@@ -5,8 +5,11 @@ whoever could write it (a bug, another program of the same user, a half-restored
 backup) must not make the next server slow to start or reap a process the entry does
 not name. So each entry is:
 
-* checked with the wire's validator (:func:`~aiotimer.wire.validate`) and as an acquire
-  that would signal (what the journal holds): anything else is *invalid*;
+* decoded as the wire's own record (:class:`~aiotimer.wire.Request`: an entry is the
+  request that set the timer, its deadline and start time brought up to date), checked
+  with the wire's validator (:func:`~aiotimer.wire.validate`) and as an acquire with a
+  ``mono`` deadline that would signal (what the journal holds): anything else is
+  *invalid*;
 * of a process that is still the journaled one (same start time, read once per pid from
   ``/proc``): else *gone*;
 * the only one of its worker: the journal names each worker once (its earliest timer),
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import Final
 
 import msgspec
 
@@ -29,21 +33,9 @@ from aiotimer._edges.procfs import read_start_time
 from aiotimer.errors import ProcessGoneError
 from aiotimer.wire import Request, validate
 
-__all__ = ["JournalEntry", "Restored", "restore_entries"]
+__all__ = ["Restored", "restore_entries"]
 
-
-class JournalEntry(msgspec.Struct, frozen=True, kw_only=True):
-    """A worker's earliest live timer that would signal it, as journaled."""
-
-    pid: int
-    start_time: int | None
-    scope_id: str
-    mono: float
-    expiration_time: float
-    signal: int
-    grace: float | None = None
-    group: bool = False
-    dump: bool = False
+_decode_entry: Final = msgspec.json.Decoder(Request).decode
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,25 +68,18 @@ class Restored:
         return f"; left out: {', '.join(parts)}" if parts else ""
 
 
-def _request(entry: JournalEntry, mono_now: float, grace: float) -> Request | None:
+def _request(entry: msgspec.Raw, mono_now: float, grace: float) -> Request | None:
     """The acquire restoring ``entry`` (its deadline at least ``grace`` ahead), or
-    ``None`` if it is not a valid acquire that would signal."""
-    req = Request(
-        pid=entry.pid,
-        scope_id=entry.scope_id,
-        expiration_time=entry.expiration_time,
-        signal=entry.signal,
-        mono=entry.mono,
-        grace=entry.grace,
-        group=entry.group,
-        dump=entry.dump,
-        start_time=entry.start_time,
-    )
-    if validate(req) is not None or req.signal <= 0 or req.is_release:
+    ``None`` if it is not a valid acquire with a monotonic deadline that would signal."""
+    try:
+        req = _decode_entry(entry)
+    except msgspec.DecodeError:
         return None
-    mono = max(entry.mono, mono_now + grace)
+    if validate(req) is not None or req.signal <= 0 or req.is_release or req.mono is None:
+        return None
+    mono = max(req.mono, mono_now + grace)
     return msgspec.structs.replace(
-        req, expiration_time=entry.expiration_time + (mono - entry.mono), mono=mono
+        req, expiration_time=req.expiration_time + (mono - req.mono), mono=mono
     )
 
 
@@ -107,7 +92,7 @@ def _start_time(pid: int) -> int | None:
         return -1
 
 
-def restore_entries(entries: list[JournalEntry], mono_now: float, grace: float) -> Restored:
+def restore_entries(entries: list[msgspec.Raw], mono_now: float, grace: float) -> Restored:
     """What to restore of ``entries`` at ``mono_now`` (see the module docs)."""
     best: dict[int, Request] = {}
     started: dict[int, int | None] = {}  # pid -> its start time now: one read per pid

@@ -26,14 +26,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
-import msgspec
-
 from aiotimer._edges.lifecycle import LifecycleState
 from aiotimer.core._latency import LatencyHistogram
 from aiotimer.core._learned import LearnedSummary
 from aiotimer.core._stats import ScopeStats
 from aiotimer.core._timer import Timer
-from aiotimer.events import Event, ServerCounters, ServerStopped
+from aiotimer.events import Event, ServerCounters, ServerStopped, WorkerInfo
 from aiotimer.reapers._policy import ReapPolicy
 from aiotimer.reapers._steps import format_plan
 from aiotimer.server._learning import LEARNED_LISTED
@@ -51,7 +49,6 @@ __all__ = [
     "EventHistory",
     "ServerSnapshot",
     "ServerState",
-    "WorkerView",
     "describe_policy",
     "server_state",
     "stopped_event",
@@ -65,21 +62,6 @@ DEFAULT_LIMIT: Final[int] = 50
 SCOPES_PER_WORKER: Final[int] = 8
 #: The states of a server's workers.
 WORKER_STATES: Final[tuple[str, ...]] = ("timed", "idle", "reaping")
-
-
-class WorkerView(msgspec.Struct, frozen=True, gc=False):
-    """One worker the server knows: its ``pid``, ``state``, how many live ``timers`` it
-    has and (up to :data:`SCOPES_PER_WORKER` of) their ``scopes``.
-
-    ``state`` is ``"timed"`` (it has live timers), ``"idle"`` (watched, none live) or
-    ``"reaping"`` (an expired timer's reap is in progress). A ``msgspec`` struct, like
-    :class:`~aiotimer.core._table.Timer`: a snapshot makes one per listed worker.
-    """
-
-    pid: int
-    state: str
-    timers: int
-    scopes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +100,7 @@ class ServerSnapshot:
     fifo: str | None = None
     next_deadline: float | None = None
     last_progress: float | None = None
-    workers: tuple[WorkerView, ...] = ()
+    workers: tuple[WorkerInfo, ...] = ()
     workers_total: int = 0
     worker_states: Mapping[str, int] | None = None
     timers: tuple[Timer, ...] = ()
@@ -245,7 +227,7 @@ def take(
         for each in pids if limit is None else pids[:limit]:
             scopes, n = table.worker_scopes(each, SCOPES_PER_WORKER)
             kind = "reaping" if engine.is_reaping(each) else "timed" if n else "idle"
-            workers.append(WorkerView(pid=each, state=kind, timers=n, scopes=tuple(scopes)))
+            workers.append(WorkerInfo(pid=each, state=kind, timers=n, scopes=tuple(scopes)))
         fields.update(
             next_deadline=table.next_deadline(),
             workers=tuple(workers),
@@ -304,7 +286,7 @@ def server_state(snap: ServerSnapshot) -> ServerState:
         state=snap.state,
         sources=snap.sources,
         timers=snap.timers,
-        workers=tuple(w.pid for w in snap.workers if w.pid != snap.pid),
+        workers=tuple(w.pid for w in snap.workers if w.pid is not None and w.pid != snap.pid),
         next_deadline=snap.next_deadline,
         next_expiry_in=snap.next_expiry_in,
         counters=snap.counters,

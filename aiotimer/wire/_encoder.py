@@ -12,7 +12,7 @@ import msgspec
 
 from aiotimer.wire._request import PIPE_BUF, PROTOCOL_VERSION, Request, RequestTooLargeError
 
-__all__ = ["BlockEncoder", "block_encoder", "encode"]
+__all__ = ["BlockEncoder", "block_encoder", "encode", "fits_block_encoder"]
 
 
 # Byte-identical to json.dumps, which writes ints with int.__repr__, floats with
@@ -23,7 +23,32 @@ def _number(x: float, name: str) -> str:
     return repr(x)
 
 
-_learned_json: Final = msgspec.json.Encoder().encode
+#: The keys written above one by one, in the order torch's and aiotimer's clients have
+#: always written them; any other key of :class:`Request` is written after them, in the
+#: record's order, when it is not ``None`` or ``False`` (its default).
+_KNOWN_KEYS: Final = frozenset(
+    {"version", "pid", "scope_id", "expiration_time", "signal", "mono", "start_time"}
+    | {"grace", "group", "dump", "kill_after", "cancelled"}
+)
+_LATER_KEYS: Final = tuple(f for f in Request.__struct_fields__ if f not in _KNOWN_KEYS)
+
+
+_struct_json: Final = msgspec.json.Encoder().encode
+
+
+def _value(value: object, name: str) -> str:
+    """``value`` as ``json.dumps`` writes it (a bool, int, float or string)."""
+    if value is True:
+        return "true"
+    if isinstance(value, int):
+        return str(int(value))
+    if isinstance(value, float):
+        return _number(value, name)
+    if isinstance(value, str):
+        return encode_basestring_ascii(value)
+    if isinstance(value, msgspec.Struct):  # a nested record (``learned``): compact JSON
+        return _struct_json(value).decode()
+    raise TypeError(f"{name}: cannot encode {type(value).__name__} on the wire")
 
 
 def encode(req: Request) -> bytes:
@@ -56,10 +81,10 @@ def encode(req: Request) -> bytes:
         text += f', "kill_after": {_number(float(req.kill_after), "kill_after")}'
     if req.cancelled:
         text += ', "cancelled": true'
-    if req.learned is not None:
-        text += ', "learned": ' + _learned_json(req.learned).decode()
-    if req.at is not None:
-        text += f', "at": {_number(req.at, "at")}'
+    for name in _LATER_KEYS:  # keys added to the record since: as json.dumps writes them
+        value = getattr(req, name)
+        if value is not None and value is not False:
+            text += f", {encode_basestring_ascii(name)}: {_value(value, name)}"
     data = (text + "}\n").encode("ascii")
     if len(data) > PIPE_BUF:
         raise RequestTooLargeError(
@@ -94,6 +119,31 @@ BlockEncoder = Callable[[str, float, float], tuple[bytes, bytes]]
 
 _ryu: Final = msgspec.json.encode
 _join: Final = b"".join
+
+
+#: The keys a block encoder writes (or that its line leaves at their defaults by
+#: construction): a request with any other key set needs :func:`encode`.
+_BLOCK_KEYS: Final = frozenset(
+    {"version", "pid", "scope_id", "expiration_time", "signal", "mono", "start_time"}
+    | {"dump", "kill_after", "cancelled"}
+)
+_OTHER_KEYS: Final = tuple(
+    (name, default)
+    for name, default in zip(
+        Request.__struct_fields__[-len(Request.__struct_defaults__) :],
+        Request.__struct_defaults__,
+        strict=True,
+    )
+    if name not in _BLOCK_KEYS
+)
+
+
+def fits_block_encoder(request: Request) -> bool:
+    """Whether a :func:`block_encoder` can write ``request``'s acquire: every key it
+    does not write (``grace``, ``group``, and any key added to :class:`Request` since)
+    is at its default. A client's ``send()`` takes its fast path only then, so a new
+    key is never dropped on the way."""
+    return all(getattr(request, name) == default for name, default in _OTHER_KEYS)
 
 
 def block_encoder(
