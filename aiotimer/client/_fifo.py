@@ -230,7 +230,8 @@ class FifoClient:
             now = _monotonic()
             if mono is None or now > link.recheck_at:
                 return False
-            urgent = mono - now < link.bell_lead
+            lead = mono - now
+            urgent = lead < link.bell_lead
             encode_block = (
                 self._encode_block
                 if signal is None and not dump and not kill_after
@@ -246,7 +247,7 @@ class FifoClient:
                 return False
             os.write(fd, line)
             if urgent:
-                link.ring_locked()
+                link.ring_locked(lead, now)
         except OSError:
             return False  # full, or broken: the slow path knows what to do
         finally:
@@ -399,8 +400,9 @@ class FifoClient:
             if persistent:
                 link.write_backlog_locked(fd)
                 os.write(fd, encode(request) if lines is None else lines[0])
-                if lines is not None and _lead(request) < link.bell_lead:
-                    link.ring_locked()
+                lead = math.inf if lines is None else _lead(request)
+                if lead < link.bell_lead:
+                    link.ring_locked(lead, _monotonic())
             else:
                 os.write(fd, encode(torch_request(request)))
         except BlockingIOError:

@@ -46,6 +46,7 @@ import pathlib
 from collections.abc import Callable
 from typing import Final
 
+from aiotimer._edges.ring import ring_lead
 from aiotimer.errors import SourceError
 from aiotimer.sources._fifo_path import OpenFifo
 
@@ -81,15 +82,18 @@ class Bell:
         """Where the bell is."""
         return self._fifo.path
 
-    def listen(self, loop: asyncio.AbstractEventLoop, rung: Callable[[], None]) -> None:
-        """Call ``rung()`` in ``loop`` whenever a client rings (rings that arrive
-        together are one call)."""
+    def listen(self, loop: asyncio.AbstractEventLoop, rung: Callable[[float | None], None]) -> None:
+        """Call ``rung(lead)`` in ``loop`` whenever a client rings (rings that arrive
+        together are one call): ``lead``, the shortest lead the rings say
+        (:mod:`aiotimer._edges.ring`), or ``None`` if none says one."""
         fd = self._fifo.read_fd
 
         def ringing() -> None:
+            rings = b""
             with contextlib.suppress(BlockingIOError):
-                os.read(fd, _READ)
-            rung()
+                rings = os.read(fd, _READ)
+            leads = [lead for lead in map(ring_lead, set(rings)) if lead is not None]
+            rung(min(leads) if leads else None)
 
         self._loop = loop
         loop.add_reader(fd, ringing)
