@@ -46,9 +46,11 @@ def test_plan_is_deterministic_and_places_every_hang() -> None:
         assert [b.start for b in s] == sorted(b.start for b in s)
 
 
-def test_the_training_workload_ends_each_block_within_its_step() -> None:
+def test_the_training_workload_with_step_work_ends_each_block_within_its_step() -> None:
     args = _parse(["--workload", "training"])
-    assert (args.rate, args.timeout, args.hangs, args.work_of) == (2.0, 60.0, 0, 0.5)
+    assert (args.rate, args.timeout, args.hangs, args.work_of) == (2.0, 60.0, 0, None)
+    args = _parse(["--workload", "training", "--step-work"])
+    assert args.work_of == 0.5
     load = Workload(8, 5.0, args.rate, args.timeout, args.hangs, 1, work_of=args.work_of)
     blocks = [b for s in plan_slots(load) for b in s]
     assert blocks and not any(b.hang for b in blocks)

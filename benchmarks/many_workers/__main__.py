@@ -60,6 +60,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--hangs", type=int, help="hanging blocks per run (stress 200, quick 60; training 0)"
     )
+    parser.add_argument(
+        "--step-work",
+        action="store_true",
+        help="each block's work is 5-30%% of its step (1/rate), not of its timeout: "
+        "blocks that end within their step, so few are open at once",
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
         "--server-nice",
@@ -81,7 +87,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     args.timeout = preset.timeout if args.timeout is None else args.timeout
     if args.hangs is None:
         args.hangs = preset.hangs if preset.hangs is not None else (60 if args.quick else 200)
-    args.work_of = 1.0 / args.rate if preset.step_work else None
+    args.work_of = 1.0 / args.rate if args.step_work else None
     return args
 
 

@@ -50,13 +50,12 @@ class Workload:
 
 @dataclass(frozen=True, slots=True)
 class Preset:
-    """A named workload: what it models, and its rate, timeout, hangs and work."""
+    """A named workload: what it models, and its rate, timeout and hangs."""
 
     models: str
     rate: float  # blocks per second per worker
     timeout: float
     hangs: int | None  # None: the harness's default (200; quick 60)
-    step_work: bool = False  # a block's work is a fraction of its step, not its timeout
 
 
 #: ``--workload`` presets (explicit ``--rate``/``--timeout``/``--hangs`` override them).
@@ -66,7 +65,6 @@ WORKLOADS: dict[str, Preset] = {
         rate=2.0,
         timeout=60.0,
         hangs=0,
-        step_work=True,
     ),
     "stress": Preset(
         "a stress test: 10 blocks/s, 0.5 s timeouts, hangs throughout",
