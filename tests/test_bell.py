@@ -227,6 +227,12 @@ def test_the_client_rings_once_per_window_for_leads_as_long_as_one_rung_for(
             assert said is not None and 0.8 < said <= 1.0
             acquire(client, "e", 2.0)
             assert rung() == []
+            # Already due (a late write, an expired acquire): a plain ring, which the
+            # server paces by nothing, and which leaves the window as it was.
+            acquire(client, "late", -1.0)
+            assert rung() == [None]
+            acquire(client, "f", 2.0)
+            assert rung() == []
     finally:
         os.close(reader)
         os.close(rings)

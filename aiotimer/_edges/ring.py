@@ -5,9 +5,11 @@ soon; the byte it writes carries that acquire's *lead* (seconds from the write t
 deadline), rounded down to a step of a geometric scale (each step ~19 % longer than
 the one before), so the server learns the lead when the ring arrives, whatever chunk
 the line itself is read in. A lead below the scale is the lowest code, which reads
-back as ``0.0`` (read at every line); above it, the highest. Any other byte (``b"!"``
-of a client that does not code its lead) is a plain ring: :func:`ring_lead` gives
-``None``.
+back as ``0.0`` (read at every line); above it, the highest. An acquire already due
+rings plainly (``b"!"``, as does any other byte): :func:`ring_lead` gives ``None``, and
+the server reads at once without pacing by it (an acquire written late, such as an
+expired one, says nothing of the leads to come: noted, it would make the server read at
+every line for a minute).
 """
 
 from __future__ import annotations
@@ -30,9 +32,10 @@ _STEPS: Final[int] = 4  # codes per doubling
 
 def ring_byte(lead: float) -> bytes:
     """The ring of an acquire ``lead`` seconds from its deadline: one byte whose
-    :func:`ring_lead` is at most ``lead``."""
+    :func:`ring_lead` is at most ``lead``; a plain ring for an acquire already due (a
+    late write says nothing of the leads to come)."""
     if not lead > 0.0:
-        return bytes((_FIRST,))
+        return PLAIN_RING
     if not math.isfinite(lead):
         return bytes((_LAST,))
     code = min(max(_ZERO + math.floor(math.log2(lead) * _STEPS), _FIRST), _LAST)

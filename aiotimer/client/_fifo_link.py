@@ -38,7 +38,7 @@ import time
 from collections.abc import Mapping
 
 from aiotimer._edges.marker import MarkerFile, read_live_marker
-from aiotimer._edges.ring import ring_byte
+from aiotimer._edges.ring import PLAIN_RING, ring_byte
 from aiotimer.client._fifo_peer import open_server
 
 __all__ = ["FifoLink"]
@@ -141,9 +141,11 @@ class FifoLink:
         (``EPIPE``) is found by the next write to the FIFO."""
         if self._bell is None or (lead >= self._rung_lead and now < self._rung_until):
             return
+        ring = ring_byte(lead)
         with contextlib.suppress(OSError):
-            os.write(self._bell, ring_byte(lead))
-            self._rung_lead, self._rung_until = lead, now + self._bell_window
+            os.write(self._bell, ring)
+            if ring != PLAIN_RING:  # a plain ring teaches the server no lead
+                self._rung_lead, self._rung_until = lead, now + self._bell_window
 
     def _open_bell_locked(self, fd: int, server: MarkerFile) -> None:
         """Open the bell ``server``'s marker names, if ``fd`` is its FIFO (a socket
