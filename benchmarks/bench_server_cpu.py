@@ -8,9 +8,10 @@ Run from the repository root::
 Each round starts a fresh server in its own process (``aiotimer serve`` with default
 settings, and torch 2.13's ``FileTimerServer`` at ``max_interval=0.1`` when torch
 imports: :mod:`benchmarks.many_workers.servers`) and ``--feeders`` worker processes that
-send timed blocks open loop (each block: an acquire, then its release 5-30 % of the
-0.5 s timeout later; ``rate`` requests per second in all, each feeder with its own
-phase), with the server's own client. The figure is the server's CPU time
+send timed blocks open loop (each block: an acquire with ``--timeout`` seconds to its
+deadline, 0.5 by default, then its release 5-30 % of 0.5 s later, whatever the timeout;
+``rate`` requests per second in all, each feeder with its own phase), with the server's
+own client. The figure is the server's CPU time
 (every thread, to the nanosecond: :class:`~benchmarks._util.CpuMeter`) while they run:
 in % of one core, and per request. Feeders set their client up before the clock starts;
 a request their client cannot write is counted (``failed``), as is a feeder the server
@@ -53,8 +54,12 @@ from benchmarks.many_workers.servers import (
 )
 from benchmarks.many_workers.worker import REAP_SIGNAL, Sender
 
-TIMEOUT = 0.5  # seconds per block
-WORK = (0.05, 0.3)  # a block's work, as a fraction of its timeout (many_workers' too)
+TIMEOUT = 0.5  # seconds per block (``--timeout``)
+#: A block's work, as a fraction of :data:`WORK_OF` seconds (many_workers' fraction).
+WORK = (0.05, 0.3)
+#: Seconds the work fraction applies to: the default timeout's, whatever ``--timeout``
+#: is, so a longer timeout moves only the deadlines, never the rate of releases.
+WORK_OF = 0.5
 WARMUP = 0.5  # seconds of feeding before the CPU is sampled
 
 
@@ -89,9 +94,12 @@ class _Fed:
     reaped: bool  # the server signalled it: a release was lost
 
 
-def _feed(sender: Sender, *, rate: float, start: float, end: float, seed: int) -> _Fed:
+def _feed(
+    sender: Sender, *, rate: float, timeout: float, start: float, end: float, seed: int
+) -> _Fed:
     """One feeder's blocks: ``rate`` requests/s from ``start`` to ``end`` (monotonic),
-    counted from ``start + WARMUP`` on."""
+    each ``timeout`` seconds from its start to its deadline, counted from ``start +
+    WARMUP`` on."""
     rng = random.Random(seed)
     step = 2.0 / rate  # two requests per block
     t = start + rng.uniform(0.0, step)
@@ -105,9 +113,9 @@ def _feed(sender: Sender, *, rate: float, start: float, end: float, seed: int) -
         if acquire_next:
             scope = f"b{k}"
             k += 1
-            ok = sender.acquire(scope, t + TIMEOUT)
+            ok = sender.acquire(scope, t + timeout)
             if ok:  # else: nothing to release
-                pending.append((t + rng.uniform(*WORK) * TIMEOUT, scope))
+                pending.append((t + rng.uniform(*WORK) * WORK_OF, scope))
                 pending.sort()
             t += step
         else:
@@ -119,7 +127,9 @@ def _feed(sender: Sender, *, rate: float, start: float, end: float, seed: int) -
     return _Fed(sent, failed, REAP_SIGNAL in signal.sigpending())
 
 
-def _feeder(kind: str, target: object, *, rate: float, seed: int, ready: int, go: int) -> None:
+def _feeder(
+    kind: str, target: object, *, rate: float, timeout: float, seed: int, ready: int, go: int
+) -> None:
     """A feeder process: set its client up, say so on ``ready``, read its start and
     end times from ``go``, feed, and write what it did on ``ready``. The reap signal stays
     blocked, so a feeder that loses a release lives on to the end of its blocks."""
@@ -127,12 +137,12 @@ def _feeder(kind: str, target: object, *, rate: float, seed: int, ready: int, go
     sender = make_sender(kind, target)
     os.write(ready, b"r")
     start, end = struct.unpack("dd", os.read(go, 16))
-    fed = _feed(sender, rate=rate, start=start, end=end, seed=seed)
+    fed = _feed(sender, rate=rate, timeout=timeout, start=start, end=end, seed=seed)
     os.write(ready, json.dumps([fed.sent, fed.failed, fed.reaped]).encode())
 
 
 def _fork_feeders(
-    kind: str, target: object, *, rate: float, count: int
+    kind: str, target: object, *, rate: float, timeout: float, count: int
 ) -> list[tuple[int, int, int]]:
     """Fork ``count`` feeders sharing ``rate``, each set up and waiting for its start:
     ``(pid, its report pipe, its start pipe)``."""
@@ -146,7 +156,15 @@ def _fork_feeders(
             try:
                 os.close(ready_r)
                 os.close(go_w)
-                _feeder(kind, target, rate=rate / count, seed=i, ready=ready_w, go=go_r)
+                _feeder(
+                    kind,
+                    target,
+                    rate=rate / count,
+                    timeout=timeout,
+                    seed=i,
+                    ready=ready_w,
+                    go=go_r,
+                )
             except BaseException:
                 traceback.print_exc()
                 code = 70
@@ -182,6 +200,7 @@ def run_round(
     feeders: int,
     profile: Path | None,
     *,
+    timeout: float = TIMEOUT,
     aiotimer_args: Sequence[str] = (),
 ) -> Round:
     """Measure ``spec``'s server at ``rate`` requests/s for ``seconds`` (``aiotimer_args``:
@@ -200,7 +219,7 @@ def run_round(
             kind, target = server.client
             fifo = target if spec.kind == "aiotimer" else None
             wake0 = _wakeups(fifo) if fifo else None  # outside the window: it costs CPU
-            children = _fork_feeders(kind, target, rate=rate, count=feeders)
+            children = _fork_feeders(kind, target, rate=rate, timeout=timeout, count=feeders)
             start = time.monotonic() + 0.1
             for _, _, go in children:
                 os.write(go, struct.pack("dd", start, start + WARMUP + seconds))
@@ -251,6 +270,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rates", default="100,500,2000", help="requests/s, comma-separated")
     parser.add_argument("--seconds", type=float, default=5.0, help="measured seconds per round")
     parser.add_argument("--feeders", type=int, default=8, help="feeder processes (8)")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=TIMEOUT,
+        help="seconds from a block's start to its deadline (0.5; a training loop's "
+        "blocks: 60); each block's work stays 5-30 percent of 0.5 s",
+    )
     parser.add_argument("--no-torch", action="store_true", help="skip torch's server")
     parser.add_argument("--profile", type=Path, help="cProfile the aiotimer server into DIR")
     parser.add_argument(
@@ -274,6 +300,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.seconds,
                 args.feeders,
                 args.profile if s.kind == "aiotimer" else None,
+                timeout=args.timeout,
                 aiotimer_args=shlex.split(args.aiotimer_args),
             )
             for s in specs
@@ -307,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
             )
     print(
         f"load average {os.getloadavg()[0]:.2f}, {args.feeders} feeders, "
-        f"{args.seconds:g} s per round"
+        f"{args.seconds:g} s per round, {args.timeout:g} s timeouts"
     )
     print(
         format_table(

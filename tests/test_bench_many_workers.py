@@ -18,7 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the benchmarks live beside the package, not in it
 
-from benchmarks.many_workers.__main__ import conclude  # noqa: E402
+from benchmarks.many_workers.__main__ import _parse, conclude  # noqa: E402
 from benchmarks.many_workers.measure import percentiles  # noqa: E402
 from benchmarks.many_workers.plan import PROBE_EVERY, Workload, plan_slots  # noqa: E402
 from benchmarks.many_workers.report import PLOTS, _html  # noqa: E402
@@ -44,6 +44,31 @@ def test_plan_is_deterministic_and_places_every_hang() -> None:
     assert 0 < sum(b.probe for b in hangs) <= 40 // PROBE_EVERY
     for s in slots:
         assert [b.start for b in s] == sorted(b.start for b in s)
+
+
+def test_the_training_workload_with_step_work_ends_each_block_within_its_step() -> None:
+    args = _parse(["--workload", "training"])
+    assert (args.rate, args.timeout, args.hangs, args.work_of) == (2.0, 60.0, 0, None)
+    args = _parse(["--workload", "training", "--step-work"])
+    assert args.work_of == 0.5
+    load = Workload(8, 5.0, args.rate, args.timeout, args.hangs, 1, work_of=args.work_of)
+    blocks = [b for s in plan_slots(load) for b in s]
+    assert blocks and not any(b.hang for b in blocks)
+    assert all(0.05 * 0.5 <= b.work <= 0.3 * 0.5 for b in blocks)
+
+
+def test_explicit_options_override_the_workload_and_stress_is_the_default() -> None:
+    args = _parse(["--workload", "training", "--timeout", "30", "--hangs", "3"])
+    assert (args.rate, args.timeout, args.hangs) == (2.0, 30.0, 3)
+    args = _parse([])
+    assert (args.workload, args.rate, args.timeout, args.hangs, args.work_of) == (
+        "stress",
+        10.0,
+        0.5,
+        200,
+        None,
+    )
+    assert _parse(["--quick"]).hangs == 60
 
 
 def test_percentiles_nearest_rank() -> None:

@@ -85,8 +85,13 @@ class Marker(msgspec.Struct, frozen=True, kw_only=True):
     #: The FIFO's bell, if it has one: a client writes a byte there after an acquire
     #: with less than ``bell_lead`` seconds to its deadline, so the server reads the
     #: FIFO at once rather than at its trickle pace (:mod:`aiotimer.sources._bell`).
+    #: The byte says the acquire's lead (:mod:`aiotimer._edges.ring`), which the server
+    #: paces its reads by for at least ``bell_window`` seconds: a client that rang for
+    #: a lead need not ring again within that time for one as long or longer (absent:
+    #: ring every time).
     bell: str | None = None
     bell_lead: float | None = None
+    bell_window: float | None = None
     #: The server times blocks by the worker's own clock: a client stamps both lines of
     #: a block with the ``at`` extension (to name stragglers, docs/stragglers.md).
     stamps: bool | None = None

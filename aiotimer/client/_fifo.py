@@ -248,7 +248,8 @@ class FifoClient:
             now = _monotonic()
             if mono is None or now > link.recheck_at:
                 return False
-            urgent = mono - now < link.bell_lead
+            lead = mono - now
+            urgent = lead < link.bell_lead
             encode_block = (
                 self._encode_block
                 if signal is None and not dump and not kill_after
@@ -264,7 +265,7 @@ class FifoClient:
                 return False
             os.write(fd, line)
             if urgent:
-                link.ring_locked()
+                link.ring_locked(lead, now)
         except OSError:
             return False  # full, or broken: the slow path knows what to do
         finally:
@@ -415,8 +416,9 @@ class FifoClient:
                 if link.stamps and request.at is None:
                     line = stamped(line, _monotonic())
                 os.write(fd, line)
-                if lines is not None and _lead(request) < link.bell_lead:
-                    link.ring_locked()
+                lead = math.inf if lines is None else _lead(request)
+                if lead < link.bell_lead:
+                    link.ring_locked(lead, _monotonic())
             else:
                 os.write(fd, encode(torch_request(request)))
         except BlockingIOError:

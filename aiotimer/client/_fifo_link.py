@@ -11,7 +11,10 @@ server, and the lines that must reach that server before anything else.
 * **The bell** (:mod:`aiotimer.sources._bell`): when the marker names one and the
   descriptor is the FIFO, a second descriptor to the bell, which the client rings
   (:meth:`FifoLink.ring_locked`) after an acquire with less than ``bell_lead`` seconds
-  to its deadline, so the server reads it at once.
+  to its deadline, so the server reads it at once; the ring's byte says the lead
+  (:mod:`aiotimer._edges.ring`), which the server paces its reads by for
+  ``bell_window`` seconds, so within that time an acquire with a lead as long or
+  longer than one rung for needs no ring.
 * **The backlog**: lines written before anything else. A new server starts empty, so
   on reconnecting (a reopen after the first, or a new marker) the acquire lines of the
   client's open blocks are queued (replay); a release that found the pipe full for
@@ -35,6 +38,7 @@ import time
 from collections.abc import Mapping
 
 from aiotimer._edges.marker import MarkerFile, read_live_marker
+from aiotimer._edges.ring import PLAIN_RING, ring_byte
 from aiotimer.client._fifo_peer import open_server
 
 __all__ = ["FifoLink"]
@@ -62,10 +66,13 @@ class FifoLink:
 
     __slots__ = (
         "_bell",
+        "_bell_window",
         "_connected_before",
         "_flusher",
         "_open_scopes",
         "_path",
+        "_rung_lead",
+        "_rung_until",
         "_server",
         "backlog",
         "bell_lead",
@@ -88,6 +95,10 @@ class FifoLink:
         self._bell: int | None = None  # the bell's descriptor
         self.bell_lead = 0.0
         self.stamps = False
+        self._bell_window = 0.0  # how long the server paces by a lead rung for
+        # The lead last rung for, and until when the server paces by it (monotonic).
+        self._rung_lead = 0.0
+        self._rung_until = 0.0
 
     def open_locked(self, recheck_every: float) -> int:
         """A descriptor to the server reading the FIFO, kept (with a replay queued on a
@@ -126,13 +137,19 @@ class FifoLink:
             self._open_bell_locked(self.fd, server)
         self._queue_replay_locked()
 
-    def ring_locked(self) -> None:
-        """Ring the bell, if there is one. A ring that fails is no loss: a full bell
+    def ring_locked(self, lead: float, now: float) -> None:
+        """Ring the bell, if there is one, for an acquire written at ``now`` (monotonic)
+        ``lead`` seconds from its deadline, unless the server still paces its reads by
+        a lead as short rung for earlier. A ring that fails is no loss: a full bell
         (``EAGAIN``) has rings the server has yet to read, and a server that left
         (``EPIPE``) is found by the next write to the FIFO."""
-        if self._bell is not None:
-            with contextlib.suppress(OSError):
-                os.write(self._bell, b"!")
+        if self._bell is None or (lead >= self._rung_lead and now < self._rung_until):
+            return
+        ring = ring_byte(lead)
+        with contextlib.suppress(OSError):
+            os.write(self._bell, ring)
+            if ring != PLAIN_RING:  # a plain ring teaches the server no lead
+                self._rung_lead, self._rung_until = lead, now + self._bell_window
 
     def _open_bell_locked(self, fd: int, server: MarkerFile) -> None:
         """Open the bell ``server``'s marker names, if ``fd`` is its FIFO (a socket
@@ -157,10 +174,11 @@ class FifoLink:
             log.warning("%s is not the timer server's bell; not ringing it", marker.bell)
             return
         self._bell, self.bell_lead = bell, marker.bell_lead
+        self._bell_window = marker.bell_window or 0.0
 
     def _close_bell_locked(self) -> None:
         bell, self._bell = self._bell, None
-        self.bell_lead = 0.0
+        self.bell_lead = self._bell_window = self._rung_until = 0.0
         self.stamps = False
         if bell is not None:
             os.close(bell)

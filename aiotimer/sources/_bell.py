@@ -3,7 +3,7 @@
 Why it exists: while input trickles in, the FIFO's reader reads the pipe once per
 interval rather than at every line (:mod:`aiotimer.sources._trickle`: a wake-up costs
 the server ~50x a line). An acquire written just after a read then waits in the pipe
-for up to that interval (0.25 s at most), and while it waits the server knows nothing of
+for up to that interval (2 s at most), and while it waits the server knows nothing of
 it: no timer, no deadline, nothing the expiry could drain for. An acquire due sooner than
 that was therefore read, and its worker reaped, up to the interval late. The reader
 learns short leads from what it reads, but only after the first one: a 0.05 s block
@@ -11,23 +11,25 @@ after a run of 10 s ones was reaped ~150 ms late.
 
 How it works: the server makes ``<fifo>.bell`` (:data:`BELL_SUFFIX`), a FIFO of the
 same mode, reads it at every byte (the loop watches it all the time), and names it in
-the marker with the lead below which a client rings (``bell`` and ``bell_lead``, see
-docs/protocol.md): ``read_interval / LEAD_SHARE`` (0.3125 s by default), since an
-acquire with a longer lead is read within one interval with ``1 - LEAD_SHARE`` of its
-lead to spare. aiotimer's client writes such an acquire to the FIFO as usual, then one
-byte to the bell; the ring ends the reader's pause, so the acquire is read as soon as
-the loop runs, and applied within milliseconds of its write, whatever came before it.
-The line itself stays in the FIFO, in order with the worker's other lines: the release
-can never overtake its acquire, and the drain before an expiry sees everything as
-before.
+the marker with the lead below which a client rings and how long a ring's lead is kept
+(``bell``, ``bell_lead`` and ``bell_window``, see docs/protocol.md): ``bell_lead`` is
+``bell_interval / LEAD_SHARE`` (2.5 s by default), since an acquire with a longer lead
+is read within one interval with ``1 - LEAD_SHARE`` of its lead to spare. aiotimer's
+client writes such an acquire to the FIFO as usual, then one byte to the bell that says
+its lead (:mod:`aiotimer._edges.ring`); the ring ends the reader's pause, so the
+acquire is read as soon as the loop runs, and the reader paces its reads by the lead
+for at least ``bell_window`` (:class:`~aiotimer.sources._trickle.Leads`), during which
+the client does not ring again for a lead as long or longer. The line itself stays in
+the FIFO, in order with the worker's other lines: the release can never overtake its
+acquire, and the drain before an expiry sees everything as before.
 
-What it costs: one ``write(2)`` of the client per block shorter than ``bell_lead``, and
-one wake-up of the server for it (a block that short woke the server's pacing within
-the interval anyway); nothing for longer blocks. Whoever may write the FIFO may ring
-(same mode); a ring only makes the reader read the pipe now, as a line would without
-the pacing. A bell that cannot be made (its path is taken) is reported in one line, and
-the server serves without it: the marker then names none, and short blocks are paced
-as before.
+What it costs: one ``write(2)`` of the client, and one wake-up of the server, per
+client, per minute and per shorter lead; nothing for blocks longer than ``bell_lead``.
+Whoever may write the FIFO may ring (same mode); a ring only makes the reader read the
+pipe now and pace by the lead it says, as a short acquire read would. A bell that
+cannot be made (its path is taken) is reported in one line, and the server serves
+without it: the marker then names none, the reads of a trickle stay at most
+``read_interval`` apart, and short blocks are paced as before.
 
 Other designs, and why not: a mark on the wire (an extra key for short leads) is read
 only when the line is, which is the very delay; a lead remembered per worker helps only
@@ -46,6 +48,7 @@ import pathlib
 from collections.abc import Callable
 from typing import Final
 
+from aiotimer._edges.ring import ring_lead
 from aiotimer.errors import SourceError
 from aiotimer.sources._fifo_path import OpenFifo
 
@@ -81,15 +84,18 @@ class Bell:
         """Where the bell is."""
         return self._fifo.path
 
-    def listen(self, loop: asyncio.AbstractEventLoop, rung: Callable[[], None]) -> None:
-        """Call ``rung()`` in ``loop`` whenever a client rings (rings that arrive
-        together are one call)."""
+    def listen(self, loop: asyncio.AbstractEventLoop, rung: Callable[[float | None], None]) -> None:
+        """Call ``rung(lead)`` in ``loop`` whenever a client rings (rings that arrive
+        together are one call): ``lead``, the shortest lead the rings say
+        (:mod:`aiotimer._edges.ring`), or ``None`` if none says one."""
         fd = self._fifo.read_fd
 
         def ringing() -> None:
+            rings = b""
             with contextlib.suppress(BlockingIOError):
-                os.read(fd, _READ)
-            rung()
+                rings = os.read(fd, _READ)
+            leads = [lead for lead in map(ring_lead, set(rings)) if lead is not None]
+            rung(min(leads) if leads else None)
 
         self._loop = loop
         loop.add_reader(fd, ringing)

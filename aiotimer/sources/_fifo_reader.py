@@ -27,9 +27,9 @@ from aiotimer.sources._pipepeek import open_peek, read_exactly
 from aiotimer.sources._trickle import (
     EMPTY_READS,
     Leads,
+    next_interval,
     paced,
     shortest_lead,
-    trickle_interval,
 )
 from aiotimer.wire import Decoded, LineDecoder, Rejection
 from aiotimer.wire._mentions import mentions_end, split_junk
@@ -73,6 +73,7 @@ class FifoReader:
 
     __slots__ = (
         "_backlog",
+        "_bell_interval",
         "_chunk_size",
         "_decoder",
         "_fd",
@@ -81,12 +82,14 @@ class FifoReader:
         "_junk",
         "_junk_due",
         "_junk_sample",
+        "_last_read",
         "_leads",
         "_limit",
         "_lines",
         "_peek",
         "_pids",
         "_pipe_done",
+        "_read_at",
         "_read_total",
         "_rung",
         "_sink",
@@ -104,14 +107,23 @@ class FifoReader:
         chunk_size: int,
         max_line: int,
         interval: float,
+        bell_interval: float = 0.0,
     ) -> None:
         self._fd = fd
+        # The longest intervals between the reads of a trickle: with a client that does
+        # not ring among those read lately, and without (see aiotimer.sources._trickle;
+        # no bell: ``interval`` alone).
         self._interval = interval
+        self._bell_interval = bell_interval
         # Read every interval, the pipe holds at most a quarter of its capacity.
         self._trickle_max = _capacity(fd) // 4
         # The shortest times to their deadlines of the acquires read lately (see
         # aiotimer.sources._trickle).
         self._leads = Leads()
+        # When the read before the current one began (monotonic): what is read now was
+        # written since, or left in the pipe then (see shortest_lead).
+        self._last_read = math.inf
+        self._read_at = math.inf
         # The bell rang since the last read began: the pipe holds an acquire due soon.
         self._rung = False
         self._sink = sink
@@ -212,7 +224,8 @@ class FifoReader:
         if batch.requests or batch.rejections:
             if len(chunk) < self._chunk_size and self._interval > 0:
                 # A short read (a trickle, maybe): how soon its acquires fall due.
-                self._leads.note(shortest_lead(batch.requests))
+                lead, mute = shortest_lead(batch.requests, self._last_read)
+                self._leads.note(lead, time.monotonic(), mute=mute)
             self._sink.submit(batch, self.name)
             return True
         return False
@@ -291,6 +304,7 @@ class FifoReader:
                     await waiting
                 finally:
                     self._waiting = None
+                self._read_at = math.inf  # woken by the input: it was written just now
             if self._trickle(await self._read_available()):
                 await self._coalesce(loop)
 
@@ -308,6 +322,7 @@ class FifoReader:
         fd, chunk_size, read = self._fd, self._chunk_size, os.read
         backlog = self._backlog
         self._rung = False  # what a ring so far was for is in the pipe: read below
+        self._last_read, self._read_at = self._read_at, time.monotonic()
         total = 0
         short = False  # the last read(2) found less than a chunk: it emptied the pipe
         for _ in range(MAX_READS_PER_WAKE):
@@ -372,14 +387,20 @@ class FifoReader:
             timer.cancel()
             self._waiting = None
 
-    def ring(self) -> None:
-        """A client rang the bell after writing an acquire due soon: read the pipe now
-        (see :mod:`aiotimer.sources._bell`)."""
+    def ring(self, lead: float | None) -> None:
+        """A client rang the bell after writing an acquire due in ``lead`` seconds
+        (``None``: it did not say): note the lead, and read the pipe now (see
+        :mod:`aiotimer.sources._bell`)."""
+        if lead is not None:
+            self._leads.note(lead, time.monotonic())
         self._rung = True
         self._wake_loop()
 
     def _next_interval(self) -> float:
-        return trickle_interval(self._interval, self._leads.shortest(time.monotonic()))
+        now, leads = time.monotonic(), self._leads
+        return next_interval(
+            self._interval, self._bell_interval, leads.shortest(now), leads.mute(now)
+        )
 
 
 def _in_pipe(fd: int) -> int:

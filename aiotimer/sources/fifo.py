@@ -27,7 +27,9 @@ How it works:
   interval bounded by how soon the acquires it read fall due
   (:mod:`aiotimer.sources._trickle`); the drain below keeps releases from being late.
   An acquire due sooner than the interval could allow comes with a ring of the bell
-  beside the FIFO (:mod:`aiotimer.sources._bell`), which ends the pause at once.
+  beside the FIFO (:mod:`aiotimer.sources._bell`), which ends the pause at once and
+  says the acquire's lead; while every acquire read lately came from a client that
+  rings, the interval may grow to ``bell_interval`` (2 s), else ``read_interval``.
 * **A flood of garbage.** Once a chunk held :data:`FLOODED` bad lines, the reader sets
   aside, in the next ones, the lines that cannot be requests (no ``scope_id`` key, see
   :mod:`aiotimer.wire._mentions`): they cost a scan, not a decode, and are counted and
@@ -72,6 +74,8 @@ from aiotimer.sources._fifo_reader import (
     FifoReader,
 )
 from aiotimer.sources._trickle import (
+    BELL_INTERVAL,
+    LEAD_WINDOW,
     READ_INTERVAL,
     bell_lead,
 )
@@ -107,18 +111,22 @@ class FifoSource:
         max_line: the longest accepted line, newline included.
         chunk_size: bytes per ``read(2)``.
         read_interval: while input trickles in, read it at most this often (seconds;
-            ``0``: at every line), see the module docs.
+            ``0``: at every line, and no bell), see the module docs.
+        bell_interval: the same, while every acquire read lately came from a client
+            that rings the bell (aiotimer's); never less than ``read_interval``.
         marker: extra keys for the marker file (e.g. where stack dumps go).
 
     Raises:
         ValueError: ``mode`` grants read to group or others (or is not permission
-            bits), ``chunk_size`` is not positive, ``read_interval`` is negative or
+            bits), ``chunk_size`` is not positive, ``read_interval`` or
+            ``bell_interval`` is negative or
             ``max_line`` is out of range.
 
     :meth:`serve` may be called again after it returned.
     """
 
     __slots__ = (
+        "_bell_interval",
         "_chunk_size",
         "_marker",
         "_max_line",
@@ -128,6 +136,7 @@ class FifoSource:
         "_published",
         "_read_interval",
         "_readers",
+        "_ringing_interval",
     )
 
     def __init__(
@@ -138,6 +147,7 @@ class FifoSource:
         max_line: int = MAX_LINE_BYTES,
         chunk_size: int = CHUNK_SIZE,
         read_interval: float = READ_INTERVAL,
+        bell_interval: float = BELL_INTERVAL,
         marker: Mapping[str, object] | None = None,
     ) -> None:
         check_fifo_mode(mode)
@@ -145,12 +155,17 @@ class FifoSource:
             raise ValueError(f"chunk_size must be positive, got {chunk_size}")
         if not read_interval >= 0:
             raise ValueError(f"read_interval must be >= 0 seconds, got {read_interval!r}")
+        if not bell_interval >= 0:
+            raise ValueError(f"bell_interval must be >= 0 seconds, got {bell_interval!r}")
         LineDecoder(max_line)  # validates max_line now rather than in serve()
         self._path = pathlib.Path(path)
         self._mode = mode
         self._max_line = max_line
         self._chunk_size = chunk_size
         self._read_interval = read_interval
+        self._bell_interval = max(read_interval, bell_interval)
+        # The readers' limit while their clients ring: the bell's, once it listens.
+        self._ringing_interval = read_interval
         self._marker: dict[str, object] = dict(marker or {})
         self._name = f"fifo:{self._path}"
         self._published: FifoPath | None = None
@@ -184,8 +199,10 @@ class FifoSource:
         try:
             if bell is not None:
                 self._marker["bell"] = str(bell.path)
-                self._marker["bell_lead"] = bell_lead(self._read_interval)
+                self._marker["bell_lead"] = bell_lead(self._bell_interval)
+                self._marker["bell_window"] = LEAD_WINDOW
                 bell.listen(asyncio.get_running_loop(), self._ring_readers)
+                self._ringing_interval = self._bell_interval
             first = hold.open()
             async with anyio.create_task_group() as tg:
 
@@ -202,8 +219,9 @@ class FifoSource:
                 hold.close()
             finally:
                 if bell is not None:
-                    self._marker.pop("bell", None)
-                    self._marker.pop("bell_lead", None)
+                    self._ringing_interval = self._read_interval
+                    for key in ("bell", "bell_lead", "bell_window"):
+                        self._marker.pop(key, None)
                     bell.close()
 
     def advertise(self, keys: Mapping[str, object | None]) -> None:
@@ -226,6 +244,7 @@ class FifoSource:
                 chunk_size=self._chunk_size,
                 max_line=self._max_line,
                 interval=self._read_interval,
+                bell_interval=self._ringing_interval,
             )
             self._readers.add(reader)
             try:
@@ -237,9 +256,9 @@ class FifoSource:
                 if fifo.reading.cancel_called:  # evicted (or the run ends): close it
                     fifo.close()
 
-    def _ring_readers(self) -> None:
+    def _ring_readers(self, lead: float | None) -> None:
         for reader in self._readers:
-            reader.ring()
+            reader.ring(lead)
 
     def __repr__(self) -> str:
         return f"<FifoSource {str(self._path)!r} mode={self._mode:#o}>"

@@ -5,10 +5,17 @@ Run from the repository root (needs the ``bench`` extra: ``pip install -e ".[ben
     python -m benchmarks.many_workers                      # 8, 64, 256, 512 workers
     python -m benchmarks.many_workers --quick --out DIR    # under 2 minutes on 2 cores
     python -m benchmarks.many_workers --workers 8,512 --servers aiotimer,torch-file-0.1
+    python -m benchmarks.many_workers --workload training --servers aiotimer,torch-file-0.1
 
 **Workload** (:mod:`.plan`): every worker slot runs timed blocks at ``--rate`` per
 second, each with ``--timeout`` seconds to its deadline and a short random amount of
-work; ``--hangs`` of them, spread over slots and time, hang instead. The plan is fixed
+work; ``--hangs`` of them, spread over slots and time, hang instead. ``--workload``
+names the two loads it is run at: ``stress`` (the default: 10 blocks/s, 0.5 s
+timeouts, 200 hangs) and ``training`` (a training loop: 1 block per step, 2 steps/s,
+60 s timeouts, no hangs); an explicit ``--rate``, ``--timeout`` or ``--hangs``
+overrides the preset's. A block's work is 5-30 % of its timeout (so a training run's
+blocks overlap: ~10 open per worker), or with ``--step-work`` of its step (each ends
+within its step: few open at once, which makes torch's polling cheap). The plan is fixed
 by ``--seed`` and identical for every server. Workers are forked from the harness,
 which has already imported everything they use, so hundreds start within seconds.
 

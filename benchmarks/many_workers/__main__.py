@@ -12,7 +12,7 @@ from typing import Any
 
 from benchmarks._util import format_table
 from benchmarks.many_workers.measure import RunResult, run_one
-from benchmarks.many_workers.plan import Workload
+from benchmarks.many_workers.plan import WORKLOADS, Workload
 from benchmarks.many_workers.report import SCHEMA, environment, write_all
 from benchmarks.many_workers.servers import SPECS, ServerSpec, torch_version
 from benchmarks.many_workers.verdicts import headline, verdicts, warnings
@@ -47,9 +47,25 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--out", default="many-workers-results", help="output directory")
     parser.add_argument("--duration", type=float, help="seconds of blocks per run (20; quick 3)")
-    parser.add_argument("--rate", type=float, default=10.0, help="blocks/s per worker (10)")
-    parser.add_argument("--timeout", type=float, default=0.5, help="seconds per block (0.5)")
-    parser.add_argument("--hangs", type=int, help="hanging blocks per run (200; quick 60)")
+    parser.add_argument(
+        "--workload",
+        choices=sorted(WORKLOADS),
+        default="stress",
+        help="what the blocks model: "
+        + "; ".join(f"{name}: {p.models}" for name, p in sorted(WORKLOADS.items()))
+        + " (default stress; --rate, --timeout and --hangs override it)",
+    )
+    parser.add_argument("--rate", type=float, help="blocks/s per worker (stress 10, training 2)")
+    parser.add_argument("--timeout", type=float, help="seconds per block (stress 0.5, training 60)")
+    parser.add_argument(
+        "--hangs", type=int, help="hanging blocks per run (stress 200, quick 60; training 0)"
+    )
+    parser.add_argument(
+        "--step-work",
+        action="store_true",
+        help="each block's work is 5-30%% of its step (1/rate), not of its timeout: "
+        "blocks that end within their step, so few are open at once",
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
         "--server-nice",
@@ -66,7 +82,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.workers = args.workers or ("8,64" if args.quick else "8,64,256,512")
     args.duration = args.duration or (3.0 if args.quick else 20.0)
-    args.hangs = args.hangs if args.hangs is not None else (60 if args.quick else 200)
+    preset = WORKLOADS[args.workload]
+    args.rate = preset.rate if args.rate is None else args.rate
+    args.timeout = preset.timeout if args.timeout is None else args.timeout
+    if args.hangs is None:
+        args.hangs = preset.hangs if preset.hangs is not None else (60 if args.quick else 200)
+    args.work_of = 1.0 / args.rate if args.step_work else None
     return args
 
 
@@ -151,7 +172,15 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     with tqdm.tqdm(total=len(sizes) * len(specs), unit="run", disable=None) as bar:
         for size in sizes:
-            load = Workload(size, args.duration, args.rate, args.timeout, args.hangs, args.seed)
+            load = Workload(
+                size,
+                args.duration,
+                args.rate,
+                args.timeout,
+                args.hangs,
+                args.seed,
+                work_of=args.work_of,
+            )
             for spec in specs:
                 bar.set_description(f"{spec.name} x {size} workers")
                 out = Path(args.out)
@@ -170,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
         "workers": sizes,
         "servers": [s.name for s in specs],
         "skipped": skipped,
+        "workload": args.workload,
+        "work_of_s": args.work_of,
         "duration_s": args.duration,
         "rate_per_worker": args.rate,
         "timeout_s": args.timeout,

@@ -2,7 +2,8 @@
 
 Each worker *slot* runs timed blocks at ``rate`` per second over ``duration`` seconds
 (evenly spaced, each slot with its own random phase). A block has the run's ``timeout``
-and does ``work`` seconds of work, drawn uniformly from ``WORK_RANGE`` times the timeout,
+and does ``work`` seconds of work, drawn uniformly from ``WORK_RANGE`` times the timeout
+(or times ``work_of`` seconds: a training loop's step, whose block ends within it),
 then releases, so it finishes well before its deadline. ``hangs`` blocks of the run,
 spread uniformly over slots and time, hang instead: the worker stops in that block and
 stays there until a server reaps it. Every ``PROBE_EVERY``-th hang is an *ingest probe*:
@@ -15,7 +16,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-__all__ = ["PROBE_EVERY", "WORK_RANGE", "Block", "Workload", "plan_slots"]
+__all__ = ["PROBE_EVERY", "WORKLOADS", "WORK_RANGE", "Block", "Preset", "Workload", "plan_slots"]
 
 #: A normal block works for this fraction of its timeout (uniform), then releases.
 WORK_RANGE = (0.05, 0.3)
@@ -33,12 +34,45 @@ class Workload:
     timeout: float  # seconds from a block's planned start to its deadline
     hangs: int  # planned hanging blocks in the whole run
     seed: int
+    work_of: float | None = None  # seconds WORK_RANGE is a fraction of (None: timeout)
+
+    @property
+    def work_scale(self) -> float:
+        """Seconds a block's work is a fraction of (:data:`WORK_RANGE`)."""
+        return self.timeout if self.work_of is None else self.work_of
 
     @property
     def live_timers(self) -> float:
         """Mean number of timers open at once over the whole run (planned)."""
-        mean_work = sum(WORK_RANGE) / 2 * self.timeout
+        mean_work = sum(WORK_RANGE) / 2 * self.work_scale
         return self.workers * self.rate * mean_work  # Little's law
+
+
+@dataclass(frozen=True, slots=True)
+class Preset:
+    """A named workload: what it models, and its rate, timeout and hangs."""
+
+    models: str
+    rate: float  # blocks per second per worker
+    timeout: float
+    hangs: int | None  # None: the harness's default (200; quick 60)
+
+
+#: ``--workload`` presets (explicit ``--rate``/``--timeout``/``--hangs`` override them).
+WORKLOADS: dict[str, Preset] = {
+    "training": Preset(
+        "a training loop: 1 block per step, 2 steps/s, 60 s timeouts, no hangs",
+        rate=2.0,
+        timeout=60.0,
+        hangs=0,
+    ),
+    "stress": Preset(
+        "a stress test: 10 blocks/s, 0.5 s timeouts, hangs throughout",
+        rate=10.0,
+        timeout=0.5,
+        hangs=None,
+    ),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +95,7 @@ def plan_slots(load: Workload) -> list[list[Block]]:
         count = int((load.duration - phase) / step)
         slots.append(
             [
-                Block(phase + k * step, rng.uniform(*WORK_RANGE) * load.timeout)
+                Block(phase + k * step, rng.uniform(*WORK_RANGE) * load.work_scale)
                 for k in range(max(count, 0))
             ]
         )
