@@ -207,3 +207,26 @@ async def test_a_stamped_release_is_timed_when_the_worker_sent_it() -> None:
                 source.push(Request(P1, "step", -1, 0, at=ended if stamped else None))
             [summary] = server.snapshot().learned
             assert summary.value == pytest.approx(value, rel=0.02), stamped
+
+
+@pytest.mark.asyncio
+async def test_stamped_blocks_keep_their_durations_in_the_scope_statistics() -> None:
+    """A paced reader gets a block's two lines in one read, or its release 2 s late:
+    with the worker's stamps the statistics keep the block's 0.3 s, not 0 s or 2.3 s."""
+    clock, source = FakeClock(), MemorySource()
+    async with TimerServer(sources=[source], clock=clock, reaper=RecordingReaper()) as server:
+        for _ in range(10):  # both lines read at once: folded within the batch
+            start = clock.monotonic()
+            acq = Request(P1, "a", clock.time() + 30, KILL, mono=start + 30, at=start)
+            clock.advance(2.0)
+            source.push(acq, Request(P1, "a", -1, 0, at=start + 0.3))
+        for _ in range(10):  # the release read 2 s after the block ended
+            start = clock.monotonic()
+            source.push(Request(P1, "b", clock.time() + 30, KILL, mono=start + 30, at=start))
+            clock.advance(2.3)
+            source.push(Request(P1, "b", -1, 0, at=start + 0.3))
+        stats = {s.site: s for s in server.scope_stats()}
+        for site in ("a", "b"):
+            assert stats[site].count == 10
+            assert stats[site].p50 == pytest.approx(0.3, rel=0.02), site
+            assert stats[site].max == pytest.approx(0.3, rel=0.02), site

@@ -79,6 +79,16 @@ MAX_TIMERS_PER_WORKER = 100_000
 REPORTED_REJECTIONS: Final = 64
 
 
+def _took(timer: Timer, release: Request, mono: float) -> float:
+    """How long ``timer``'s block ran, its ``release`` applied at ``mono``: by the
+    worker's own stamps (``at``) where both lines carry one, so a paced reader does not
+    stretch or shrink it; else from the acquire's arrival to the release's."""
+    began = timer.request.at if timer.request is not None else None
+    if began is not None and release.at is not None:
+        return max(0.0, min(release.at, mono) - began)
+    return max(0.0, mono - timer.acquired_at)
+
+
 class Ingest:
     """Applies batches of requests to one machine's table (see the module docs).
 
@@ -216,11 +226,34 @@ class Ingest:
                     out.append(JournalReleased(pid, scope_id))
         for i in folded.apply:
             self._apply(requests[i], source, mono, wall)
-        self._stats.record_many(folded.paired, 0.0)
+        if folded.paired:
+            if requests[0].at is None and requests[-1].at is None:
+                self._stats.record_many(folded.paired, 0.0)  # both arrived now
+            else:
+                self._record_stamped(requests, folded)
         if self._learning.live:
             self._learning.folded(requests, folded, mono, wall)
         for i in folded.cancelled:  # blocks begun and cancelled within the batch
             self._cancelled(requests[i], None, mono, wall)
+
+    def _record_stamped(self, requests: Sequence[Request], folded: Fold) -> None:
+        """Record the durations of the blocks ``folded`` paired in a batch whose lines
+        carry the worker's stamps (``at``): from each acquire's stamp to its release's
+        (zero for a pair without both stamps, as for an unstamped batch)."""
+        applied = set(folded.apply)
+        began: dict[tuple[int, str], float | None] = {}
+        record = self._stats.record
+        for i, req in enumerate(requests):
+            if i in applied:
+                continue
+            key = (req.pid, req.scope_id)
+            if not req.is_release:
+                began[key] = req.at
+            elif key in began:
+                start = began.pop(key)
+                end = req.at
+                took = 0.0 if start is None or end is None else max(0.0, end - start)
+                record(req.scope_id, took)
 
     def _far_from_caps(self, pids: Iterable[int], size: int) -> bool:
         """Whether no acquire of a batch of ``size`` requests naming ``pids`` can meet
@@ -280,7 +313,7 @@ class Ingest:
             if self._journal:
                 self.out.append(JournalReleased(req.pid, req.scope_id))
             self._counts.released += 1
-            duration = max(0.0, mono - released.acquired_at)
+            duration = _took(released, req, mono)
             self._stats.record(req.scope_id, duration)
             if self._learning.live:
                 self._learned(req, duration, mono, wall)
