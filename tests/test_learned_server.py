@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import importlib
 import signal
+import time
 from pathlib import Path
 
+import anyio
 import msgspec
 import pytest
 from _pids import fake_pid
 
-from aiotimer import Request, learned
+from aiotimer import Request, expires, learned
+from aiotimer.client._fifo import FifoClient
 from aiotimer.control._format import format_status
 from aiotimer.control.metrics import render, sample_of
 from aiotimer.control.snapshot import status_snapshot
@@ -230,3 +233,31 @@ async def test_stamped_blocks_keep_their_durations_in_the_scope_statistics() -> 
             assert stats[site].count == 10
             assert stats[site].p50 == pytest.approx(0.3, rel=0.02), site
             assert stats[site].max == pytest.approx(0.3, rel=0.02), site
+
+
+@pytest.mark.asyncio
+async def test_a_learned_blocks_lines_are_stamped_without_the_markers_stamps(
+    tmp_path: Path,
+) -> None:
+    """Through a real FIFO and a plain server (its marker asks for no stamps): a learned
+    block's lines carry the worker's times, so a paced reader that gets both lines in
+    one read still learns the block's ~20 ms, not 0 s; a plain block's do not."""
+    fifo = tmp_path / "t.fifo"
+    async with TimerServer(fifo=fifo) as server:
+        client = FifoClient(str(fifo))
+        try:
+            for _ in range(5):
+                with expires(after=learned(30), scope="learned", client=client):
+                    time.sleep(0.02)
+                with expires(after=30, scope="plain", client=client):
+                    time.sleep(0.02)
+            deadline = time.monotonic() + 10
+            while sum(s.count for s in server.scope_stats()) < 10:
+                assert time.monotonic() < deadline, "10 blocks read within 10 s"
+                await anyio.sleep(0.05)
+        finally:
+            client.close()
+        stats = {s.site: s for s in server.scope_stats()}
+    assert stats["learned"].count == 5 and stats["plain"].count == 5
+    learned_p50 = stats["learned"].p50
+    assert learned_p50 is not None and 0.019 <= learned_p50 < 1.0

@@ -13,8 +13,9 @@ How it works:
   so the release line is ready when the block ends. An acquire due in less than the
   server's ``bell_lead`` also rings its bell (:mod:`aiotimer.client._fifo_link`), so a
   server pacing a trickle reads it at once. When the server's marker asks for it
-  (``stamps``), both lines of a block sent this way end with the ``at`` extension
-  (:func:`stamped`): when the block began and ended, on the worker's monotonic clock.
+  (``stamps``), both lines of a block end with the ``at`` extension (:func:`stamped`):
+  when the block began and ended, on the worker's monotonic clock. A learned block's
+  lines always do (the server learns from its real duration, whatever its read pace).
 * **The slow path** (:meth:`FifoClient._sending`, driven blocking or awaiting): connect,
   retry while no server reads, reopen after a broken pipe, wait for room in a full pipe.
 * **Replay.** The client remembers the acquire line of every open block it delivered
@@ -71,6 +72,14 @@ _MAX_ENCODERS: Final[int] = 64
 _monotonic: Final = time.monotonic
 _ryu: Final = msgspec.json.encode
 _AT: Final = b', "at": '
+
+
+def _learned_ended(learned: set[str], scope_id: str) -> bool:
+    """Whether ``scope_id``'s block was a learned one (it is forgotten now it ends)."""
+    if scope_id in learned:
+        learned.discard(scope_id)
+        return True
+    return False
 
 
 def stamped(line: bytes, at: float) -> bytes:
@@ -176,6 +185,9 @@ class FifoClient:
         # Live blocks: scope -> (acquire line, release line). The acquire lines are
         # replayed after a restart; the release line is ready for the block's exit.
         self._open_scopes: dict[str, tuple[bytes, bytes]] = {}
+        # Scopes of open learned blocks: their lines are always stamped (``at``), so the
+        # server learns their real durations whatever its read pace.
+        self._learned_scopes: set[str] = set()
         # The persistent descriptor (aiotimer server only) and what goes out first.
         self._link = FifoLink(self._path, self._open_scopes)
         _live_fifo_clients.add(self)
@@ -237,7 +249,12 @@ class FifoClient:
         link = self._link
         if expiration_time < 0:  # a release: it forgets its block
             tracked = self._open_scopes.pop(scope_id, None)
-            at = _monotonic() if link.stamps else None
+            learned = self._learned_scopes
+            at = (
+                _monotonic()
+                if link.stamps or (learned and _learned_ended(learned, scope_id))
+                else None
+            )
             if tracked is None or cancelled:
                 line = encode(Request(self._pid, scope_id, -1, 0, cancelled=cancelled, at=at))
             else:
@@ -413,7 +430,7 @@ class FifoClient:
             if persistent:
                 link.write_backlog_locked(fd)
                 line = encode(request) if lines is None else lines[0]
-                if link.stamps and request.at is None:
+                if request.at is None and (link.stamps or self._learned(request)):
                     line = stamped(line, _monotonic())
                 os.write(fd, line)
                 lead = math.inf if lines is None else _lead(request)
@@ -438,6 +455,13 @@ class FifoClient:
             self._open_scopes[request.scope_id] = lines
         return None
 
+    def _learned(self, request: Request) -> bool:
+        """Whether ``request`` is a line of a learned block (always stamped)."""
+        if request.learned is not None:
+            self._learned_scopes.add(request.scope_id)
+            return True
+        return request.is_release and _learned_ended(self._learned_scopes, request.scope_id)
+
     def _after_fork_in_child(self) -> None:
         self._pid = os.getpid()
         self._start_time = own_start_time()
@@ -447,6 +471,7 @@ class FifoClient:
         )
         self._encoders.clear()
         self._open_scopes.clear()  # the parent's blocks are not the child's
+        self._learned_scopes.clear()
         self._link.reset_in_child()
 
 
