@@ -45,7 +45,7 @@ MAX_WORDS = 3000
 BOUND = 60.0
 
 DEMO = "python -m pip install -e . && python -m aiotimer demo"
-SUITE = 'python -m pip install -e ".[test]" && python -m pytest -n 2 --dist loadfile'
+SUITE = 'python -m pip install -e ".[test]" && python -m pytest -n 4 --dist loadfile'
 
 #: The programs the README's examples consist of; each is run by a test below.
 PROGRAMS = {"pipeline.py", "agent.py", "worker.py"}
