@@ -3,6 +3,7 @@ due soon, and ending the reader's pause between the reads of a trickle."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -13,8 +14,9 @@ import anyio
 import pytest
 
 from aiotimer._edges.marker import AIOTIMER, Marker, publish_marker
-from aiotimer._edges.ring import ring_byte, ring_lead
+from aiotimer._edges.ring import PLAIN_RING, ring_byte, ring_lead
 from aiotimer.client import FifoClient
+from aiotimer.errors import ClientBackpressureError
 from aiotimer.sources._bell import BELL_SUFFIX
 from aiotimer.sources._trickle import BELL_INTERVAL, LEAD_SHARE, LEAD_WINDOW
 from aiotimer.sources.fifo import FifoSource
@@ -262,6 +264,41 @@ def test_without_a_window_in_the_marker_the_client_rings_every_time(
                 mono = time.monotonic() + 5.0
                 client.send(Request(os.getpid(), scope, time.time() + 5.0, 9, mono=mono))
         assert len(os.read(rings, 4096)) == 3
+    finally:
+        os.close(reader)
+        os.close(rings)
+
+
+def test_a_client_that_finds_the_pipe_full_rings_plainly(tmp_path: pathlib.Path) -> None:
+    # A paced reader may pause 2 s: a writer that finds the pipe full rings, so the
+    # server reads at once instead of letting the writer wait out its write timeout.
+    fifo, bell = tmp_path / "timer.fifo", tmp_path / ("timer.fifo" + BELL_SUFFIX)
+    os.mkfifo(fifo, 0o600)
+    os.mkfifo(bell, 0o600)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    rings = os.open(bell, os.O_RDONLY | os.O_NONBLOCK)
+    st = os.stat(fifo)
+    published = Marker(
+        server=AIOTIMER, pid=os.getpid(), fifo_dev=st.st_dev, fifo_ino=st.st_ino,
+        bell=str(bell), bell_lead=1.0, bell_window=3600.0,
+    )  # fmt: skip
+    assert publish_marker(fifo, published) is None
+    try:
+        with FifoClient(fifo, write_timeout=0.5) as client:
+            line = Request(os.getpid(), "long", time.time() + 60, 9, mono=time.monotonic() + 60)
+            client.send(line)  # connected; a 60 s lead rings nothing
+            with pytest.raises(BlockingIOError):
+                os.read(rings, 4096)
+            writer = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            try:
+                with contextlib.suppress(BlockingIOError):
+                    while True:
+                        os.write(writer, b"x" * 4096)  # fill the pipe
+            finally:
+                os.close(writer)
+            with pytest.raises(ClientBackpressureError):
+                client.send(line)  # nobody reads: it stays full for 0.5 s
+            assert os.read(rings, 4096) == PLAIN_RING
     finally:
         os.close(reader)
         os.close(rings)

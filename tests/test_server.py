@@ -836,9 +836,17 @@ async def test_a_two_tier_block_shows_both_deadlines_and_its_cancellation_is_rep
             Request(P1, "b@Task-2", 100.0, KILL, mono=100.0, kill_after=5.0),
             Request(P1, "b@Task-2", -1, 0, cancelled=True),
         )
+        # Its own deadline (2.0) passed at 2.25 by the worker's stamp, read at 2.5.
+        r.source.push(
+            Request(P1, "c@Task-3", 100.0, KILL, mono=3.0, kill_after=1.0),
+            Request(P1, "c@Task-3", -1, 0, cancelled=True, at=2.25),
+        )
         await settle()
-        assert [(e.scope_id, e.late) for e in r.of(BlockCancelled)][1:] == [("b@Task-2", None)]
-        assert r.server.get_state().counters.cancelled == 2
+        assert [(e.scope_id, e.late, e.kill_after) for e in r.of(BlockCancelled)][1:] == [
+            ("b@Task-2", 0.0, 5.0),
+            ("c@Task-3", 0.25, 1.0),
+        ]
+        assert r.server.get_state().counters.cancelled == 3
         assert r.reaper.signals() == []
 
 

@@ -439,6 +439,8 @@ class FifoClient:
             else:
                 os.write(fd, encode(torch_request(request)))
         except BlockingIOError:
+            if persistent:  # the pipe is full: a paced reader reads at once, not in 2 s
+                link.ring_locked(0.0, _monotonic())
             return _Full(os.dup(fd))
         except OSError as exc:
             if exc.errno not in BROKEN_ERRNOS:

@@ -89,6 +89,19 @@ def _took(timer: Timer, release: Request, mono: float) -> float:
     return max(0.0, mono - timer.acquired_at)
 
 
+def _acquired_in(requests: Sequence[Request], i: int, mono: float, wall: float) -> Timer | None:
+    """The timer the acquire paired with release ``requests[i]`` in the same batch would
+    have set (its block's tiers), or ``None`` if the batch holds no such acquire."""
+    release = requests[i]
+    for j in range(i - 1, -1, -1):
+        req = requests[j]
+        if req.pid == release.pid and req.scope_id == release.scope_id:
+            if req.is_release:
+                return None
+            return Timer(req.pid, req.scope_id, req.deadline(mono, wall), req.signal, mono, req)
+    return None
+
+
 class Ingest:
     """Applies batches of requests to one machine's table (see the module docs).
 
@@ -234,7 +247,7 @@ class Ingest:
         if self._learning.live:
             self._learning.folded(requests, folded, mono, wall)
         for i in folded.cancelled:  # blocks begun and cancelled within the batch
-            self._cancelled(requests[i], None, mono, wall)
+            self._cancelled(requests[i], _acquired_in(requests, i, mono, wall), mono, wall)
 
     def _record_stamped(self, requests: Sequence[Request], folded: Fold) -> None:
         """Record the durations of the blocks ``folded`` paired in a batch whose lines
@@ -342,7 +355,8 @@ class Ingest:
         self._counts.cancelled += 1
         late = kill_after = None
         if timer is not None and timer.kill_after > 0:
-            late, kill_after = max(0.0, mono - timer.block_deadline), timer.kill_after
+            ended = mono if req.at is None else min(mono, req.at)  # the worker's stamp
+            late, kill_after = max(0.0, ended - timer.block_deadline), timer.kill_after
         self.out.append(
             BlockCancelled(
                 time=wall, pid=req.pid, scope_id=req.scope_id, late=late, kill_after=kill_after
