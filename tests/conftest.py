@@ -12,13 +12,17 @@ import gc
 import importlib.util
 import os
 import subprocess
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
+import pytest_asyncio
 from _etcd import EtcdNotFoundError, EtcdServer
+
+from aiotimer.cluster import Store, connect
+from aiotimer.testing import FakeClock, MemoryStore
 
 # The test process (and the workers it starts) must not take SIGUSR1 for a stack-dump
 # hook just because a test finds a server through the environment; the tests of that
@@ -142,3 +146,19 @@ def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
         yield mnt
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+@pytest_asyncio.fixture(
+    params=["memory", pytest.param("etcd", marks=[pytest.mark.etcd, pytest.mark.process])]
+)
+async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
+    """A cluster store: the in-memory one, and a real etcd's (emptied before the test)."""
+    if request.param == "memory":
+        yield MemoryStore(FakeClock())
+        return
+    server: EtcdServer = request.getfixturevalue("etcd")
+    etcd_store = connect(server.endpoint, timeout=5)
+    try:
+        yield etcd_store
+    finally:
+        await etcd_store.aclose()

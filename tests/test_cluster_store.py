@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import anyio
 import pytest
-import pytest_asyncio
 from _etcd import EtcdServer, free_port
 
 from aiotimer.cluster import Store, connect
@@ -15,21 +12,6 @@ from aiotimer.errors import LeaseLostError, StoreUnavailableError
 from aiotimer.testing import FakeClock, MemoryStore
 
 pytestmark = pytest.mark.timeout(30)
-
-
-@pytest_asyncio.fixture(
-    params=["memory", pytest.param("etcd", marks=[pytest.mark.etcd, pytest.mark.process])]
-)
-async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
-    if request.param == "memory":
-        yield MemoryStore(FakeClock())
-        return
-    server: EtcdServer = request.getfixturevalue("etcd")
-    etcd_store = connect(server.endpoint, timeout=5)
-    try:
-        yield etcd_store
-    finally:
-        await etcd_store.aclose()
 
 
 @pytest.mark.asyncio

@@ -5,15 +5,12 @@ etcd (``-m etcd``)."""
 from __future__ import annotations
 
 import signal
-from collections.abc import AsyncIterator
 
 import pytest
-import pytest_asyncio
-from _etcd import EtcdServer
 from _pids import fake_pid
 
 from aiotimer import Request, learned
-from aiotimer.cluster import Store, connect
+from aiotimer.cluster import Store
 from aiotimer.cluster._learned import (
     LearnedRecord,
     LearnedSharing,
@@ -22,7 +19,7 @@ from aiotimer.cluster._learned import (
     widest,
 )
 from aiotimer.server import TimerServer
-from aiotimer.testing import FakeClock, MemorySource, MemoryStore, RecordingReaper
+from aiotimer.testing import FakeClock, MemorySource, RecordingReaper
 
 pytestmark = pytest.mark.timeout(30)
 KILL = int(signal.SIGKILL)
@@ -36,21 +33,6 @@ def test_the_widest_value_of_the_other_nodes() -> None:
         LearnedRecord(node="me", values={"step": 50.0}),
     ]
     assert widest(records, skip="me") == {"step": 5.0, "eval": 30.0}
-
-
-@pytest_asyncio.fixture(
-    params=["memory", pytest.param("etcd", marks=[pytest.mark.etcd, pytest.mark.process])]
-)
-async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
-    if request.param == "memory":
-        yield MemoryStore(FakeClock())
-        return
-    server: EtcdServer = request.getfixturevalue("etcd")
-    etcd_store = connect(server.endpoint, timeout=5)
-    try:
-        yield etcd_store
-    finally:
-        await etcd_store.aclose()
 
 
 def steps(source: MemorySource, clock: FakeClock, pid: int, n: int, took: float) -> None:
