@@ -19,6 +19,7 @@ from typing import Any, Literal, TypeVar
 
 import anyio
 import anyio.abc
+import msgspec
 import pytest
 from _pids import fake_pid
 
@@ -807,6 +808,25 @@ async def test_event_log_is_written_and_flushed_on_stop(tmp_path: Path) -> None:
         "server_stopped",
     ]
     assert records[2]["scopes"] == ["a"]
+
+
+# -- the one record of the server's state -----------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_the_snapshot_server_part_is_served_as_it_is_and_get_state_views_one() -> None:
+    async with rig() as r:
+        r.acquire(P1, "a@Task-1", at=7.0)
+        await r.advance(1.0)
+        snap = r.server.snapshot()
+        assert (snap.server.state, snap.server.next_expiry_in) == ("running", 6.0)
+        assert status_snapshot(snap).server is snap.server  # no copy
+        served = status_snapshot(snap, control="/run/c.sock").server
+        assert served == msgspec.structs.replace(snap.server, control="/run/c.sock")
+        state = r.server.get_state()
+        assert state.workers == (P1,)
+        assert state.timers == state.snapshot.timers
+        assert state.snapshot.timers_total == len(state.timers) == 1
 
 
 # -- the two tiers of an async block, as the server sees them -------------------------------

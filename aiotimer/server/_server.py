@@ -202,7 +202,7 @@ class TimerServer(TaskOwner):
             else None,
             on_requests=on_requests,
         )
-        self._about = _view.About(
+        self._about = _view.about(
             pid=os.getpid(),
             version=__version__,
             sources=tuple(s.name for s in self._sources),
@@ -461,7 +461,7 @@ class TimerServer(TaskOwner):
         Raises:
             TimeoutError: see :meth:`snapshot`.
         """
-        return _view.server_state(self.snapshot(None, sites=None))
+        return ServerState(self.snapshot(None, sites=None))
 
     def scope_stats(self) -> tuple[ScopeStats, ...]:
         """Duration statistics per scope site of the current (or last) run.

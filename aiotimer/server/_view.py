@@ -1,10 +1,14 @@
 """A timer server's read-only view: one bounded snapshot behind every read.
 
 :meth:`~aiotimer.server.TimerServer.snapshot` returns a :class:`ServerSnapshot`: plain
-frozen records, copied in the server's loop, that nothing changes afterwards. Every other
-read derives from it: :meth:`~aiotimer.server.TimerServer.get_state` (a
-:class:`ServerState`), ``scope_stats()``, the server's ``repr``, the control plane's
-``/v1/state`` and ``/metrics`` (:mod:`aiotimer.control`) and a cluster node's record.
+frozen records, copied in the server's loop, that nothing changes afterwards. Its
+``server`` is the server's own part of the ``GET /v1/state`` document
+(:class:`~aiotimer.server._document.ServerInfo`), built here once, from the fixed
+:func:`about` record, and served as it is. Every other read derives from the snapshot:
+:meth:`~aiotimer.server.TimerServer.get_state` (a :class:`ServerState`, a view over one
+snapshot with nothing cut), ``scope_stats()``, the server's ``repr``, the control
+plane's ``/v1/state`` and ``/metrics`` (:mod:`aiotimer.control`) and a cluster node's
+record.
 
 Cost: a snapshot lists at most ``limit`` timers (the earliest deadlines, a best-first walk
 of the heap), ``limit`` workers (each with up to :data:`SCOPES_PER_WORKER` scope ids) and
@@ -26,6 +30,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
+import msgspec
+
 from aiotimer._edges.lifecycle import LifecycleState
 from aiotimer.core._latency import LatencyHistogram
 from aiotimer.core._learned import LearnedSummary
@@ -34,6 +40,7 @@ from aiotimer.core._timer import Timer
 from aiotimer.events import Event, ServerCounters, ServerStopped, WorkerInfo
 from aiotimer.reapers._policy import ReapPolicy
 from aiotimer.reapers._steps import format_plan
+from aiotimer.server._document import ServerInfo
 from aiotimer.server._learning import LEARNED_LISTED
 
 if TYPE_CHECKING:
@@ -45,12 +52,11 @@ __all__ = [
     "DEFAULT_LIMIT",
     "SCOPES_PER_WORKER",
     "WORKER_STATES",
-    "About",
     "EventHistory",
     "ServerSnapshot",
     "ServerState",
+    "about",
     "describe_policy",
-    "server_state",
     "stopped_event",
     "take",
     "watches",
@@ -68,10 +74,16 @@ WORKER_STATES: Final[tuple[str, ...]] = ("timed", "idle", "reaping")
 class ServerSnapshot:
     """A server at one moment, copied in its loop (see the module docs).
 
+    ``server`` is the server's own part of ``GET /v1/state``, built here once and served
+    as it is (:class:`~aiotimer.server._document.ServerInfo`: its pid, version, state,
+    start, sources, reap policy in words, FIFO, next expiry, idle time, loop lag and
+    journal); the properties ``pid``, ``version``, ``started_at``, ``sources``, ``policy``,
+    ``fifo``, ``uptime``, ``next_expiry_in``, ``idle_for``, ``journal`` and
+    ``journal_problem`` read it, and ``state`` is its state as a
+    :class:`~aiotimer._edges.lifecycle.LifecycleState`.
+
     ``time`` and ``monotonic`` are the server clock's readings at the snapshot: timers'
     deadlines, ``next_deadline`` and ``last_progress`` are on its monotonic clock.
-    ``started_at`` is the wall-clock start of the current run (``None`` unless it runs).
-    ``policy`` is the reap policy in words; ``fifo`` the FIFO's path, if any.
     ``counters`` are the current (or last) run's. ``workers`` (watched workers, then the
     server's own process if it has timers), ``timers`` (earliest deadline first) and
     ``scopes`` (duration statistics per scope site, most expirations first) are cut at
@@ -80,24 +92,16 @@ class ServerSnapshot:
     (deadline to first signal) and ``loop_lag`` (how late expiries were handled) are
     copies of the run's histograms; ``undelivered`` counts events dropped for slow
     subscribers; ``incidents`` are the last reaps and refusals, numbered as events,
-    oldest first. ``journal`` is the journal's path (``None``: it keeps none) and
-    ``journal_problem`` why it cannot be written now (``None``: it can, or it has not
-    tried yet). ``learned`` are the learned timeouts' scopes (the
-    :data:`~aiotimer.server._learning.LEARNED_LISTED` with most samples). A
-    server that is not running lists no
-    workers or timers, and keeps its last run's counters, statistics and histograms.
+    oldest first. ``learned`` are the learned timeouts' scopes (the
+    :data:`~aiotimer.server._learning.LEARNED_LISTED` with most samples). A server that
+    is not running lists no workers or timers, and keeps its last run's counters,
+    statistics and histograms.
     """
 
-    state: LifecycleState
-    pid: int
-    version: str
+    server: ServerInfo
     time: float
     monotonic: float
     counters: ServerCounters
-    started_at: float | None = None
-    sources: tuple[str, ...] = ()
-    policy: str = ""
-    fifo: str | None = None
     next_deadline: float | None = None
     last_progress: float | None = None
     workers: tuple[WorkerInfo, ...] = ()
@@ -111,24 +115,67 @@ class ServerSnapshot:
     loop_lag: LatencyHistogram = field(default_factory=LatencyHistogram)
     undelivered: int = 0
     incidents: tuple[tuple[int, Event], ...] = ()
-    journal: str | None = None
-    journal_problem: str | None = None
     learned: tuple[LearnedSummary, ...] = ()
+
+    @property
+    def state(self) -> LifecycleState:
+        """The server's lifecycle state."""
+        return LifecycleState(self.server.state)
+
+    @property
+    def pid(self) -> int:
+        """The server's process id."""
+        return self.server.pid
+
+    @property
+    def version(self) -> str:
+        """The aiotimer version the server runs."""
+        return self.server.version
+
+    @property
+    def started_at(self) -> float | None:
+        """The wall-clock start of the current run (``None`` unless it runs)."""
+        return self.server.started_at
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        """Where requests arrive."""
+        return self.server.sources
+
+    @property
+    def policy(self) -> str:
+        """The reap policy in words."""
+        return self.server.policy
+
+    @property
+    def fifo(self) -> str | None:
+        """The FIFO's path, if any."""
+        return self.server.fifo
+
+    @property
+    def journal(self) -> str | None:
+        """The journal's path (``None``: it keeps none)."""
+        return self.server.journal
+
+    @property
+    def journal_problem(self) -> str | None:
+        """Why the journal cannot be written now (``None``: it can, or has not tried)."""
+        return self.server.journal_problem
 
     @property
     def uptime(self) -> float | None:
         """Seconds the current run has been serving (``None`` unless it runs)."""
-        return None if self.started_at is None else self.time - self.started_at
+        return self.server.uptime
 
     @property
     def next_expiry_in(self) -> float | None:
         """Seconds from the snapshot to the earliest deadline (negative: overdue)."""
-        return None if self.next_deadline is None else self.next_deadline - self.monotonic
+        return self.server.next_expiry_in
 
     @property
     def idle_for(self) -> float | None:
         """Seconds since the server last handled input or an expiry."""
-        return None if self.last_progress is None else self.monotonic - self.last_progress
+        return self.server.idle_for
 
     @property
     def truncated(self) -> bool:
@@ -142,7 +189,8 @@ class ServerSnapshot:
 
 @dataclass(frozen=True, slots=True)
 class ServerState:
-    """A consistent snapshot of a server, from :meth:`TimerServer.get_state`.
+    """A consistent snapshot of a server, from :meth:`TimerServer.get_state`: a view
+    over its one record, :attr:`snapshot` (a :class:`ServerSnapshot` with nothing cut).
 
     ``timers`` are every live timer, in deadline order; ``workers`` the watched workers'
     pids; ``next_deadline`` and ``last_progress`` (when the loop last handled input or an
@@ -151,15 +199,53 @@ class ServerState:
     :meth:`TimerServer.scope_stats`) are those of the current (or last) run.
     """
 
-    state: LifecycleState
-    sources: tuple[str, ...]
-    timers: tuple[Timer, ...]
-    workers: tuple[int, ...]
-    next_deadline: float | None
-    next_expiry_in: float | None
-    counters: ServerCounters
-    last_progress: float | None
-    scopes: tuple[ScopeStats, ...] = ()
+    snapshot: ServerSnapshot
+
+    @property
+    def state(self) -> LifecycleState:
+        """The server's lifecycle state."""
+        return self.snapshot.state
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        """Where requests arrive."""
+        return self.snapshot.sources
+
+    @property
+    def timers(self) -> tuple[Timer, ...]:
+        """Every live timer, earliest deadline first."""
+        return self.snapshot.timers
+
+    @property
+    def workers(self) -> tuple[int, ...]:
+        """The watched workers' pids (not the server's own process)."""
+        snap = self.snapshot
+        return tuple(w.pid for w in snap.workers if w.pid is not None and w.pid != snap.pid)
+
+    @property
+    def next_deadline(self) -> float | None:
+        """The earliest deadline, on the server's monotonic clock."""
+        return self.snapshot.next_deadline
+
+    @property
+    def next_expiry_in(self) -> float | None:
+        """Seconds from the snapshot to the earliest deadline (negative: overdue)."""
+        return self.snapshot.next_expiry_in
+
+    @property
+    def counters(self) -> ServerCounters:
+        """The current (or last) run's counters."""
+        return self.snapshot.counters
+
+    @property
+    def last_progress(self) -> float | None:
+        """When the loop last handled input or an expiry (monotonic clock)."""
+        return self.snapshot.last_progress
+
+    @property
+    def scopes(self) -> tuple[ScopeStats, ...]:
+        """Duration statistics per scope site, most expirations first."""
+        return self.snapshot.scopes
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,20 +262,24 @@ class EventHistory:
     missed: int = 0
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class About:
-    """What a server says about itself in every snapshot (fixed for its life)."""
-
-    pid: int
-    version: str
-    sources: tuple[str, ...]
-    policy: str
-    fifo: str | None
+def about(
+    *, pid: int, version: str, sources: tuple[str, ...], policy: str, fifo: str | None
+) -> ServerInfo:
+    """What a server says about itself in every snapshot (fixed for its life): the
+    :class:`ServerInfo` each snapshot's ``server`` is made from."""
+    return ServerInfo(
+        pid=pid,
+        version=version,
+        state=LifecycleState.CREATED.value,
+        sources=sources,
+        policy=policy,
+        fifo=fifo,
+    )
 
 
 def take(
     engine: Engine | None,
-    about: About,
+    about: ServerInfo,
     *,
     live: bool,
     clock: Clock,
@@ -239,21 +329,29 @@ def take(
             fields.update(worker_states=_worker_states(engine, pids))
     elif by_state:
         fields.update(worker_states=dict.fromkeys(WORKER_STATES, 0))
-    return ServerSnapshot(
-        state=state,
-        pid=about.pid,
-        version=about.version,
-        time=clock.time(),
-        monotonic=clock.monotonic(),
-        counters=dataclasses.replace(counters, events_dropped=events_dropped),
-        started_at=started_at if live else None,
-        sources=about.sources,
-        policy=about.policy,
-        fifo=about.fifo,
-        undelivered=undelivered,
-        incidents=incidents,
+    wall, mono = clock.time(), clock.monotonic()
+    started = started_at if live else None
+    nxt: float | None = fields.get("next_deadline")
+    progress: float | None = fields.get("last_progress")
+    loop_lag: LatencyHistogram = fields.get("loop_lag", LatencyHistogram())
+    server = msgspec.structs.replace(
+        about,
+        state=state.value,
+        started_at=started,
+        uptime=None if started is None else wall - started,
+        next_expiry_in=None if nxt is None else nxt - mono,
+        idle_for=None if progress is None else mono - progress,
+        max_loop_lag=loop_lag.max,
         journal=None if journal is None else str(journal.path),
         journal_problem=None if journal is None else journal.problem,
+    )
+    return ServerSnapshot(
+        server=server,
+        time=wall,
+        monotonic=mono,
+        counters=dataclasses.replace(counters, events_dropped=events_dropped),
+        undelivered=undelivered,
+        incidents=incidents,
         **fields,
     )
 
@@ -278,21 +376,6 @@ def _worker_states(engine: Engine, pids: list[int]) -> dict[str, int]:
 def watches(engine: Engine | None, pid: int) -> bool:
     """Whether ``engine`` watches worker ``pid``."""
     return engine is not None and pid in engine.workers()
-
-
-def server_state(snap: ServerSnapshot) -> ServerState:
-    """``snap`` as a :class:`ServerState` (its workers: the watched ones' pids)."""
-    return ServerState(
-        state=snap.state,
-        sources=snap.sources,
-        timers=snap.timers,
-        workers=tuple(w.pid for w in snap.workers if w.pid is not None and w.pid != snap.pid),
-        next_deadline=snap.next_deadline,
-        next_expiry_in=snap.next_expiry_in,
-        counters=snap.counters,
-        last_progress=snap.last_progress,
-        scopes=snap.scopes,
-    )
 
 
 def stopped_event(snap: ServerSnapshot, kept: JournalKept | None = None) -> ServerStopped:
