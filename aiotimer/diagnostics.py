@@ -17,14 +17,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Final
 
-from aiotimer.client._dump_hook import (
+from aiotimer.client import (
     ensure_dump_handler,
+    format_tasks,
     install_dump_handler,
     private_dump_dir,
     uninstall_dump_handler,
 )
-from aiotimer.client._task_stacks import format_tasks
-from aiotimer.wire._dumpfile import (
+from aiotimer.wire import (
     DEFAULT_DUMP_SIGNAL,
     END_MARKER,
     ENV_DUMP_DIR,
@@ -33,7 +33,7 @@ from aiotimer.wire._dumpfile import (
 )
 
 if TYPE_CHECKING:
-    from aiotimer.reapers._dumps import (
+    from aiotimer.reapers import (
         HookInfo,
         collect_dump,
         hook_info,
@@ -68,9 +68,9 @@ _SERVER_SIDE: Final = frozenset(
 
 def __getattr__(name: str) -> Any:
     if name in _SERVER_SIDE:
-        from aiotimer.reapers import _dumps  # noqa: PLC0415 (lazy: server side)
+        from aiotimer import reapers  # noqa: PLC0415 (lazy: server side)
 
-        return getattr(_dumps, name)
+        return getattr(reapers, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

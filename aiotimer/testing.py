@@ -29,11 +29,11 @@ from dataclasses import dataclass
 import anyio
 import anyio.abc
 
-from aiotimer.client._clients import DEFAULT_SIGNAL
-from aiotimer.cluster._memory import MemoryStore
+from aiotimer.client import DEFAULT_SIGNAL
+from aiotimer.cluster import MemoryStore
 from aiotimer.errors import ProcessGoneError, ReapError
-from aiotimer.reapers._signal import NoDump
-from aiotimer.sources._base import RequestSink, Source
+from aiotimer.reapers import NoDump
+from aiotimer.sources import RequestSink, Source
 from aiotimer.wire import Decoded, LineDecoder, Request
 
 __all__ = [

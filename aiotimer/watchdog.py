@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from aiotimer.client._watchdog import (
+from aiotimer.client import (
     LoopWatchdog,
     Watchdog,
     loop_watchdog,

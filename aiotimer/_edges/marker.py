@@ -37,7 +37,7 @@ import msgspec
 
 from aiotimer._edges.files import read_shared, remove_owned, write_atomic
 from aiotimer.errors import UnsafePathError
-from aiotimer.wire._request import MARKER_SUFFIX, PROTOCOL_VERSION
+from aiotimer.wire import MARKER_SUFFIX, PROTOCOL_VERSION
 
 __all__ = [
     "AIOTIMER",

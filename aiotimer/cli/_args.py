@@ -15,12 +15,9 @@ from pathlib import Path
 from typing import NoReturn
 
 from aiotimer._edges.files import check_private_dir
-from aiotimer.control._paths import MAX_SOCKET_PATH, fits_socket
-from aiotimer.core._stats import ScopeStats
-from aiotimer.core._stats_format import format_summaries
-from aiotimer.reapers._kill_policy import KillPolicy
-from aiotimer.reapers._left_dumps import MAX_KEPT_DUMPS
-from aiotimer.reapers._policy import Escalation, ReapPolicy
+from aiotimer.control import MAX_SOCKET_PATH, fits_socket
+from aiotimer.core import ScopeStats, format_summaries
+from aiotimer.reapers import MAX_KEPT_DUMPS, Escalation, KillPolicy, ReapPolicy
 
 __all__ = [
     "add_kill_policy_arguments",

@@ -43,11 +43,10 @@ import anyio
 import anyio.abc
 
 from aiotimer.cli._args import one_line_errors, positive
-from aiotimer.client._expires import expires
-from aiotimer.core._stats_format import format_seconds
+from aiotimer.client import expires
+from aiotimer.core import format_seconds
 from aiotimer.events import BlockCancelled, Event, TimerExpired, WorkerReaped, signal_name
-from aiotimer.server._server import TimerServer
-from aiotimer.server._thread import loop_factory
+from aiotimer.server import TimerServer, loop_factory
 from aiotimer.wire import ENV_FIFO
 
 __all__ = ["configure_parser", "main", "run_demo"]

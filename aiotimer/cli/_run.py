@@ -34,23 +34,24 @@ from aiotimer.cli._args import (
 )
 from aiotimer.cli._output import bounded
 from aiotimer.cli._status import log_control_plane
-from aiotimer.cluster._cli import add_node_arguments, node_config
-from aiotimer.cluster._node import ClusterSession, cluster_session
+from aiotimer.cluster import ClusterSession, add_node_arguments, cluster_session, node_config
 from aiotimer.control import ControlPlane
 from aiotimer.errors import AiotimerError, ClusterError
 from aiotimer.hang import DEFAULT_HANG_REPORT_TIMEOUT
-from aiotimer.reapers._signal import SignalReaper
-from aiotimer.server._thread import loop_factory
-from aiotimer.supervisor._guard import start_guard
-from aiotimer.supervisor._restart import (
+from aiotimer.reapers import SignalReaper
+from aiotimer.server import loop_factory
+from aiotimer.supervisor import (
     DEFAULT_NO_RESTART_EXIT_CODES,
+    ON_STRAGGLER,
     Backoff,
     RestartPolicy,
     RestartScope,
+    Supervisor,
+    format_summary,
+    runs_dir,
+    runtime_parent,
+    start_guard,
 )
-from aiotimer.supervisor._runfile import runs_dir, runtime_parent
-from aiotimer.supervisor._stragglers import ON_STRAGGLER
-from aiotimer.supervisor._supervisor import Supervisor, format_summary
 
 __all__ = ["configure_run", "run_run"]
 

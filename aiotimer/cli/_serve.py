@@ -31,19 +31,21 @@ from aiotimer.cli._args import (
     seconds,
 )
 from aiotimer.cli._status import log_control_plane, log_summary
-from aiotimer.cluster._cli import add_node_arguments, node_config, publishing, server_status
-from aiotimer.cluster._publisher import NodePublisher
+from aiotimer.cluster import (
+    NodePublisher,
+    add_node_arguments,
+    node_config,
+    publishing,
+    server_status,
+)
 from aiotimer.control import ControlPlane
 from aiotimer.diagnostics import private_dump_dir
 from aiotimer.errors import AiotimerError, ClusterError
 from aiotimer.events import Event, ServerStopped, SourceFailed
-from aiotimer.reapers._dumps import py_spy_executable
-from aiotimer.reapers._signal import SignalReaper
-from aiotimer.server._engine import MAX_TIMERS, MAX_TIMERS_PER_WORKER
-from aiotimer.server._server import TimerServer
-from aiotimer.server._thread import loop_factory
-from aiotimer.sources._fifo_path import check_fifo_mode
-from aiotimer.wire._dumpfile import ENV_DUMP_DIR
+from aiotimer.reapers import SignalReaper, py_spy_executable
+from aiotimer.server import MAX_TIMERS, MAX_TIMERS_PER_WORKER, TimerServer, loop_factory
+from aiotimer.sources import check_fifo_mode
+from aiotimer.wire import ENV_DUMP_DIR
 
 __all__ = ["configure_serve", "run_serve", "socket_path"]
 

@@ -24,14 +24,18 @@ from typing import NoReturn
 import msgspec
 
 from aiotimer.cli._args import file_path, positive_seconds
-from aiotimer.cluster._cli import add_job_status_arguments, run_job_status
-from aiotimer.control import ControlPlane
-from aiotimer.control._format import format_status
-from aiotimer.control._history import HistoryReader, format_history, history_dict
+from aiotimer.cluster import add_job_status_arguments, run_job_status
+from aiotimer.control import (
+    ControlPlane,
+    HistoryReader,
+    format_history,
+    format_status,
+    history_dict,
+)
 from aiotimer.control.client import ControlClient
 from aiotimer.control.snapshot import DEFAULT_LIMIT, MAX_LIMIT, status_snapshot
 from aiotimer.errors import ControlError, ServerUnavailableError
-from aiotimer.server._server import TimerServer
+from aiotimer.server import TimerServer
 
 __all__ = [
     "EXIT_NOT_RUNNING",

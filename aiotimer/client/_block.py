@@ -46,9 +46,8 @@ from aiotimer.client._block_context import asks_for_dump, current_asyncio_task
 from aiotimer.client._discovery import current_client
 from aiotimer.client._task_deadline import TaskDeadline
 from aiotimer.client._transport import SendNowait, TimerClient, release_undelivered
-from aiotimer.core._scope import current_pid, scope_at_site, scope_site, with_task
-from aiotimer.wire._learned import Learned
-from aiotimer.wire._request import Request, number_problem, signal_problem
+from aiotimer.core import current_pid, scope_at_site, scope_site, with_task
+from aiotimer.wire import Learned, Request, number_problem, signal_problem
 
 __all__ = ["DEFAULT_KILL_AFTER", "Expires"]
 

@@ -13,8 +13,7 @@ import sys
 import time
 from typing import Final
 
-from aiotimer.wire._learned import Learned
-from aiotimer.wire._request import number_problem, scope_id_problem
+from aiotimer.wire import Learned, number_problem, scope_id_problem
 
 __all__ = [
     "MAX_DEADLINE_AHEAD",

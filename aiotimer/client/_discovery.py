@@ -30,7 +30,7 @@ from typing import Final
 from aiotimer.client._fifo import FifoClient
 from aiotimer.client._transport import TimerClient
 from aiotimer.errors import NotConfiguredError
-from aiotimer.wire._request import ENV_FIFO, TORCH_ENV_FIFO
+from aiotimer.wire import ENV_FIFO, TORCH_ENV_FIFO
 
 __all__ = ["ENV_DUMP_HOOK", "configure", "current_client", "timer_server_configured", "use_client"]
 

@@ -64,7 +64,7 @@ from aiotimer._edges.files import check_private_dir, create_exclusive, make_priv
 from aiotimer._edges.procfs import read_start_time
 from aiotimer.client._task_stacks import format_tasks
 from aiotimer.errors import ProcessGoneError
-from aiotimer.wire._dumpfile import (
+from aiotimer.wire import (
     DEFAULT_DUMP_SIGNAL,
     END_MARKER,
     ENV_DUMP_DIR,

@@ -39,8 +39,8 @@ from aiotimer.client._clients import (
     timer_server_configured,
     use_client,
 )
-from aiotimer.core._scope import default_scope, scope_site
-from aiotimer.wire._learned import Learned, learned
+from aiotimer.core import default_scope, scope_site
+from aiotimer.wire import Learned, learned
 
 __all__ = [
     "DEFAULT_CONNECT_TIMEOUT",

@@ -60,8 +60,7 @@ from aiotimer.client._transport import (
     next_retry,
 )
 from aiotimer.errors import ClientBackpressureError, ServerUnavailableError
-from aiotimer.wire._encoder import BlockEncoder, block_encoder, encode, fits_block_encoder
-from aiotimer.wire._request import PIPE_BUF, Request
+from aiotimer.wire import PIPE_BUF, BlockEncoder, Request, block_encoder, encode, fits_block_encoder
 
 __all__ = ["FifoClient"]
 

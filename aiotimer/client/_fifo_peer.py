@@ -27,7 +27,7 @@ from typing import Final
 
 from aiotimer._edges.marker import MarkerFile, read_live_marker
 from aiotimer.errors import ServerUnavailableError
-from aiotimer.wire._request import Request
+from aiotimer.wire import Request
 
 __all__ = [
     "BROKEN_ERRNOS",

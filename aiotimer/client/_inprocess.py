@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from aiotimer.client._transport import DEFAULT_SIGNAL, client_signal
-from aiotimer.wire._request import Request
+from aiotimer.wire import Request
 
 __all__ = ["InProcessClient", "RequestSubmitter"]
 

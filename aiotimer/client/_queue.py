@@ -19,7 +19,7 @@ from aiotimer.client._transport import (
     next_retry,
 )
 from aiotimer.errors import ClientBackpressureError
-from aiotimer.wire._request import Request
+from aiotimer.wire import Request
 
 __all__ = ["QueueClient", "QueueRequest"]
 
@@ -67,7 +67,7 @@ class QueueRequest:
         )
 
 
-class _PutQueue(Protocol):
+class PutQueue(Protocol):
     def put(self, obj: Any, block: bool = ..., timeout: float | None = ...) -> None: ...
 
 
@@ -82,7 +82,7 @@ class QueueClient:
 
     def __init__(
         self,
-        mp_queue: _PutQueue,
+        mp_queue: PutQueue,
         *,
         signal: int = DEFAULT_SIGNAL,
         write_timeout: float = DEFAULT_WRITE_TIMEOUT,

@@ -19,7 +19,7 @@ from typing import Final, Protocol, runtime_checkable
 
 import msgspec
 
-from aiotimer.wire._request import Request, signal_problem
+from aiotimer.wire import Request, signal_problem
 
 __all__ = [
     "DEFAULT_CONNECT_TIMEOUT",

@@ -31,8 +31,8 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from aiotimer.client._clients import TimerClient, current_client, release_undelivered
-from aiotimer.core._scope import current_pid, default_scope
-from aiotimer.wire._request import Request
+from aiotimer.core import current_pid, default_scope
+from aiotimer.wire import Request
 
 if TYPE_CHECKING:
     import asyncio

@@ -58,7 +58,7 @@ from typing import Annotated, Final
 import msgspec
 
 from aiotimer.cluster._record import Count, Time
-from aiotimer.supervisor._restart import RestartPolicy
+from aiotimer.supervisor import RestartPolicy
 
 __all__ = [
     "CLOCK_SKEW",

@@ -30,7 +30,7 @@ from aiotimer.cluster._generation import GenerationFollower, GenerationRecord, n
 from aiotimer.cluster._record import encode, generation_key, parse
 from aiotimer.cluster._store import Entry, Store
 from aiotimer.errors import StoreUnavailableError
-from aiotimer.supervisor._restart import RestartPolicy
+from aiotimer.supervisor import RestartPolicy
 
 __all__ = ["JobRestarts"]
 

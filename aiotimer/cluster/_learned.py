@@ -37,7 +37,7 @@ from aiotimer.cluster._store import Store
 from aiotimer.errors import LeaseLostError, StoreUnavailableError
 from aiotimer.events import Event, ServerStarted
 from aiotimer.server import TimerServer
-from aiotimer.supervisor._supervisor import Supervisor
+from aiotimer.supervisor import Supervisor
 
 __all__ = [
     "SHARE_INTERVAL",

@@ -26,8 +26,8 @@ import anyio
 import anyio.abc
 
 from aiotimer._edges.lifecycle import LifecycleState
-from aiotimer.cluster import connect
 from aiotimer.cluster._cli import MAX_RECORD_WORKERS, NodeConfig
+from aiotimer.cluster._connect import connect
 from aiotimer.cluster._generation import GenerationRecord
 from aiotimer.cluster._hang import publish_part
 from aiotimer.cluster._job import JobRestarts
@@ -36,9 +36,13 @@ from aiotimer.cluster._publisher import NodePublisher, NodeStatus
 from aiotimer.cluster._store import Store
 from aiotimer.errors import ClusterError, ServerStateError
 from aiotimer.events import Event, HangReported, SupervisorGaveUp, WorkerStarted
-from aiotimer.supervisor._records import SupervisorActions
-from aiotimer.supervisor._restart import RestartPolicy
-from aiotimer.supervisor._supervisor import Decision, Supervisor, WorkerFailure
+from aiotimer.supervisor import (
+    Decision,
+    RestartPolicy,
+    Supervisor,
+    SupervisorActions,
+    WorkerFailure,
+)
 
 __all__ = ["ClusterSession", "JobCoordinator", "cluster_session", "supervisor_status"]
 

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 import msgspec
 
 from aiotimer.cluster._record import NodeRecord
-from aiotimer.core._straggler import MIN_EXCESS, THRESHOLD, Timing, compare_ranks
+from aiotimer.core import MIN_EXCESS, THRESHOLD, Timing, compare_ranks
 
 __all__ = ["JobStraggler", "format_stragglers", "job_stragglers"]
 

@@ -23,6 +23,9 @@ a layer on top serve its own routes.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Final
+
+from aiotimer._faces import face_getattr
 from aiotimer.control._paths import default_control_path
 from aiotimer.control._plane import ControlPlane
 from aiotimer.control.client import ControlClient, control_path_for_fifo
@@ -37,12 +40,19 @@ from aiotimer.control.snapshot import (
     WorkerInfo,
 )
 
+if TYPE_CHECKING:
+    from aiotimer.control._format import format_status
+    from aiotimer.control._history import HistoryReader, format_history, history_dict
+    from aiotimer.control._paths import MAX_SOCKET_PATH, fits_socket
+
 __all__ = [
     "API_VERSION",
+    "MAX_SOCKET_PATH",
     "ControlClient",
     "ControlPlane",
     "ControlServer",
     "EventPage",
+    "HistoryReader",
     "Route",
     "ServerInfo",
     "StatusSnapshot",
@@ -51,4 +61,19 @@ __all__ = [
     "WorkerInfo",
     "control_path_for_fifo",
     "default_control_path",
+    "fits_socket",
+    "format_history",
+    "format_status",
+    "history_dict",
 ]
+
+_LAZY: Final[dict[str, str]] = {
+    "HistoryReader": "aiotimer.control._history",
+    "MAX_SOCKET_PATH": "aiotimer.control._paths",
+    "fits_socket": "aiotimer.control._paths",
+    "format_history": "aiotimer.control._history",
+    "format_status": "aiotimer.control._format",
+    "history_dict": "aiotimer.control._history",
+}
+
+__getattr__, __dir__ = face_getattr("aiotimer.control", globals(), lazy=_LAZY)

@@ -23,7 +23,7 @@ from aiotimer.errors import ControlError
 _N = TypeVar("_N", int, float)
 
 if TYPE_CHECKING:
-    from aiotimer.server._server import TimerServer
+    from aiotimer.server import TimerServer
 
 __all__ = ["MAX_DUMP_TIMEOUT", "server_routes"]
 

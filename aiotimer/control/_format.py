@@ -17,7 +17,7 @@ from typing import Final
 
 from aiotimer.control._learned import format_learned
 from aiotimer.control.snapshot import IncidentInfo, StatusSnapshot, TimerInfo
-from aiotimer.core._stats_format import format_seconds
+from aiotimer.core import format_seconds
 
 __all__ = ["RECENT_SHOWN", "format_counters", "format_incidents", "format_status"]
 

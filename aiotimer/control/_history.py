@@ -41,7 +41,7 @@ import msgspec
 from aiotimer import events as _events
 from aiotimer.control._format import format_counters, format_incidents
 from aiotimer.control.snapshot import IncidentInfo, incident_info
-from aiotimer.core._stats_format import format_seconds
+from aiotimer.core import format_seconds
 from aiotimer.events import (
     Event,
     EventsLost,
@@ -57,10 +57,11 @@ from aiotimer.events import (
     WorkerEnded,
     WorkerReaped,
     WorkerStarted,
+    clip,
+    clip_scope,
 )
-from aiotimer.events._base import clip, clip_scope
-from aiotimer.server._eventbus import INCIDENT_KINDS, RECENT_INCIDENTS
-from aiotimer.supervisor._exits import attempt_story, ending_word
+from aiotimer.server import INCIDENT_KINDS, RECENT_INCIDENTS
+from aiotimer.supervisor import attempt_story, ending_word
 
 __all__ = [
     "KEPT_ATTEMPTS",

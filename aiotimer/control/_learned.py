@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from aiotimer.core._learned import LearnedSummary
-from aiotimer.core._stats_format import format_seconds
+from aiotimer.core import LearnedSummary, format_seconds
 
 __all__ = ["format_learned"]
 

@@ -39,8 +39,8 @@ from aiotimer.control.server import (
 )
 from aiotimer.errors import ControlError, ServerStateError
 from aiotimer.events import ControlRefused
-from aiotimer.server._server import TimerServer
-from aiotimer.supervisor._supervisor import Supervisor
+from aiotimer.server import TimerServer
+from aiotimer.supervisor import Supervisor
 
 __all__ = ["ControlPlane"]
 

@@ -35,8 +35,7 @@ from aiotimer.errors import ServerStateError
 from aiotimer.events import by_rank
 
 if TYPE_CHECKING:
-    from aiotimer.supervisor._records import SupervisorState
-    from aiotimer.supervisor._supervisor import Supervisor
+    from aiotimer.supervisor import Supervisor, SupervisorState
 
 __all__ = ["SUPERVISOR_ENDPOINTS", "supervised", "supervisor_routes"]
 

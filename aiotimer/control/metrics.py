@@ -41,9 +41,8 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from aiotimer.control.snapshot import counters_by_name
-from aiotimer.core._latency import LatencyHistogram
-from aiotimer.core._learned import LearnedSummary
-from aiotimer.server._view import ServerSnapshot
+from aiotimer.core import LatencyHistogram, LearnedSummary
+from aiotimer.server import ServerSnapshot
 
 __all__ = [
     "CONTENT_TYPE",

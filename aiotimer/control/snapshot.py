@@ -25,22 +25,20 @@ from typing import Any, Final
 
 import msgspec
 
-from aiotimer.core._timer import Timer
+from aiotimer.core import Timer
 from aiotimer.events import Event, ServerCounters, WorkerInfo, WorkerReaped
-from aiotimer.server._document import (
+from aiotimer.server import (
     API_VERSION,
-    IncidentInfo,
-    ServerInfo,
-    StatusSnapshot,
-    SupervisorInfo,
-    TimerInfo,
-)
-from aiotimer.server._view import (
     DEFAULT_LIMIT,
     SCOPES_PER_WORKER,
     WORKER_STATES,
     EventHistory,
+    IncidentInfo,
+    ServerInfo,
     ServerSnapshot,
+    StatusSnapshot,
+    SupervisorInfo,
+    TimerInfo,
 )
 
 __all__ = [

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 from aiotimer.core._scope import scope_site
-from aiotimer.wire._request import Request
+from aiotimer.wire import Request
 
 __all__ = ["BlockTimes", "FinishedBlock"]
 

@@ -53,7 +53,7 @@ import msgspec
 
 from aiotimer.core._scope import scope_site
 from aiotimer.core._sketch import DurationSketch, SketchState
-from aiotimer.wire._learned import Learned
+from aiotimer.wire import Learned
 
 __all__ = [
     "MAX_LEARNED_SITES",

@@ -21,6 +21,8 @@ face. Besides the events: :class:`ServerCounters` (a server run's counts, also i
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Final
+
 from aiotimer._faces import face_getattr
 from aiotimer.events._base import (
     MAX_LOGGED_TEXT,
@@ -74,7 +76,11 @@ from aiotimer.events._timers import (
 )
 from aiotimer.events._workers import WorkerInfo, by_rank
 
+if TYPE_CHECKING:
+    from aiotimer.events._base import MAX_LINE_SCOPE, clip, clip_scope
+
 __all__ = [
+    "MAX_LINE_SCOPE",
     "MAX_LOGGED_TEXT",
     "MAX_REPORTED_SCOPES",
     "BlockCancelled",
@@ -114,10 +120,18 @@ __all__ = [
     "WorkerSurvived",
     "WorkerUnknown",
     "by_rank",
+    "clip",
+    "clip_scope",
     "clip_text",
     "exit_phrase",
     "holding_task",
     "signal_name",
 ]
 
-__getattr__, __dir__ = face_getattr("aiotimer.events", globals())
+_LAZY: Final[dict[str, str]] = {
+    "MAX_LINE_SCOPE": "aiotimer.events._base",
+    "clip": "aiotimer.events._base",
+    "clip_scope": "aiotimer.events._base",
+}
+
+__getattr__, __dir__ = face_getattr("aiotimer.events", globals(), lazy=_LAZY)

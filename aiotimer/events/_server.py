@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, ClassVar
 from aiotimer.events._base import Event
 
 if TYPE_CHECKING:
-    from aiotimer.core._stats import ScopeStats
+    from aiotimer.core import ScopeStats
 
 __all__ = [
     "ControlRefused",

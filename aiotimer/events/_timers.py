@@ -7,7 +7,7 @@ import logging
 from dataclasses import dataclass
 from typing import ClassVar
 
-from aiotimer.core._stats_format import format_seconds
+from aiotimer.core import format_seconds
 from aiotimer.events._base import (
     Event,
     clip,

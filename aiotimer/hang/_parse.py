@@ -35,7 +35,7 @@ import re
 from dataclasses import dataclass
 from typing import Final
 
-from aiotimer.wire._dumpfile import FAULT_THREAD_HEADER, SPY_THREAD_HEADER
+from aiotimer.wire import FAULT_THREAD_HEADER, SPY_THREAD_HEADER
 
 __all__ = ["Frame", "ParsedStacks", "parse_stacks"]
 

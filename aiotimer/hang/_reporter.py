@@ -39,14 +39,20 @@ import anyio.to_thread
 
 from aiotimer._edges.clock import Clock
 from aiotimer._edges.files import write_atomic
-from aiotimer.core._table import Timer
+from aiotimer.core import Timer
 from aiotimer.events import Event, HangReported
 from aiotimer.hang._report import HangReport, RankStacks, build_report
-from aiotimer.reapers._dumps import NoDump, prepare_dump, py_spy_dump_or_why, read_dump_or_why
-from aiotimer.reapers._policy import ReapPolicy
-from aiotimer.reapers._steps import DumpStacks, Step
-from aiotimer.server._server import TimerServer
-from aiotimer.wire._dumpfile import DEFAULT_DUMP_SIGNAL
+from aiotimer.reapers import (
+    DumpStacks,
+    NoDump,
+    ReapPolicy,
+    Step,
+    prepare_dump,
+    py_spy_dump_or_why,
+    read_dump_or_why,
+)
+from aiotimer.server import TimerServer
+from aiotimer.wire import DEFAULT_DUMP_SIGNAL
 
 
 class RankProcess(Protocol):

@@ -36,7 +36,7 @@ from aiotimer._edges.files import check_private_dir, open_owned
 from aiotimer._edges.procfs import read_start_time
 from aiotimer.errors import ProcessGoneError
 from aiotimer.reapers._stackbound import StackCaps, StackTextBound
-from aiotimer.wire._dumpfile import (
+from aiotimer.wire import (
     DEFAULT_DUMP_SIGNAL,
     END_MARKER,
     HEADER_TAG,

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Final
 
 from aiotimer.reapers._dumps import _open_checked, _parse_header
-from aiotimer.wire._dumpfile import dump_path_for
+from aiotimer.wire import dump_path_for
 
 __all__ = ["MAX_KEPT_DUMPS", "LeftDumps"]
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 import signal as _signal
 from dataclasses import dataclass
 
-from aiotimer.core._table import Timer
+from aiotimer.core import Timer
 from aiotimer.reapers._escalator import Escalator, ReapRetry
 from aiotimer.reapers._steps import DumpStacks, SendSignal, Step, Wait, check_seconds
 

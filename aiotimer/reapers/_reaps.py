@@ -36,7 +36,7 @@ import anyio
 import anyio.abc
 
 from aiotimer._edges.clock import Clock, run_until
-from aiotimer.core._latency import LatencyHistogram
+from aiotimer.core import LatencyHistogram
 from aiotimer.errors import ProcessGoneError, RefusedTargetError
 from aiotimer.events import (
     Event,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from aiotimer.wire._dumpfile import FAULT_THREAD_HEADER, SPY_THREAD_HEADER
+from aiotimer.wire import FAULT_THREAD_HEADER, SPY_THREAD_HEADER
 
 __all__ = ["StackCaps", "StackTextBound"]
 

@@ -7,7 +7,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from aiotimer.events._base import signal_name
+from aiotimer.events import signal_name
 
 __all__ = ["DumpStacks", "SendSignal", "Step", "Wait", "check_seconds", "format_plan"]
 

@@ -7,6 +7,8 @@ programs, and the records of its read-only view (:class:`ServerSnapshot`, what
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Final
+
 from aiotimer._faces import face_getattr
 from aiotimer.server._server import (
     LifecycleState,
@@ -22,17 +24,59 @@ from aiotimer.server._thread import (
 )
 from aiotimer.server._view import EventHistory, ServerSnapshot
 
+if TYPE_CHECKING:
+    from aiotimer.server._document import (
+        API_VERSION,
+        IncidentInfo,
+        ServerInfo,
+        StatusSnapshot,
+        SupervisorInfo,
+        TimerInfo,
+    )
+    from aiotimer.server._eventbus import INCIDENT_KINDS, RECENT_INCIDENTS
+    from aiotimer.server._ingest import MAX_TIMERS, MAX_TIMERS_PER_WORKER
+    from aiotimer.server._view import DEFAULT_LIMIT, SCOPES_PER_WORKER, WORKER_STATES
+
 __all__ = [
+    "API_VERSION",
+    "DEFAULT_LIMIT",
+    "INCIDENT_KINDS",
+    "MAX_TIMERS",
+    "MAX_TIMERS_PER_WORKER",
+    "RECENT_INCIDENTS",
+    "SCOPES_PER_WORKER",
+    "WORKER_STATES",
     "EventHistory",
+    "IncidentInfo",
     "LifecycleState",
     "LoopName",
     "ReapRetry",
     "ServerCounters",
+    "ServerInfo",
     "ServerSnapshot",
     "ServerState",
+    "StatusSnapshot",
+    "SupervisorInfo",
+    "TimerInfo",
     "TimerServer",
     "TimerServerThread",
     "loop_factory",
 ]
 
-__getattr__, __dir__ = face_getattr("aiotimer.server", globals())
+_LAZY: Final[dict[str, str]] = {
+    "API_VERSION": "aiotimer.server._document",
+    "DEFAULT_LIMIT": "aiotimer.server._view",
+    "INCIDENT_KINDS": "aiotimer.server._eventbus",
+    "IncidentInfo": "aiotimer.server._document",
+    "MAX_TIMERS": "aiotimer.server._ingest",
+    "MAX_TIMERS_PER_WORKER": "aiotimer.server._ingest",
+    "RECENT_INCIDENTS": "aiotimer.server._eventbus",
+    "SCOPES_PER_WORKER": "aiotimer.server._view",
+    "ServerInfo": "aiotimer.server._document",
+    "StatusSnapshot": "aiotimer.server._document",
+    "SupervisorInfo": "aiotimer.server._document",
+    "TimerInfo": "aiotimer.server._document",
+    "WORKER_STATES": "aiotimer.server._view",
+}
+
+__getattr__, __dir__ = face_getattr("aiotimer.server", globals(), lazy=_LAZY)

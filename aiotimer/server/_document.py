@@ -14,8 +14,7 @@ from typing import Final
 
 import msgspec
 
-from aiotimer.core._learned import LearnedSummary
-from aiotimer.core._stats import ScopeStats
+from aiotimer.core import LearnedSummary, ScopeStats
 from aiotimer.events import WorkerInfo
 from aiotimer.wire import Request
 

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 
-from aiotimer.sources._base import Drain
+from aiotimer.sources import Drain
 from aiotimer.wire import Decoded
 
 __all__ = ["DRAIN_SLICE", "MAX_DRAIN_STEPS", "Drains", "stop_at"]

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeAlias
 
 if TYPE_CHECKING:  # for types only: the records import nothing at run time
-    from aiotimer.core._table import Timer
+    from aiotimer.core import Timer
     from aiotimer.events import Event
-    from aiotimer.reapers._steps import Step
+    from aiotimer.reapers import Step
 
 __all__ = [
     "ActOn",

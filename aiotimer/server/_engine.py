@@ -52,15 +52,18 @@ import anyio.lowlevel
 
 from aiotimer._edges.clock import Alarm, Clock, open_alarm
 from aiotimer._edges.procfs import read_status
-from aiotimer.core._latency import LatencyHistogram
-from aiotimer.core._stats import DurationStats, Overdue, ScopeStats
-from aiotimer.core._table import Timer, TimerTable
+from aiotimer.core import DurationStats, LatencyHistogram, Overdue, ScopeStats, Timer, TimerTable
 from aiotimer.events import Event, ServerCounters
-from aiotimer.reapers._escalator import ReapRetry
-from aiotimer.reapers._policy import ReapPolicy
-from aiotimer.reapers._reaps import DUMP_SLACK, Reap, Reaps
-from aiotimer.reapers._signal import Reaper
-from aiotimer.reapers._watch import Watchlist, WatchState
+from aiotimer.reapers import (
+    DUMP_SLACK,
+    Reap,
+    Reaper,
+    ReapPolicy,
+    ReapRetry,
+    Reaps,
+    Watchlist,
+    WatchState,
+)
 from aiotimer.server._drains import Drains, stop_at
 from aiotimer.server._effects import (
     Acted,
@@ -78,7 +81,7 @@ from aiotimer.server._ingest import MAX_TIMERS, MAX_TIMERS_PER_WORKER
 from aiotimer.server._journal import Journal
 from aiotimer.server._learning import Learning
 from aiotimer.server._machine import EXPIRE_BUDGET, LAG_THRESHOLD, Machine
-from aiotimer.sources._base import Drain
+from aiotimer.sources import Drain
 from aiotimer.wire import Decoded, Request
 
 if TYPE_CHECKING:

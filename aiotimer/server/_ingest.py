@@ -48,9 +48,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Final
 
-from aiotimer.core._fold import Fold, fold
-from aiotimer.core._stats import DurationStats, Overdue
-from aiotimer.core._table import Timer, TimerTable
+from aiotimer.core import DurationStats, Fold, Overdue, Timer, TimerTable, fold
 from aiotimer.events import (
     BlockCancelled,
     RequestRejected,

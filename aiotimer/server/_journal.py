@@ -70,7 +70,7 @@ import anyio.abc
 import msgspec
 
 from aiotimer._edges.procfs import boot_id, read_start_time
-from aiotimer.core._table import Timer, TimerTable
+from aiotimer.core import Timer, TimerTable
 from aiotimer.errors import ProcessGoneError
 from aiotimer.server._journal_file import JournalFile
 from aiotimer.server._journal_writer import JournalWriter

@@ -30,9 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from aiotimer.core._fold import Fold
-from aiotimer.core._learned import LearnedSummary, LearnedTimeouts
-from aiotimer.core._timer import Timer, TimerKey
+from aiotimer.core import Fold, LearnedSummary, LearnedTimeouts, Timer, TimerKey
 from aiotimer.events import LearnedWouldReap
 from aiotimer.wire import Request
 

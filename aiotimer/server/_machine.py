@@ -83,18 +83,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from aiotimer.core._fold import Fold
-from aiotimer.core._latency import LatencyHistogram
-from aiotimer.core._stats import DurationStats, Overdue
-from aiotimer.core._table import Timer, TimerTable
+from aiotimer.core import DurationStats, Fold, LatencyHistogram, Overdue, Timer, TimerTable
 from aiotimer.events import (
     MAX_REPORTED_SCOPES,
     LoopLagged,
     ServerCounters,
     WorkerExited,
 )
-from aiotimer.reapers._policy import ReapPolicy
-from aiotimer.reapers._steps import Step
+from aiotimer.reapers import ReapPolicy, Step
 from aiotimer.server._decision import Decision
 from aiotimer.server._effects import (
     Acted,

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 
 from aiotimer._edges.clock import Clock
 from aiotimer.server._engine import Engine
-from aiotimer.sources._base import Drain
+from aiotimer.sources import Drain
 from aiotimer.wire import Decoded, Request
 
 __all__ = ["ObservedSink", "RequestObserver"]

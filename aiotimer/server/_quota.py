@@ -53,7 +53,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from aiotimer.core._table import TimerTable
+from aiotimer.core import TimerTable
 
 __all__ = ["Admission", "Quota"]
 

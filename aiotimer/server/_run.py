@@ -38,15 +38,14 @@ from aiotimer._edges.lifecycle import OwnedTask
 from aiotimer._edges.logs import EventLogger
 from aiotimer.errors import ServerStateError
 from aiotimer.events import Event, ServerStarted, SourceFailed
-from aiotimer.reapers._policy import ReapPolicy
-from aiotimer.reapers._signal import Reaper
+from aiotimer.reapers import Reaper, ReapPolicy
 from aiotimer.server._engine import Engine, ReapRetry
 from aiotimer.server._eventbus import EventBus
 from aiotimer.server._handoff import Handoff
 from aiotimer.server._journal import Journal, JournalKept
 from aiotimer.server._observed import ObservedSink, RequestObserver
 from aiotimer.server._statsfile import StatsFile
-from aiotimer.sources._base import Source, serve_source
+from aiotimer.sources import Source, serve_source
 from aiotimer.wire import Decoded
 
 __all__ = ["API_SOURCE", "JOURNAL_SOURCE", "Run", "RunSettings"]

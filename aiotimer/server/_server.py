@@ -36,11 +36,10 @@ from aiotimer._edges.lifecycle import LifecycleState, OwnedTask, TaskOwner
 from aiotimer._edges.limits import raise_open_file_limit
 from aiotimer._edges.logs import EventLogger
 from aiotimer._version import __version__
-from aiotimer.core._stats import ScopeStats
+from aiotimer.core import ScopeStats
 from aiotimer.errors import ServerStateError
 from aiotimer.events import Event
-from aiotimer.reapers._policy import ReapPolicy
-from aiotimer.reapers._signal import Reaper, SignalReaper
+from aiotimer.reapers import Reaper, ReapPolicy, SignalReaper
 from aiotimer.server import _view
 from aiotimer.server._engine import (
     DUMP_SLACK,
@@ -57,7 +56,7 @@ from aiotimer.server._run import Run, RunSettings
 from aiotimer.server._statsfile import StatsFile, stats_path_for
 from aiotimer.server._transports import own_sources
 from aiotimer.server._view import DEFAULT_LIMIT, EventHistory, ServerSnapshot, ServerState
-from aiotimer.sources._base import Source
+from aiotimer.sources import Source
 from aiotimer.wire import Decoded, Rejection, Request, validate
 
 if TYPE_CHECKING:

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from aiotimer.core._table import Timer
+from aiotimer.core import Timer
 from aiotimer.events import TimerExpired
-from aiotimer.reapers._policy import ReapPolicy
-from aiotimer.reapers._steps import Step, format_plan
+from aiotimer.reapers import ReapPolicy, Step, format_plan
 from aiotimer.server._effects import Acted
 from aiotimer.server._learning import Learning
 

@@ -30,8 +30,7 @@ import anyio.abc
 import msgspec
 
 from aiotimer._edges.files import read_owned, write_atomic
-from aiotimer.core._learned import LearnedScopeState, LearnedTimeouts
-from aiotimer.core._stats import DurationStats, StatsState
+from aiotimer.core import DurationStats, LearnedScopeState, LearnedTimeouts, StatsState
 
 __all__ = ["MAX_STATS_BYTES", "SavedStats", "StatsFile", "stats_path_for"]
 

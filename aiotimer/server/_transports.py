@@ -7,8 +7,8 @@ import logging
 import multiprocessing.queues
 import os
 
-from aiotimer.reapers._kill_policy import fifo_mode_warning
-from aiotimer.sources._base import Source
+from aiotimer.reapers import fifo_mode_warning
+from aiotimer.sources import Source
 from aiotimer.sources.fifo import FifoSource
 from aiotimer.sources.mpqueue import QueueSource
 from aiotimer.sources.socket import SocketSource

@@ -33,13 +33,9 @@ from typing import TYPE_CHECKING, Any, Final
 import msgspec
 
 from aiotimer._edges.lifecycle import LifecycleState
-from aiotimer.core._latency import LatencyHistogram
-from aiotimer.core._learned import LearnedSummary
-from aiotimer.core._stats import ScopeStats
-from aiotimer.core._timer import Timer
+from aiotimer.core import LatencyHistogram, LearnedSummary, ScopeStats, Timer
 from aiotimer.events import Event, ServerCounters, ServerStopped, WorkerInfo
-from aiotimer.reapers._policy import ReapPolicy
-from aiotimer.reapers._steps import format_plan
+from aiotimer.reapers import ReapPolicy, format_plan
 from aiotimer.server._document import ServerInfo
 from aiotimer.server._learning import LEARNED_LISTED
 

@@ -24,8 +24,7 @@ from collections.abc import Set as AbstractSet
 from typing import Final
 
 from aiotimer.sources._budget import lines_end
-from aiotimer.wire import Decoded, LineDecoder
-from aiotimer.wire._mentions import mentions_end, scanned, take_due
+from aiotimer.wire import Decoded, LineDecoder, mentions_end, scanned, take_due
 
 __all__ = ["PIECE", "Backlog"]
 

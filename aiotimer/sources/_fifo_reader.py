@@ -31,8 +31,7 @@ from aiotimer.sources._trickle import (
     paced,
     shortest_lead,
 )
-from aiotimer.wire import Decoded, LineDecoder, Rejection
-from aiotimer.wire._mentions import mentions_end, split_junk
+from aiotimer.wire import Decoded, LineDecoder, Rejection, mentions_end, split_junk
 
 __all__ = ["BACKLOG_LIMIT", "FLOODED", "JUNK_REPORT_INTERVAL", "MAX_READS_PER_WAKE", "FifoReader"]
 

@@ -9,8 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from aiotimer.events._base import MAX_LINE_SCOPE, clip
-from aiotimer.events._supervisor import exit_phrase
+from aiotimer.events import MAX_LINE_SCOPE, clip, exit_phrase
 
 __all__ = [
     "KEPT_SCOPES",

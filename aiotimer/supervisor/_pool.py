@@ -17,7 +17,7 @@ from typing import Any
 
 import anyio
 
-from aiotimer.client._launch import (
+from aiotimer.client import (
     ENV_RESTART_COUNT,
     ENV_RUN_ID,
     TORCH_ENV_MAX_RESTARTS,
@@ -25,7 +25,7 @@ from aiotimer.client._launch import (
     TORCH_ENV_RUN_ID,
 )
 from aiotimer.events import TimerExpired, WorkerReaped
-from aiotimer.reapers._signal import NoDump, Reaper
+from aiotimer.reapers import NoDump, Reaper
 from aiotimer.supervisor import _proctree
 from aiotimer.supervisor._exits import ExitReason, classify_exit
 from aiotimer.supervisor._runfile import RunFile

@@ -31,7 +31,7 @@ import anyio
 
 from aiotimer._edges.procfs import EXITED_STATES, stat_fields
 from aiotimer.errors import ProcessGoneError, ReapError, RefusedTargetError
-from aiotimer.reapers._identity import PinnedProcess
+from aiotimer.reapers import PinnedProcess
 
 __all__ = [
     "ProcInfo",

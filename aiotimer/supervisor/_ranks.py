@@ -31,8 +31,7 @@ from aiotimer.events import (
     WorkerStarted,
 )
 from aiotimer.hang import HangReporter
-from aiotimer.reapers._policy import ReapPolicy
-from aiotimer.reapers._signal import NoDump, Reaper
+from aiotimer.reapers import NoDump, Reaper, ReapPolicy
 from aiotimer.supervisor._exits import ExitReason, classify_exit
 from aiotimer.supervisor._pool import (
     Attempt,

@@ -16,13 +16,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Final, Protocol
 
 from aiotimer._edges.lifecycle import LifecycleState
-from aiotimer.events import RankStatus
-from aiotimer.events._base import clip
+from aiotimer.events import RankStatus, clip
 from aiotimer.supervisor._exits import ExitReason, attempt_story, ending_word
 from aiotimer.supervisor._restart import GiveUp, Restart, RestartPolicy, SlotRecord, WorkerState
 
 if TYPE_CHECKING:
-    from aiotimer.server._view import ServerState
+    from aiotimer.server import ServerState
 
 __all__ = [
     "SUMMARY_EXIT_WIDTH",

@@ -45,7 +45,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
-from aiotimer.events._supervisor import WorkerState
+from aiotimer.events import WorkerState
 from aiotimer.supervisor._exits import ExitKind, ExitReason
 
 __all__ = [

@@ -10,7 +10,7 @@ import tempfile
 from collections.abc import MutableMapping
 from pathlib import Path
 
-from aiotimer.wire._dumpfile import ENV_DUMP_DIR
+from aiotimer.wire import ENV_DUMP_DIR
 
 __all__ = ["RunDumps"]
 

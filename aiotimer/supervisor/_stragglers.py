@@ -24,8 +24,7 @@ from typing import Final
 
 import msgspec
 
-from aiotimer.core._blocks import BlockTimes
-from aiotimer.core._straggler import StragglerChange, StragglerDetector
+from aiotimer.core import BlockTimes, StragglerChange, StragglerDetector
 from aiotimer.events import Event, RankStatus, StragglerDetected, StragglerRecovered
 from aiotimer.wire import Request
 

@@ -49,9 +49,8 @@ from aiotimer.events import (
     WorkerReaped,
 )
 from aiotimer.hang import HangReport, open_scopes
-from aiotimer.reapers._policy import ReapPolicy
-from aiotimer.reapers._signal import Reaper, SignalReaper
-from aiotimer.server._server import TimerServer
+from aiotimer.reapers import Reaper, ReapPolicy, SignalReaper
+from aiotimer.server import TimerServer
 from aiotimer.supervisor import _proctree
 from aiotimer.supervisor._pool import WORKER_ENV, WorkerPool
 from aiotimer.supervisor._ranks import Ranks

@@ -15,8 +15,20 @@ from aiotimer._faces import face_getattr
 
 if TYPE_CHECKING:
     from aiotimer.wire._decoder import Decoded, LineDecoder, Rejection
-    from aiotimer.wire._encoder import BlockEncoder, block_encoder, encode
+    from aiotimer.wire._dumpfile import (
+        DEFAULT_DUMP_SIGNAL,
+        END_MARKER,
+        ENV_DUMP_DIR,
+        FAULT_THREAD_HEADER,
+        HEADER_TAG,
+        MAX_DUMP_BYTES,
+        SPY_THREAD_HEADER,
+        dump_dir_for,
+        dump_path_for,
+    )
+    from aiotimer.wire._encoder import BlockEncoder, block_encoder, encode, fits_block_encoder
     from aiotimer.wire._learned import Learned, learned, learned_problem
+    from aiotimer.wire._mentions import mentions_end, scanned, split_junk, take_due
     from aiotimer.wire._request import (
         ENV_FIFO,
         JOB_CONTROL_SIGNALS,
@@ -39,6 +51,20 @@ if TYPE_CHECKING:
     )
 
 _LAZY: Final[dict[str, str]] = {
+    "DEFAULT_DUMP_SIGNAL": "aiotimer.wire._dumpfile",
+    "END_MARKER": "aiotimer.wire._dumpfile",
+    "ENV_DUMP_DIR": "aiotimer.wire._dumpfile",
+    "FAULT_THREAD_HEADER": "aiotimer.wire._dumpfile",
+    "HEADER_TAG": "aiotimer.wire._dumpfile",
+    "MAX_DUMP_BYTES": "aiotimer.wire._dumpfile",
+    "SPY_THREAD_HEADER": "aiotimer.wire._dumpfile",
+    "dump_dir_for": "aiotimer.wire._dumpfile",
+    "dump_path_for": "aiotimer.wire._dumpfile",
+    "fits_block_encoder": "aiotimer.wire._encoder",
+    "mentions_end": "aiotimer.wire._mentions",
+    "scanned": "aiotimer.wire._mentions",
+    "split_junk": "aiotimer.wire._mentions",
+    "take_due": "aiotimer.wire._mentions",
     "Decoded": "aiotimer.wire._decoder",
     "LineDecoder": "aiotimer.wire._decoder",
     "Rejection": "aiotimer.wire._decoder",
@@ -71,9 +97,15 @@ _LAZY: Final[dict[str, str]] = {
 __getattr__, __dir__ = face_getattr("aiotimer.wire", globals(), lazy=_LAZY)
 
 __all__ = [
+    "DEFAULT_DUMP_SIGNAL",
+    "END_MARKER",
+    "ENV_DUMP_DIR",
     "ENV_FIFO",
+    "FAULT_THREAD_HEADER",
+    "HEADER_TAG",
     "JOB_CONTROL_SIGNALS",
     "MARKER_SUFFIX",
+    "MAX_DUMP_BYTES",
     "MAX_LINE_BYTES",
     "MAX_SCOPE_ID_LENGTH",
     "MAX_SIGNAL",
@@ -81,6 +113,7 @@ __all__ = [
     "PIPE_BUF",
     "PROTOCOL_VERSION",
     "REAP_SIGNALS",
+    "SPY_THREAD_HEADER",
     "TORCH_ENV_FIFO",
     "BlockEncoder",
     "Decoded",
@@ -91,11 +124,18 @@ __all__ = [
     "RequestTooLargeError",
     "block_encoder",
     "check_block",
+    "dump_dir_for",
+    "dump_path_for",
     "encode",
+    "fits_block_encoder",
     "learned",
     "learned_problem",
+    "mentions_end",
     "number_problem",
+    "scanned",
     "scope_id_problem",
     "signal_problem",
+    "split_junk",
+    "take_due",
     "validate",
 ]

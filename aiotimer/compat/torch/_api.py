@@ -11,9 +11,9 @@ import time
 from types import TracebackType
 from typing import Any
 
-from aiotimer.client._clients import release_failed
+from aiotimer.client import release_failed
 from aiotimer.compat.torch._requests import TimerNotConfiguredError, TimerRequest
-from aiotimer.core._scope import default_scope, scope_at_site, scope_site
+from aiotimer.core import default_scope, scope_at_site, scope_site
 
 logger = logging.getLogger("aiotimer.compat.torch")
 

@@ -8,7 +8,7 @@ import queue as _queue
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
-from aiotimer.client._expires import (
+from aiotimer.client import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_WRITE_TIMEOUT,
     FifoClient,
@@ -22,13 +22,13 @@ from aiotimer.compat.torch._requests import (
     TimerRequestTooLargeError,
     TimerServerUnavailableError,
 )
-from aiotimer.core._scope import current_pid
+from aiotimer.core import current_pid
 from aiotimer.errors import ServerUnavailableError
 from aiotimer.wire import Request, RequestTooLargeError
 
 if TYPE_CHECKING:
-    from aiotimer.client._expires import TimerClient as _AioTimerClient
-    from aiotimer.client._queue import _PutQueue
+    from aiotimer.client import PutQueue
+    from aiotimer.client import TimerClient as _AioTimerClient
 
 # -- clients ------------------------------------------------------------------------------
 
@@ -131,9 +131,7 @@ class LocalTimerClient(TimerClient):
     ``signal`` (SIGKILL) and the monotonic deadline for aiotimer's queue source.
     """
 
-    def __init__(
-        self, mp_queue: _PutQueue, *, write_timeout: float = DEFAULT_WRITE_TIMEOUT
-    ) -> None:
+    def __init__(self, mp_queue: PutQueue, *, write_timeout: float = DEFAULT_WRITE_TIMEOUT) -> None:
         self._mp_queue = mp_queue
         self._client = QueueClient(mp_queue, signal=_SIGKILL, write_timeout=write_timeout)
 

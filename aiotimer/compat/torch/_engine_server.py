@@ -40,12 +40,12 @@ from aiotimer._edges.clock import Clock, MonotonicClock
 from aiotimer._edges.procfs import EXITED_STATES, read_stat
 from aiotimer.compat.torch._api import RequestQueue, TimerServer
 from aiotimer.compat.torch._requests import TimerRequest, _to_request
-from aiotimer.core._table import Timer
+from aiotimer.core import Timer
 from aiotimer.errors import ReapError
 from aiotimer.events import Event
-from aiotimer.reapers._signal import NoDump, Reaper, SignalReaper
-from aiotimer.server._server import TimerServer as _AioTimerServer
-from aiotimer.server._thread import TimerServerThread
+from aiotimer.reapers import NoDump, Reaper, SignalReaper
+from aiotimer.server import TimerServer as _AioTimerServer
+from aiotimer.server import TimerServerThread
 
 __all__ = ["EngineServer", "TorchHooks"]
 

@@ -18,7 +18,7 @@ from aiotimer.compat.torch._clients import FileTimerClient
 from aiotimer.compat.torch._engine_server import EngineServer
 from aiotimer.compat.torch._requests import FileTimerRequest, TimerRequest
 from aiotimer.compat.torch.debug_info_logging import log_debug_info_for_expired_timers
-from aiotimer.core._table import Timer
+from aiotimer.core import Timer
 from aiotimer.events import (
     Event,
     ServerStarted,
@@ -27,8 +27,8 @@ from aiotimer.events import (
     WorkerExited,
     WorkerReaped,
 )
-from aiotimer.reapers._signal import Reaper
-from aiotimer.server._server import TimerServer as _AioTimerServer
+from aiotimer.reapers import Reaper
+from aiotimer.server import TimerServer as _AioTimerServer
 
 __all__ = [
     "FileTimerClient",

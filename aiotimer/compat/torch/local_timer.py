@@ -17,8 +17,8 @@ from aiotimer.compat.torch._clients import LocalTimerClient, MultiprocessingRequ
 from aiotimer.compat.torch._engine_server import EngineServer
 from aiotimer.compat.torch._requests import TimerRequest
 from aiotimer.events import Event
-from aiotimer.reapers._signal import Reaper
-from aiotimer.server._server import TimerServer as _AioTimerServer
+from aiotimer.reapers import Reaper
+from aiotimer.server import TimerServer as _AioTimerServer
 
 __all__ = [
     "LocalTimerClient",
