@@ -333,6 +333,25 @@ async def test_unknown_worker_is_dropped_with_an_event() -> None:
 
 
 @pytest.mark.asyncio
+async def test_a_gone_workers_block_ended_in_a_later_read_keeps_its_tiers() -> None:
+    """A worker gone before a paced reader got its lines (in two chunks): its acquire is
+    reported unknown, but the release in the next chunk still says the block's tiers
+    and counts its duration."""
+    async with rig(reaper=RecordingReaper(nonexistent={P666})) as r:
+        r.acquire(P666, "ghost@Task-1", at=3.0, kill_after=2.0)  # its own deadline: 1.0
+        [unknown] = r.of(WorkerUnknown)
+        assert unknown.pid == P666
+        await r.advance(1.25)
+        r.source.push(Request(P666, "ghost@Task-1", -1, 0, cancelled=True))
+        await settle()
+        [cancelled] = r.of(BlockCancelled)
+        assert (cancelled.late, cancelled.kill_after) == (0.25, 2.0)
+        [stats] = r.server.scope_stats()
+        assert stats.count == 1 and stats.p50 == pytest.approx(1.25, rel=0.02)
+        assert r.server.get_state().timers == () and r.reaper.signals() == []
+
+
+@pytest.mark.asyncio
 async def test_failed_reap_is_retried_with_backoff_and_never_reported_as_success() -> None:
     retry = ReapRetry(attempts=5, initial=0.1, maximum=5.0, factor=2.0)
     async with rig(reap_retry=retry) as r:

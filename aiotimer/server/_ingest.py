@@ -73,6 +73,8 @@ __all__ = ["MAX_TIMERS", "MAX_TIMERS_PER_WORKER", "REPORTED_REJECTIONS", "Ingest
 MAX_TIMERS = 1_000_000
 #: Default cap on one worker's live timers; its acquires past it are rejected.
 MAX_TIMERS_PER_WORKER = 100_000
+#: Acquires of workers gone before their lines were read, held for their releases.
+MAX_UNPINNED_HELD: Final[int] = 10_000
 #: Rejections of one batch reported one by one; the rest in one event (all counted).
 REPORTED_REJECTIONS: Final = 64
 
@@ -129,6 +131,11 @@ class Ingest:
         self._learning = learning
         self._journal = journal
         self._request_events = request_events
+        # Acquires of a worker that could not be pinned (reported unknown; often gone
+        # before a paced reader got its lines, in several chunks), kept until their
+        # deadline (at most MAX_UNPINNED_HELD) so that a release that follows still
+        # gives its block's duration and tiers.
+        self._unpinned_open: dict[tuple[int, str], Timer] = {}
         self._max_timers = max_timers
         self._max_per_worker = max_timers_per_worker
         self._quota = quota
@@ -170,8 +177,20 @@ class Ingest:
         else:
             for req in requests:
                 self._apply(req, source, mono, wall)
+        if self._unpinned_open:
+            self._forget_unpinned(mono)
         if batch.rejections:
             self._reject(batch.rejections, source, wall)
+
+    def _forget_unpinned(self, mono: float) -> None:
+        """Forget the held acquires of unpinnable workers that are due (their block
+        can no longer end in time) or beyond the bound, oldest first."""
+        held = self._unpinned_open
+        over = len(held) - MAX_UNPINNED_HELD
+        for key, timer in list(held.items()):
+            if over > 0 or timer.deadline <= mono:
+                over -= 1
+                del held[key]
 
     def _reject(self, rejections: Sequence[Rejection], source: str, wall: float) -> None:
         """Count every rejection; report the first :data:`REPORTED_REJECTIONS` of the
@@ -285,6 +304,8 @@ class Ingest:
             self._overdue.pop((pid, req.scope_id))  # re-acquired: that block's end is unknown
         if pid not in self._watched and pid != self._own_pid:  # it could not be pinned
             self.out.append(WorkerUnknown(time=wall, pid=pid, scope_id=req.scope_id, source=source))
+            timer = Timer(pid, req.scope_id, req.deadline(mono, wall), req.signal, mono, req)
+            self._unpinned_open[(pid, req.scope_id)] = timer
             return
         if (
             len(table) >= self._max_timers or table.worker_size(pid) >= self._max_per_worker
@@ -318,10 +339,15 @@ class Ingest:
 
     def _release(self, req: Request, source: str, mono: float, wall: float) -> None:
         released = self._table.release(req.pid, req.scope_id)
+        journaled = released is not None
+        if released is None and self._unpinned_open:
+            held = self._unpinned_open.pop((req.pid, req.scope_id), None)
+            if held is not None:  # its worker is gone, but the block ended before it went
+                released = held
         if req.cancelled:
             self._cancelled(req, released, mono, wall)
         if released is not None:
-            if self._journal:
+            if self._journal and journaled:
                 self.out.append(JournalReleased(req.pid, req.scope_id))
             self._counts.released += 1
             duration = _took(released, req, mono)
