@@ -11,7 +11,7 @@ import anyio
 import pytest
 
 from aiotimer.client import DEFAULT_KILL_AFTER, Expires, expires, expires_at
-from aiotimer.client._task_deadline import open_blocks
+from aiotimer.client._task_deadline import _deadlines_of, open_blocks
 from aiotimer.core._scope import scope_site
 from aiotimer.testing import RecordingClient
 from aiotimer.wire import scope_id_problem
@@ -350,3 +350,22 @@ async def test_deadlines_of_many_blocks_fire_in_order_after_many_ended_ones(
 
     await asyncio.gather(item(0.15), item(0.05), quick(), item(0.1))
     assert order == [0.05, 0.1, 0.15]
+
+
+@pytest.mark.asyncio
+async def test_blocks_ending_in_turn_leave_no_deadline_entries(client: RecordingClient) -> None:
+    """An ended block's entry at the head of its loop's deadlines is dropped as the block
+    ends (blocks mostly end in the order they began), so a loop of blocks keeps none; an
+    ended entry behind a live one waits for it, and still never cancels anything."""
+    for _ in range(50):
+        async with expires(3600, scope="ended", client=client):
+            pass
+    deadlines = _deadlines_of(asyncio.get_running_loop())
+    assert deadlines._heap == []
+    async with expires(0.05, scope="outer", client=client):
+        async with expires(3600, scope="inner", client=client):
+            pass
+        assert len(deadlines._heap) == 2  # the inner's entry, behind the live outer
+    assert deadlines._heap == []  # the outer's end drops both
+    await asyncio.sleep(0.1)  # past the outer's deadline: the timer finds nothing due
+    assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]

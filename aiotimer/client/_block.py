@@ -300,9 +300,10 @@ class Expires:
             raise self._misuse("exit")
         self._state = _EXITED
         try:
-            request = self._release()
-            if request is not None:
-                self._sender().send(request)
+            nowait = self._nowait  # _release(), inlined: this runs for every block
+            if nowait is not None and nowait(self.scope, -1, 0, None, False):
+                return
+            self._sender().send(Request(current_pid(), self.scope, -1, 0))
         except Exception as release_exc:
             release_undelivered(self.scope, release_exc, exc)
 

@@ -122,15 +122,12 @@ def expires(
     the client can, see docs/clients.md), the block's own exception propagates
     untouched, and a cancelled task still sends its release.
     """
-    return _block(
-        "expires",
-        after=after,
-        deadline=None,
-        scope=scope,
-        client=client,
-        signal=signal,
-        kill_after=kill_after,
-    )
+    if scope is None and signal is None:  # the common block: one call fewer, no keywords
+        try:
+            return Expires(default_scope(1), after, None, client, None, kill_after, True)
+        except TypeError as exc:
+            raise _named(exc, "expires", after, None, scope, signal, kill_after) from None
+    return _block("expires", after, None, scope, client, signal, kill_after)
 
 
 def expires_at(
@@ -148,20 +145,11 @@ def expires_at(
     A deadline already past is sent as "expire now"; one more than
     :data:`MAX_DEADLINE_AHEAD` ahead is refused with ``ValueError`` (an epoch time).
     """
-    return _block(
-        "expires_at",
-        after=None,
-        deadline=deadline,
-        scope=scope,
-        client=client,
-        signal=signal,
-        kill_after=kill_after,
-    )
+    return _block("expires_at", None, deadline, scope, client, signal, kill_after)
 
 
-def _block(
+def _block(  # noqa: PLR0917 (positional: keywords cost ~0.15 us a call on 3.11)
     face: str,
-    *,
     after: float | Learned | None,
     deadline: float | None,
     scope: str | None,
@@ -180,8 +168,20 @@ def _block(
             return Expires(default_scope(2), after, deadline, client, signal, kill_after, True)
         return Expires(scope, after, deadline, client, signal, kill_after)
     except TypeError as exc:
-        timing = {"after": after} if face == "expires" else {"deadline": deadline}
-        named = argument_type_error(
-            face, **timing, scope=scope, signal=signal, kill_after=kill_after
-        )
-        raise (exc if named is None else named) from None
+        raise _named(exc, face, after, deadline, scope, signal, kill_after) from None
+
+
+def _named(  # noqa: PLR0917
+    exc: TypeError,
+    face: str,
+    after: float | Learned | None,
+    deadline: float | None,
+    scope: str | None,
+    signal: int | None,
+    kill_after: float | None,
+) -> TypeError:
+    """The ``TypeError`` to raise for ``exc``: one naming the argument of ``face`` that
+    has a wrong type and the type it takes, else ``exc`` itself."""
+    timing = {"after": after} if face == "expires" else {"deadline": deadline}
+    named = argument_type_error(face, **timing, scope=scope, signal=signal, kill_after=kill_after)
+    return exc if named is None else named

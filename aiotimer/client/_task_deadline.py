@@ -13,9 +13,10 @@ How it works: the deadlines of one loop (on ``time.monotonic()``) live in one he
 lazy deletion (trio's ``Deadlines``), under one loop timer armed for the earliest (a
 timer that fires before the earliest is due, as uvloop's can by up to a millisecond,
 only arms it again: no task is cancelled before its deadline): a block adds an entry (a
-heap push) and marks it done when its body ends; the timer, when it fires, cancels the
-tasks of the live entries that are due, drops the done ones it meets, and re-arms for
-the next live deadline. The heap is rebuilt when done entries outnumber live ones (more
+heap push) and marks it done when its body ends (the done entries at the head of the
+heap are dropped then: blocks mostly end in the order they began); the timer, when it
+fires, cancels the tasks of the live entries that are due, drops the done ones it
+meets, and re-arms for the next live deadline. The heap is rebuilt when done entries outnumber live ones (more
 than ``2 * live + 1000``), so its size stays proportional to the blocks in flight. A
 timer handle per block (what ``asyncio.timeout`` does, plus two coroutines) costs ~2 us
 with its cancel in asyncio's Python ``call_at``; an entry costs a fraction of that.
@@ -133,9 +134,14 @@ class _LoopDeadlines:
             self._arm(entry.when)
 
     def discard(self) -> None:
-        """One entry's block ended (the entry is marked done): count it, compact if due."""
+        """One entry's block ended (the entry is marked done): count it, drop the ended
+        entries at the head of the heap, compact if due."""
         self._live -= 1
         self._dead += 1
+        heap = self._heap
+        while heap and heap[0][2]._done:  # ended first, as blocks mostly do: dropped now
+            heapq.heappop(heap)
+            self._dead -= 1
         if self._dead > 2 * self._live + 1000:
             self._heap = [item for item in self._heap if not item[2]._done]
             heapq.heapify(self._heap)
