@@ -16,8 +16,9 @@ only arms it again: no task is cancelled before its deadline): a block adds an e
 heap push) and marks it done when its body ends (the done entries at the head of the
 heap are dropped then: blocks mostly end in the order they began); the timer, when it
 fires, cancels the tasks of the live entries that are due, drops the done ones it
-meets, and re-arms for the next live deadline. The heap is rebuilt when done entries outnumber live ones (more
-than ``2 * live + 1000``), so its size stays proportional to the blocks in flight. A
+meets, and re-arms for the next live deadline. The heap is rebuilt when done entries
+outnumber live ones (more than ``2 * live + 1000``), so its size stays proportional to
+the blocks in flight. A
 timer handle per block (what ``asyncio.timeout`` does, plus two coroutines) costs ~2 us
 with its cancel in asyncio's Python ``call_at``; an entry costs a fraction of that.
 """
