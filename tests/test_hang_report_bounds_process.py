@@ -37,8 +37,10 @@ pytestmark = [pytest.mark.process, pytest.mark.timeout(170)]
 
 ROOT = Path(__file__).resolve().parent.parent
 
-#: The most the supervisor's loop may lag while a report is taken (seconds).
-LAG_BOUND = 0.05
+#: The most the supervisor's loop may lag while a report is taken (seconds), less the
+#: time it waited for a CPU: 7-15 ms measured on an idle machine, 53 ms once under four
+#: test processes on two cores; reading the stacks on the loop lagged it 2.7-3.0 s.
+LAG_BOUND = 0.1
 #: The most the supervisor's peak RSS may grow during the run (bytes).
 RSS_BOUND = 64 * 1024 * 1024
 

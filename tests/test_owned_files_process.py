@@ -25,8 +25,9 @@ from _procs import Sentinel, env, send, serve_argv
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(60)]
 
-#: The bound on starting, refusing, reaping and stopping.
-WITHIN = 5.0
+#: The bound on starting, refusing, reaping and stopping: a server starts in ~0.5 s on
+#: an idle machine; the failures it guards against never start or never stop at all.
+WITHIN = 15.0
 #: The most a server may ever hold resident (it needs ~40 MB).
 MAX_RSS_KB = 200 * 1024
 PRECIOUS = b"precious: no server may write here\n"
