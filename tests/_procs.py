@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
@@ -67,6 +67,24 @@ def serving(
         if server.poll() is None:
             server.kill()
         server.communicate(timeout=BOUND)
+
+
+def status_until(fifo: Path, done: Callable[[dict[str, Any]], Any], what: str) -> Any:
+    """Run ``aiotimer status --json`` on ``fifo`` until ``done(document)`` is truthy, and
+    return that (fails with ``what`` after ``BOUND`` seconds)."""
+    deadline = time.monotonic() + BOUND
+    while True:
+        status = subprocess.run(
+            [sys.executable, "-m", "aiotimer", "status", "--fifo", str(fifo), "--json"],
+            env=env(),
+            capture_output=True,
+            timeout=BOUND,
+            check=False,
+        )
+        if status.returncode == 0 and (found := done(json.loads(status.stdout))):
+            return found
+        assert time.monotonic() < deadline, f"{what}: {status.stderr!r}"
+        time.sleep(0.05)
 
 
 def line(pid: int, scope: str, after: float, sig: int = 9) -> bytes:

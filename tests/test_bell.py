@@ -9,6 +9,7 @@ import os
 import pathlib
 import stat
 import time
+from typing import Any
 
 import anyio
 import pytest
@@ -181,28 +182,29 @@ async def test_the_client_rings_after_an_acquire_due_sooner_than_the_bell_lead(
     assert [r.scope_id for r in sink.requests] == ["first", "long", "short"]
 
 
-def test_the_client_rings_once_per_window_for_leads_as_long_as_one_rung_for(
-    tmp_path: pathlib.Path,
-) -> None:
-    # A FIFO and a bell read by the test itself, behind an aiotimer marker: every ring
-    # the client writes stays in the bell to be counted.
+def hand_made_fifo(tmp_path: pathlib.Path, **marker: Any) -> tuple[pathlib.Path, int, int]:
+    """A FIFO and its bell read by the test itself, behind an aiotimer marker with
+    ``marker``'s bell settings: (the FIFO, its reader, the bell's reader). Every ring a
+    client writes stays in the bell to be counted."""
     fifo, bell = tmp_path / "timer.fifo", tmp_path / ("timer.fifo" + BELL_SUFFIX)
     os.mkfifo(fifo, 0o600)
     os.mkfifo(bell, 0o600)
     reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
     rings = os.open(bell, os.O_RDONLY | os.O_NONBLOCK)
     st = os.stat(fifo)
-    window = 3600.0  # no ring of this test outlives it
     published = Marker(
-        server=AIOTIMER,
-        pid=os.getpid(),
-        fifo_dev=st.st_dev,
-        fifo_ino=st.st_ino,
-        bell=str(bell),
-        bell_lead=10.0,
-        bell_window=window,
-    )
+        server=AIOTIMER, pid=os.getpid(), fifo_dev=st.st_dev, fifo_ino=st.st_ino,
+        bell=str(bell), **marker,
+    )  # fmt: skip
     assert publish_marker(fifo, published) is None
+    return fifo, reader, rings
+
+
+def test_the_client_rings_once_per_window_for_leads_as_long_as_one_rung_for(
+    tmp_path: pathlib.Path,
+) -> None:
+    window = 3600.0  # no ring of this test outlives it
+    fifo, reader, rings = hand_made_fifo(tmp_path, bell_lead=10.0, bell_window=window)
 
     def rung() -> list[float | None]:
         try:
@@ -243,21 +245,7 @@ def test_the_client_rings_once_per_window_for_leads_as_long_as_one_rung_for(
 def test_without_a_window_in_the_marker_the_client_rings_every_time(
     tmp_path: pathlib.Path,
 ) -> None:
-    fifo, bell = tmp_path / "timer.fifo", tmp_path / ("timer.fifo" + BELL_SUFFIX)
-    os.mkfifo(fifo, 0o600)
-    os.mkfifo(bell, 0o600)
-    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
-    rings = os.open(bell, os.O_RDONLY | os.O_NONBLOCK)
-    st = os.stat(fifo)
-    published = Marker(
-        server=AIOTIMER,
-        pid=os.getpid(),
-        fifo_dev=st.st_dev,
-        fifo_ino=st.st_ino,
-        bell=str(bell),
-        bell_lead=10.0,
-    )
-    assert publish_marker(fifo, published) is None
+    fifo, reader, rings = hand_made_fifo(tmp_path, bell_lead=10.0)
     try:
         with FifoClient(fifo) as client:
             for scope in ("a", "b", "c"):
@@ -272,17 +260,7 @@ def test_without_a_window_in_the_marker_the_client_rings_every_time(
 def test_a_client_that_finds_the_pipe_full_rings_plainly(tmp_path: pathlib.Path) -> None:
     # A paced reader may pause 2 s: a writer that finds the pipe full rings, so the
     # server reads at once instead of letting the writer wait out its write timeout.
-    fifo, bell = tmp_path / "timer.fifo", tmp_path / ("timer.fifo" + BELL_SUFFIX)
-    os.mkfifo(fifo, 0o600)
-    os.mkfifo(bell, 0o600)
-    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
-    rings = os.open(bell, os.O_RDONLY | os.O_NONBLOCK)
-    st = os.stat(fifo)
-    published = Marker(
-        server=AIOTIMER, pid=os.getpid(), fifo_dev=st.st_dev, fifo_ino=st.st_ino,
-        bell=str(bell), bell_lead=1.0, bell_window=3600.0,
-    )  # fmt: skip
-    assert publish_marker(fifo, published) is None
+    fifo, reader, rings = hand_made_fifo(tmp_path, bell_lead=1.0, bell_window=3600.0)
     try:
         with FifoClient(fifo, write_timeout=0.5) as client:
             line = Request(os.getpid(), "long", time.time() + 60, 9, mono=time.monotonic() + 60)

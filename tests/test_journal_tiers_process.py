@@ -12,14 +12,11 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from _procs import BOUND, Sentinel, env, line, send, serving
+from _procs import BOUND, Sentinel, line, send, serving, status_until
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(90)]
 
@@ -27,21 +24,12 @@ pytestmark = [pytest.mark.process, pytest.mark.timeout(90)]
 def timers_of(fifo: Path, pid: int) -> list[dict[str, Any]]:
     """The live timers of ``pid`` as ``aiotimer status --json`` lists them, once the
     server lists any (fails after ``BOUND`` seconds)."""
-    deadline = time.monotonic() + BOUND
-    while True:
-        status = subprocess.run(
-            [sys.executable, "-m", "aiotimer", "status", "--fifo", str(fifo), "--json"],
-            env=env(),
-            capture_output=True,
-            timeout=BOUND,
-            check=False,
-        )
-        if status.returncode == 0:
-            timers = [t for t in json.loads(status.stdout)["timers"] if t["pid"] == pid]
-            if timers:
-                return timers
-        assert time.monotonic() < deadline, f"no timer of {pid} listed: {status.stderr!r}"
-        time.sleep(0.05)
+    found: list[dict[str, Any]] = status_until(
+        fifo,
+        lambda doc: [t for t in doc["timers"] if t["pid"] == pid],
+        f"no timer of {pid} listed",
+    )
+    return found
 
 
 def test_a_restored_two_tier_timer_keeps_its_kill_after(tmp_path: Path) -> None:

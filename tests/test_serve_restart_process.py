@@ -16,11 +16,10 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from _procs import BOUND, Sentinel, env, events, serving
+from _procs import BOUND, Sentinel, env, events, serving, status_until
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(90)]
 
@@ -36,21 +35,11 @@ while True:
 
 
 def wait_for_workers(fifo: Path, pids: set[int]) -> None:
-    deadline = time.monotonic() + BOUND
-    while True:
-        status = subprocess.run(
-            [sys.executable, "-m", "aiotimer", "status", "--fifo", str(fifo), "--json"],
-            env=env(),
-            capture_output=True,
-            timeout=BOUND,
-            check=False,
-        )
-        if status.returncode == 0:
-            workers = {w["pid"] for w in json.loads(status.stdout)["workers"]}
-            if pids <= workers:
-                return
-        assert time.monotonic() < deadline, f"workers {pids} never all registered"
-        time.sleep(0.05)
+    status_until(
+        fifo,
+        lambda doc: pids <= {w["pid"] for w in doc["workers"]},
+        f"workers {pids} never all registered",
+    )
 
 
 def test_sigterm_keeps_the_journal_and_the_next_server_reaps_the_hung_worker(
