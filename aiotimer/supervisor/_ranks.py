@@ -22,6 +22,7 @@ import anyio.abc
 from aiotimer._edges.clock import Clock
 from aiotimer.events import (
     Event,
+    RankStatus,
     RestartScheduled,
     SupervisorGaveUp,
     TimerExpired,
@@ -45,6 +46,7 @@ from aiotimer.supervisor._records import (
     RunOutcome,
     SupervisorActions,
     WorkerFailure,
+    rank_status,
     run_outcome,
 )
 from aiotimer.supervisor._restart import (
@@ -135,6 +137,55 @@ class Ranks:
             self.hang.place(fifo.parent)
         for rank in range(self._nproc):
             self.launch(rank)
+
+    async def stop_for_good(self, rank: int) -> None:
+        """Stop worker ``rank`` for good (an operator's stop)."""
+        await self._pool.stop([rank], final=True)
+        self._planner.set_state([rank], WorkerState.STOPPED)
+        self.check_finished()
+
+    async def restart_now(self, ranks: tuple[int, ...], count: int | None) -> None:
+        """Restart ``ranks`` now, outside the budget: an operator's restart, or a
+        job-wide one that sets their restart ``count``."""
+        for rank in ranks:
+            att = self._pool.attempts.get(rank)
+            if att is not None:
+                att.stop_requested = True
+        decision = self._planner.restart(
+            ranks,
+            self._clock.monotonic(),
+            budget=False,
+            count=count,
+            cause="operator" if count is None else "job",
+        )
+        await self.carry_out(decision)
+
+    def statuses(self, now: float) -> list[RankStatus]:
+        """Every rank as it is at ``now`` (monotonic)."""
+        workers = []
+        for s in self._planner.slots:
+            att = self._pool.attempts.get(s.rank)
+            running = None if att is None else (att.pid, now - att.started_at)
+            workers.append(rank_status(s, running))
+        return workers
+
+    def restart_straggler(self, rank: int) -> None:
+        """Restart straggler ``rank``, charged to the budget (``--on-straggler
+        restart-rank``); only reported once the budget is spent or the run is ending."""
+        now = self._clock.monotonic()
+        att = self._pool.attempts.get(rank)
+        if self._tg is None or att is None or self._stopping():
+            return
+        if self._planner.gave_up is not None or not self._planner.slot(rank).state.alive:
+            return
+        if self._planner.restarts_in_window(now) >= self._policy.max_restarts:
+            logger.warning(
+                "rank %d is a straggler, but the restart budget is spent: only reported", rank
+            )
+            return
+        att.stop_requested = True
+        decision = self._planner.restart((rank,), now, cause="straggler")
+        self._tg.start_soon(self.carry_out, decision)
 
     def expired(self, event: TimerExpired | WorkerReaped) -> None:
         """A worker's timer expired (or it was reaped): the planner hears of it."""

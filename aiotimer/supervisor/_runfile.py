@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterable
@@ -61,6 +62,7 @@ __all__ = [
     "RunFile",
     "RunRecord",
     "kill_cgroup",
+    "make_runtime_dir",
     "read_run_file",
     "remove_runtime_dir",
     "run_file_name",
@@ -104,6 +106,14 @@ def runtime_parent(chosen: str | os.PathLike[str] | None = None) -> str | None:
     ``$XDG_RUNTIME_DIR``; ``None`` (the temp dir) when that is not a directory."""
     parent = chosen or os.environ.get("XDG_RUNTIME_DIR") or None
     return None if parent is None or not os.path.isdir(parent) else os.fspath(parent)
+
+
+def make_runtime_dir(parent: str | None, run_id: str) -> tuple[Path, str]:
+    """Make the run's private ``0700`` runtime directory in ``parent`` (its FIFO and
+    control socket live there), named after ``run_id``: (the directory, the run's tag,
+    a safe name made of any run id)."""
+    tag = re.sub(r"[^A-Za-z0-9_.-]", "_", run_id)[:24]
+    return Path(tempfile.mkdtemp(prefix=f"aiotimer-{tag}-", dir=parent)), tag
 
 
 def runs_dir(parent: str | os.PathLike[str] | None) -> Path:

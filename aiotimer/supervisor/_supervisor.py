@@ -24,19 +24,15 @@ import asyncio
 import logging
 import os
 import random
-import re
 import shutil
 import signal
-import tempfile
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import anyio
-import anyio.abc
 
 from aiotimer._edges.clock import Clock, MonotonicClock
-from aiotimer._edges.eventlog import EventLog
 from aiotimer._edges.lifecycle import LifecycleState, OwnedTask, TaskOwner
 from aiotimer.errors import LaunchError, ServerStateError
 from aiotimer.events import (
@@ -52,6 +48,7 @@ from aiotimer.hang import HangReport, open_scopes
 from aiotimer.reapers import Reaper, ReapPolicy, SignalReaper
 from aiotimer.server import TimerServer
 from aiotimer.supervisor import _proctree
+from aiotimer.supervisor._delivery import Delivery
 from aiotimer.supervisor._pool import WORKER_ENV, WorkerPool
 from aiotimer.supervisor._ranks import Ranks
 from aiotimer.supervisor._records import (
@@ -66,7 +63,13 @@ from aiotimer.supervisor._records import (
 )
 from aiotimer.supervisor._restart import GiveUp, Restart, RestartPlanner, RestartPolicy, WorkerState
 from aiotimer.supervisor._rundumps import RunDumps
-from aiotimer.supervisor._runfile import RunFile, runs_dir, runtime_parent, sweep
+from aiotimer.supervisor._runfile import (
+    RunFile,
+    make_runtime_dir,
+    runs_dir,
+    runtime_parent,
+    sweep,
+)
 from aiotimer.supervisor._stragglers import ON_STRAGGLER, Stragglers
 
 __all__ = [
@@ -181,8 +184,7 @@ class Supervisor(TaskOwner):
         self._reap_policy = reap_policy
         self._reaper: Reaper = reaper if reaper is not None else SignalReaper(keep_dumps=keep_dumps)
         self._dumps = RunDumps(dump_dir, keep=keep_dumps)
-        self._on_event = on_event
-        self._event_log_path = event_log
+        self._events = Delivery(event_log, on_event)
         self._runtime_parent = runtime_dir
         if restart_count:
             self._planner.restart(tuple(range(nproc)), 0.0, budget=False, count=restart_count)
@@ -200,7 +202,6 @@ class Supervisor(TaskOwner):
             parent_death_signal=parent_death_signal,
         )
         self._run_file = run_file
-        self._event_log: EventLog | None = None
         self._finished = asyncio.Event()
         self._ranks = Ranks(
             planner=self._planner,
@@ -212,7 +213,7 @@ class Supervisor(TaskOwner):
             clock=self._clock,
             coordinator=coordinator if coordinator is not None else LocalCoordinator(),
             owner=self,
-            emit=self._emit,
+            emit=self._events.emit,
             request_stop=self._life.request_stop,
             stopping=lambda: self._life.stop_requested,
             hang=(hang_report, dump_dir, event_log),
@@ -220,11 +221,10 @@ class Supervisor(TaskOwner):
         )
         self._stragglers = Stragglers(
             ranks_by_pid=self._ranks.launched,
-            emit=self._emit,
+            emit=self._events.emit,
             wall=self._clock.time,
-            restart=self._restart_straggler if on_straggler == "restart-rank" else None,
+            restart=self._ranks.restart_straggler if on_straggler == "restart-rank" else None,
         )
-        self._tg: anyio.abc.TaskGroup | None = None
         self._summary: tuple[RankStatus, ...] = ()
         self._interrupted: int | None = None  # the signal that stopped the run
 
@@ -336,9 +336,7 @@ class Supervisor(TaskOwner):
         served = False
         try:
             async with anyio.create_task_group() as outer:
-                if self._event_log_path is not None:
-                    self._event_log = EventLog(self._event_log_path)
-                    await outer.start(self._event_log.run)
+                await self._events.open(outer)
                 try:
                     async with anyio.create_task_group() as tg:
                         try:
@@ -350,7 +348,6 @@ class Supervisor(TaskOwner):
                                 )
                             assert self._fifo is not None
                             self._ranks.begin(tg, self._fifo)
-                            self._tg = tg
                             ready()
                             served = True
                             await self._life.wait_stop_requested()
@@ -359,16 +356,14 @@ class Supervisor(TaskOwner):
                                 await self._shutdown()
                             tg.cancel_scope.cancel()  # e.g. a coordinator still deciding
                 finally:
-                    if self._event_log is not None:
-                        self._event_log.close()
+                    self._events.close()
         finally:
             if not served:  # start() fails: nobody will call aclose()
                 self._remove_dir()
 
     async def _start_server(self) -> None:
         parent = runtime_parent(self._runtime_parent)
-        tag = re.sub(r"[^A-Za-z0-9_.-]", "_", self.run_id)[:24]  # any run id, a safe name
-        self._dir = Path(tempfile.mkdtemp(prefix=f"aiotimer-{tag}-", dir=parent))
+        self._dir, tag = make_runtime_dir(parent, self.run_id)
         self._fifo = self._dir / "timer.fifo"
         self._place_dumps(parent, tag)
         if self._run_file:
@@ -403,7 +398,7 @@ class Supervisor(TaskOwner):
         self._finished.set()
         exit_code = self.exit_code
         assert exit_code is not None
-        self._emit(
+        self._events.emit(
             SupervisorStopped(
                 time=self._clock.time(),
                 outcome=outcome.name.lower(),
@@ -418,28 +413,11 @@ class Supervisor(TaskOwner):
     def _server_event(self, event: Event) -> None:
         if isinstance(event, TimerExpired | WorkerReaped):
             self._ranks.expired(event)
-        self._deliver(event)
+        self._events.deliver(event)
         if isinstance(event, SourceFailed | ServerStopped) and not self._life.stop_requested:
             # Without its FIFO the server can no longer time the workers: say so, stop.
             what = "its FIFO failed" if isinstance(event, SourceFailed) else "it stopped"
             self.give_up(f"the timer server can no longer watch the workers: {what}")
-
-    # -- events -----------------------------------------------------------------------
-
-    def _emit(self, event: Event) -> None:
-        level = event.log_level()
-        if logger.isEnabledFor(level):
-            logger.log(level, event.describe(), extra={"aiotimer": event.to_dict()})
-        self._deliver(event)
-
-    def _deliver(self, event: Event) -> None:
-        if self._event_log is not None:
-            self._event_log.put(event)
-        if self._on_event is not None:
-            try:
-                self._on_event(event)
-            except Exception:
-                logger.exception("the on_event callback raised on %s; ignored", event.kind)
 
     # -- operator actions (also for a control plane or a cluster coordinator) ----------
 
@@ -451,9 +429,7 @@ class Supervisor(TaskOwner):
             IndexError: no such rank.
         """
         self._check_rank(rank)
-        await self._pool.stop([rank], final=True)
-        self._planner.set_state([rank], WorkerState.STOPPED)
-        self._ranks.check_finished()
+        await self._ranks.stop_for_good(rank)
 
     async def restart_workers(
         self, ranks: Sequence[int] | None = None, *, count: int | None = None
@@ -471,35 +447,7 @@ class Supervisor(TaskOwner):
         chosen = tuple(range(self._nproc)) if ranks is None else tuple(ranks)
         for rank in chosen:
             self._check_rank(rank)
-        for rank in chosen:
-            att = self._pool.attempts.get(rank)
-            if att is not None:
-                att.stop_requested = True
-        decision = self._planner.restart(
-            chosen,
-            self._clock.monotonic(),
-            budget=False,
-            count=count,
-            cause="operator" if count is None else "job",
-        )
-        await self._ranks.carry_out(decision)
-
-    def _restart_straggler(self, rank: int) -> None:
-        """Restart straggler ``rank``, charged to the budget (``restart-rank``)."""
-        now = self._clock.monotonic()
-        att = self._pool.attempts.get(rank)
-        if self._tg is None or att is None or self._life.stop_requested:
-            return
-        if self._planner.gave_up is not None or not self._planner.slot(rank).state.alive:
-            return
-        if self._planner.restarts_in_window(now) >= self.policy.max_restarts:
-            logger.warning(
-                "rank %d is a straggler, but the restart budget is spent: only reported", rank
-            )
-            return
-        att.stop_requested = True
-        decision = self._planner.restart((rank,), now, cause="straggler")
-        self._tg.start_soon(self._ranks.carry_out, decision)
+        await self._ranks.restart_now(chosen, count)
 
     def give_up(self, reason: str) -> None:
         """End the run: stop every worker (a coordinator's or operator's decision)."""
@@ -522,11 +470,6 @@ class Supervisor(TaskOwner):
         ``server=False`` leaves the server's state out (``None``): it copies every live
         timer, which a frequent caller (the control socket) does not need."""
         now = self._clock.monotonic()
-        workers = []
-        for s in self._planner.slots:
-            att = self._pool.attempts.get(s.rank)
-            running = None if att is None else (att.pid, now - att.started_at)
-            workers.append(rank_status(s, running))
         return SupervisorState(
             state=self._life.state,
             run_id=self.run_id,
@@ -534,7 +477,7 @@ class Supervisor(TaskOwner):
             policy=self.policy,
             fifo=self._fifo,
             restarts_in_window=self._planner.restarts_in_window(now),
-            workers=self._stragglers.annotate(workers),
+            workers=self._stragglers.annotate(self._ranks.statuses(now)),
             outcome=self._ranks.outcome,
             gave_up=None if self._planner.gave_up is None else self._planner.gave_up.reason,
             server=None if self._server is None or not server else self._server.get_state(),
