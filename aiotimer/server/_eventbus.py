@@ -28,9 +28,11 @@ import anyio
 import anyio.abc
 from anyio.streams.memory import MemoryObjectSendStream
 
+from aiotimer._edges.eventlog import EventLog
+from aiotimer._edges.logs import EventLogger
 from aiotimer.events import Event
 
-__all__ = ["INCIDENT_KINDS", "RECENT_INCIDENTS", "EventBus", "NumberedEvent"]
+__all__ = ["INCIDENT_KINDS", "RECENT_INCIDENTS", "EventBus", "NumberedEvent", "deliver"]
 
 logger = logging.getLogger("aiotimer")
 
@@ -130,3 +132,23 @@ class EventBus:
             send.close()
         self._subscribers.clear()
         self._callback = None
+
+
+def deliver(
+    event: Event,
+    event_logger: EventLogger,
+    event_log: EventLog | None,
+    bus: EventBus,
+    on_event: Callable[[Event], object] | None,
+) -> None:
+    """Send ``event`` to the logger, the event log file, ``bus``'s subscribers and the
+    ``on_event`` callback, in that order; a callback that raises is logged, not raised."""
+    event_logger.log(event)
+    if event_log is not None:
+        event_log.put(event)
+    bus.publish(event)
+    if on_event is not None:
+        try:
+            on_event(event)
+        except Exception:
+            logger.exception("the on_event callback raised on %s; ignored", event.kind)

@@ -22,7 +22,6 @@ snapshot, :mod:`aiotimer.server._view`. The server knows nothing of the layers a
 from __future__ import annotations
 
 import inspect
-import logging
 import os
 import signal as _signal
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -49,7 +48,7 @@ from aiotimer.server._engine import (
     ReapRetry,
     ServerCounters,
 )
-from aiotimer.server._eventbus import EventBus
+from aiotimer.server._eventbus import EventBus, deliver
 from aiotimer.server._journal import journal_path
 from aiotimer.server._observed import RequestObserver
 from aiotimer.server._run import Run, RunSettings
@@ -69,8 +68,6 @@ __all__ = [
     "ServerState",
     "TimerServer",
 ]
-
-logger = logging.getLogger("aiotimer")
 
 _T = TypeVar("_T")
 
@@ -284,16 +281,9 @@ class TimerServer(TaskOwner):
         self._emit(event)
 
     def _emit(self, event: Event) -> None:
-        self._event_logger.log(event)
         run = self._run
-        if run is not None and run.event_log is not None:
-            run.event_log.put(event)
-        self._bus.publish(event)
-        if self._on_event is not None:
-            try:
-                self._on_event(event)
-            except Exception:
-                logger.exception("the on_event callback raised on %s; ignored", event.kind)
+        log = None if run is None else run.event_log
+        deliver(event, self._event_logger, log, self._bus, self._on_event)
 
     async def events(self) -> AsyncIterator[Event]:
         """Every event from now until the server stops, for ``async for``.
@@ -334,10 +324,7 @@ class TimerServer(TaskOwner):
             batch = Decoded(requests=[request])
         else:
             batch = Decoded(rejections=[Rejection.of(problem, repr(request).encode())])
-        run, state = self._run, self._life.state
-        if state is not LifecycleState.RUNNING or run is None or run.engine is None:
-            raise ServerStateError(f"the server is {state.value}, not running")
-        run.submit(batch)
+        self._running().submit(batch)
 
     def acquire(
         self,
@@ -388,10 +375,13 @@ class TimerServer(TaskOwner):
             TimeoutError: see :meth:`snapshot`.
             RuntimeError: called from the server's own event callback.
         """
+        self._running().flush(SNAPSHOT_TIMEOUT)
+
+    def _running(self) -> Run:
         run, state = self._run, self._life.state
         if state is not LifecycleState.RUNNING or run is None or run.engine is None:
             raise ServerStateError(f"the server is {state.value}, not running")
-        run.flush(SNAPSHOT_TIMEOUT)
+        return run
 
     def _read(self, fn: Callable[[], _T]) -> _T:
         """``fn()`` on a consistent view of the server, from any thread (see
