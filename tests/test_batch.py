@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aiotimer import Request
-from aiotimer.core._fold import fold
+from aiotimer.core._fold import fold, paired_blocks
 from aiotimer.events import Event
 from aiotimer.reapers._escalator import ReapRetry
 from aiotimer.reapers._policy import ReapPolicy
@@ -313,3 +313,23 @@ def test_near_a_cap_a_batch_is_applied_one_by_one(caps: tuple[int, int]) -> None
     during, _, kinds = folded
     assert [t[1] for t in during[0]] == ["a.py:1#1"]
     assert ("RequestRejected", P100, None) in kinds  # a cap names the worker
+
+
+@settings(max_examples=100, deadline=None)
+@given(requests)
+def test_paired_blocks_are_the_blocks_begun_and_ended_within_the_batch(
+    batch: list[Request],
+) -> None:
+    """Each pair is an acquire and the release that ends it, in the batch's order: as
+    many as the fold counts, each the last acquire of its key before its release."""
+    result = fold(batch)
+    pairs = paired_blocks(batch, result)
+    assert len(pairs) == result.pairs
+    assert Counter(rel.scope_id for _, rel in pairs) == Counter(result.paired)
+    position = {id(r): i for i, r in enumerate(batch)}
+    for acquire, release in pairs:
+        a, r = position[id(acquire)], position[id(release)]
+        assert not acquire.is_release and release.is_release and a < r
+        assert (acquire.pid, acquire.scope_id) == (release.pid, release.scope_id)
+        between = batch[a + 1 : r]
+        assert not any((q.pid, q.scope_id) == (acquire.pid, acquire.scope_id) for q in between)

@@ -290,6 +290,7 @@ PUBLIC_ALL: dict[str, set[str]] = {
         "fold",
         "format_seconds",
         "format_summaries",
+        "paired_blocks",
         "scope_at_site",
         "scope_site",
         "with_task",

@@ -22,7 +22,7 @@ from aiotimer._faces import face_getattr
 
 if TYPE_CHECKING:
     from aiotimer.core._blocks import BlockTimes
-    from aiotimer.core._fold import Fold, fold
+    from aiotimer.core._fold import Fold, fold, paired_blocks
     from aiotimer.core._latency import LatencyHistogram
     from aiotimer.core._learned import LearnedScopeState, LearnedSummary, LearnedTimeouts
     from aiotimer.core._scope import (
@@ -73,6 +73,7 @@ _LAZY: Final[dict[str, str]] = {
     "TimerKey": "aiotimer.core._timer",
     "TimerTable": "aiotimer.core._table",
     "fold": "aiotimer.core._fold",
+    "paired_blocks": "aiotimer.core._fold",
 }
 
 __getattr__, __dir__ = face_getattr("aiotimer.core", globals(), lazy=_LAZY)
@@ -102,6 +103,7 @@ __all__ = [
     "fold",
     "format_seconds",
     "format_summaries",
+    "paired_blocks",
     "scope_at_site",
     "scope_site",
     "with_task",

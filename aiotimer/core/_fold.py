@@ -40,7 +40,7 @@ from typing import Final
 
 from aiotimer.wire import Request
 
-__all__ = ["Fold", "fold"]
+__all__ = ["Fold", "fold", "paired_blocks"]
 
 # A key's state when it has no open acquire (see the module docs).
 _ENDED: Final = -1
@@ -129,3 +129,20 @@ def fold(requests: Sequence[Request]) -> Fold:
         apply += [j % n for j in opened]
         apply.sort()
     return Fold(n, apply, paired, superseded, by_pid, cancelled)
+
+
+def paired_blocks(requests: Sequence[Request], folded: Fold) -> list[tuple[Request, Request]]:
+    """The blocks ``folded`` paired in ``requests``: each paired release with the acquire
+    it ends (the last acquire of its key before it that was not applied), in order."""
+    applied = set(folded.apply)
+    open_: dict[tuple[int, str], Request] = {}
+    pairs = []
+    for i, req in enumerate(requests):
+        if i in applied:
+            continue
+        key = (req.pid, req.scope_id)
+        if not req.is_release:
+            open_[key] = req
+        elif (acquire := open_.pop(key, None)) is not None:
+            pairs.append((acquire, req))
+    return pairs

@@ -48,7 +48,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Final
 
-from aiotimer.core import DurationStats, Fold, Overdue, Timer, TimerTable, fold
+from aiotimer.core import DurationStats, Fold, Overdue, Timer, TimerTable, fold, paired_blocks
 from aiotimer.events import (
     BlockCancelled,
     RequestRejected,
@@ -83,23 +83,26 @@ def _took(timer: Timer, release: Request, mono: float) -> float:
     """How long ``timer``'s block ran, its ``release`` applied at ``mono``: by the
     worker's own stamps (``at``) where both lines carry one, so a paced reader does not
     stretch or shrink it; else from the acquire's arrival to the release's."""
-    began = timer.request.at if timer.request is not None else None
-    if began is not None and release.at is not None:
-        return max(0.0, min(release.at, mono) - began)
+    if timer.request is not None:
+        took = _stamped_took(timer.request, release, mono)
+        if took is not None:
+            return took
     return max(0.0, mono - timer.acquired_at)
 
 
-def _acquired_in(requests: Sequence[Request], i: int, mono: float, wall: float) -> Timer | None:
-    """The timer the acquire paired with release ``requests[i]`` in the same batch would
-    have set (its block's tiers), or ``None`` if the batch holds no such acquire."""
-    release = requests[i]
-    for j in range(i - 1, -1, -1):
-        req = requests[j]
-        if req.pid == release.pid and req.scope_id == release.scope_id:
-            if req.is_release:
-                return None
-            return Timer(req.pid, req.scope_id, req.deadline(mono, wall), req.signal, mono, req)
-    return None
+def _timer_of(acquire: Request, mono: float, wall: float) -> Timer:
+    """The timer ``acquire``, read at ``mono``, would set (its block's tiers)."""
+    return Timer(
+        acquire.pid, acquire.scope_id, acquire.deadline(mono, wall), acquire.signal, mono, acquire
+    )
+
+
+def _stamped_took(acquire: Request, release: Request, mono: float) -> float | None:
+    """A block's duration by its worker's stamps (``at``), its release read at
+    ``mono``; ``None`` without both stamps."""
+    if acquire.at is None or release.at is None:
+        return None
+    return max(0.0, min(release.at, mono) - acquire.at)
 
 
 class Ingest:
@@ -256,34 +259,25 @@ class Ingest:
                     out.append(JournalReleased(pid, scope_id))
         for i in folded.apply:
             self._apply(requests[i], source, mono, wall)
-        if folded.paired:
-            if requests[0].at is None and requests[-1].at is None:
-                self._stats.record_many(folded.paired, 0.0)  # both arrived now
-            else:
-                self._record_stamped(requests, folded)
-        if self._learning.live:
-            self._learning.folded(requests, folded, mono, wall)
-        for i in folded.cancelled:  # blocks begun and cancelled within the batch
-            self._cancelled(requests[i], _acquired_in(requests, i, mono, wall), mono, wall)
-
-    def _record_stamped(self, requests: Sequence[Request], folded: Fold) -> None:
-        """Record the durations of the blocks ``folded`` paired in a batch whose lines
-        carry the worker's stamps (``at``): from each acquire's stamp to its release's
-        (zero for a pair without both stamps, as for an unstamped batch)."""
-        applied = set(folded.apply)
-        began: dict[tuple[int, str], float | None] = {}
-        record = self._stats.record
-        for i, req in enumerate(requests):
-            if i in applied:
-                continue
-            key = (req.pid, req.scope_id)
-            if not req.is_release:
-                began[key] = req.at
-            elif key in began:
-                start = began.pop(key)
-                end = req.at
-                took = 0.0 if start is None or end is None else max(0.0, end - start)
-                record(req.scope_id, took)
+        if not folded.paired:
+            return
+        stamped = requests[0].at is not None or requests[-1].at is not None
+        learned = self._learning.wants(folded.paired)
+        blocks = paired_blocks(requests, folded) if stamped or learned or folded.cancelled else []
+        if stamped:  # the worker's own times: each block's duration
+            for acquire, release in blocks:
+                took = _stamped_took(acquire, release, mono)
+                self._stats.record(release.scope_id, 0.0 if took is None else took)
+        else:
+            self._stats.record_many(folded.paired, 0.0)  # both arrived now
+        if learned:
+            self._learning.folded(blocks, mono, wall)
+        if folded.cancelled:  # blocks begun and cancelled within the batch
+            acquired = {id(release): acquire for acquire, release in blocks}
+            for i in folded.cancelled:
+                began = acquired.get(id(requests[i]))
+                timer = None if began is None else _timer_of(began, mono, wall)
+                self._cancelled(requests[i], timer, mono, wall)
 
     def _far_from_caps(self, pids: Iterable[int], size: int) -> bool:
         """Whether no acquire of a batch of ``size`` requests naming ``pids`` can meet
@@ -304,8 +298,7 @@ class Ingest:
             self._overdue.pop((pid, req.scope_id))  # re-acquired: that block's end is unknown
         if pid not in self._watched and pid != self._own_pid:  # it could not be pinned
             self.out.append(WorkerUnknown(time=wall, pid=pid, scope_id=req.scope_id, source=source))
-            timer = Timer(pid, req.scope_id, req.deadline(mono, wall), req.signal, mono, req)
-            self._unpinned_open[(pid, req.scope_id)] = timer
+            self._unpinned_open[(pid, req.scope_id)] = _timer_of(req, mono, wall)
             return
         if (
             len(table) >= self._max_timers or table.worker_size(pid) >= self._max_per_worker

@@ -26,11 +26,11 @@ The value each live learned timer got is kept by key, bounded
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from aiotimer.core import Fold, LearnedSummary, LearnedTimeouts, Timer, TimerKey
+from aiotimer.core import LearnedSummary, LearnedTimeouts, Timer, TimerKey
 from aiotimer.events import LearnedWouldReap
 from aiotimer.wire import Request
 
@@ -117,29 +117,23 @@ class Learning:
             widened_to=observed.after,
         )
 
-    def folded(self, requests: Sequence[Request], fold: Fold, mono: float, wall: float) -> None:
-        """The blocks of ``requests`` whose acquire and release ``fold`` paired (begun
-        and ended within the batch) ended at ``mono`` (or at their release's ``at``
-        stamp, when the worker sent one): record each learned one's
-        duration from its own start. Costs nothing unless a paired scope is learned."""
+    def wants(self, paired: Mapping[str, int]) -> bool:
+        """Whether any scope of a batch's paired blocks (scope id -> count) is learned."""
+        return self.live and any(self.timeouts.scope(s) for s in paired)
+
+    def folded(self, pairs: Sequence[tuple[Request, Request]], mono: float, wall: float) -> None:
+        """Blocks begun and ended within one batch (acquire, release), read at ``mono``:
+        record each learned one's duration from its own start to its release's ``at``
+        stamp (or to ``mono``, without one)."""
         timeouts = self.timeouts
-        if not self.live or not any(timeouts.scope(s) for s in fold.paired):
-            return
-        applied = set(fold.apply)
-        began: dict[TimerKey, float] = {}
-        for i, req in enumerate(requests):
-            if i in applied:
+        for acquire, release in pairs:
+            spec = acquire.learned
+            if spec is None:
                 continue
-            key = (req.pid, req.scope_id)
-            spec = req.learned
-            if not req.is_release:
-                if spec is not None:
-                    timeouts.in_force(req.scope_id, spec)
-                    kill_after = req.kill_after or 0.0
-                    began[key] = req.deadline(mono, wall) - spec.initial - kill_after
-            elif (start := began.pop(key, None)) is not None:
-                ended = mono if req.at is None else min(mono, req.at)
-                timeouts.observe(req.scope_id, max(0.0, ended - start))
+            timeouts.in_force(acquire.scope_id, spec)
+            began = acquire.deadline(mono, wall) - spec.initial - (acquire.kill_after or 0.0)
+            ended = mono if release.at is None else min(mono, release.at)
+            timeouts.observe(release.scope_id, max(0.0, ended - began))
 
     def expired(self, timer: Timer) -> tuple[float, int] | None:
         """``timer`` expired: the learned value that set its deadline and the samples
