@@ -73,8 +73,10 @@ __all__ = ["MAX_TIMERS", "MAX_TIMERS_PER_WORKER", "REPORTED_REJECTIONS", "Ingest
 MAX_TIMERS = 1_000_000
 #: Default cap on one worker's live timers; its acquires past it are rejected.
 MAX_TIMERS_PER_WORKER = 100_000
-#: Acquires of workers gone before their lines were read, held for their releases.
+#: Acquires of workers gone before their lines were read, held for their releases: at
+#: most this many, for at most this many seconds.
 MAX_UNPINNED_HELD: Final[int] = 10_000
+UNPINNED_HOLD: Final[float] = 5.0
 #: Rejections of one batch reported one by one; the rest in one event (all counted).
 REPORTED_REJECTIONS: Final = 64
 
@@ -135,9 +137,9 @@ class Ingest:
         self._journal = journal
         self._request_events = request_events
         # Acquires of a worker that could not be pinned (reported unknown; often gone
-        # before a paced reader got its lines, in several chunks), kept until their
-        # deadline (at most MAX_UNPINNED_HELD) so that a release that follows still
-        # gives its block's duration and tiers.
+        # before a paced reader got its lines, in several chunks), kept a little while
+        # (UNPINNED_HOLD, MAX_UNPINNED_HELD) so that a release that follows still gives
+        # its block's duration and tiers.
         self._unpinned_open: dict[tuple[int, str], Timer] = {}
         self._max_timers = max_timers
         self._max_per_worker = max_timers_per_worker
@@ -186,14 +188,16 @@ class Ingest:
             self._reject(batch.rejections, source, wall)
 
     def _forget_unpinned(self, mono: float) -> None:
-        """Forget the held acquires of unpinnable workers that are due (their block
-        can no longer end in time) or beyond the bound, oldest first."""
+        """Forget the held acquires of unpinnable workers read more than
+        :data:`UNPINNED_HOLD` seconds ago (a gone worker's lines are all in the pipe, so
+        its releases come in the same read or the next), or beyond the bound. The
+        oldest are first in the dict: O(1) a batch, amortized."""
         held = self._unpinned_open
-        over = len(held) - MAX_UNPINNED_HELD
-        for key, timer in list(held.items()):
-            if over > 0 or timer.deadline <= mono:
-                over -= 1
-                del held[key]
+        while held:
+            key, timer = next(iter(held.items()))
+            if len(held) <= MAX_UNPINNED_HELD and mono - timer.acquired_at <= UNPINNED_HOLD:
+                break
+            del held[key]
 
     def _reject(self, rejections: Sequence[Rejection], source: str, wall: float) -> None:
         """Count every rejection; report the first :data:`REPORTED_REJECTIONS` of the
@@ -298,7 +302,9 @@ class Ingest:
             self._overdue.pop((pid, req.scope_id))  # re-acquired: that block's end is unknown
         if pid not in self._watched and pid != self._own_pid:  # it could not be pinned
             self.out.append(WorkerUnknown(time=wall, pid=pid, scope_id=req.scope_id, source=source))
-            self._unpinned_open[(pid, req.scope_id)] = _timer_of(req, mono, wall)
+            held = self._unpinned_open
+            held.pop((pid, req.scope_id), None)  # the newest last: the dict is by age
+            held[(pid, req.scope_id)] = _timer_of(req, mono, wall)
             return
         if (
             len(table) >= self._max_timers or table.worker_size(pid) >= self._max_per_worker
