@@ -97,14 +97,13 @@ async def run(steps: list[float], *, learned_initial: float | None, fixed: float
             tick()  # a deadline passed within the step expires before its release
             source.push(Request(WORKER, "step", -1, 0))
         false_kills = sum(isinstance(e, TimerExpired) for e in events)
-        began = clock.monotonic()
         source.push(acquire())  # the hang
-        [timer] = server.get_state().timers
-        clock.advance(timer.deadline - began)
+        [timer] = server.get_state().timers  # seconds_left: from the hang's start
+        clock.advance(timer.seconds_left)
         tick()
         [*_, hang] = [e for e in events if isinstance(e, TimerExpired)]
         assert hang.scope_id == "step"
-        return Outcome(false_kills, timer.deadline - began, timer.deadline - began)
+        return Outcome(false_kills, timer.seconds_left, timer.seconds_left)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -165,7 +165,7 @@ async def measure_server(
                     await anyio.sleep(random.uniform(0.0005, 0.003))
                 await anyio.sleep(0.1)
                 stop.set()
-        requests = server.get_state().counters.requests
+        requests = server.snapshot(0, sites=0).counters.requests
     gc.unfreeze()
     latencies = [reaper.signalled[p] - d for p, d in deadlines.items() if p in reaper.signalled]
     missing = len(deadlines) - len(latencies)

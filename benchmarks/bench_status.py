@@ -85,7 +85,7 @@ async def measure(
                 msgspec.json.encode(status_snapshot(server.snapshot(limit, sites=limit)))
                 steps.append(time.thread_time() - t0)
             out["snapshot step"] = (statistics.median(steps), max(steps))
-            assert server.snapshot(0).timers_total == timers
+            assert server.snapshot(0).document.timers_total == timers
     return out
 
 

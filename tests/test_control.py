@@ -11,6 +11,7 @@ import os
 import signal
 import socket
 import stat
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -26,8 +27,11 @@ from _pids import fake_pid
 from aiotimer import Escalation, ReapPolicy
 from aiotimer import events as ev
 from aiotimer.control import ControlClient, ControlPlane, StatusSnapshot
+from aiotimer.core import Timer
 from aiotimer.errors import ControlError, ServerUnavailableError
-from aiotimer.server import TimerServer
+from aiotimer.server import TimerInfo, TimerServer
+from aiotimer.server import _view as server_view
+from aiotimer.server._document import timer_info
 from aiotimer.testing import MemorySource, RecordingReaper, settle, wait_until
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(30)]
@@ -270,11 +274,26 @@ async def test_a_blocked_loop_is_reported_as_loop_lag(tmp_path: Path) -> None:
     assert snap.server.max_loop_lag == lag.lag
 
 
-async def test_a_snapshot_from_another_thread_is_taken_in_the_loop(tmp_path: Path) -> None:
+async def test_a_snapshot_from_another_thread_is_taken_in_the_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Copied in the loop, built in the caller's thread: converting a full listing's
+    timers to the document's rows does not hold up the loop."""
+    converted_in: set[int] = set()
+
+    def recording(timer: Timer, wall: float, mono: float) -> TimerInfo:
+        converted_in.add(threading.get_ident())
+        return timer_info(timer, wall, mono)
+
+    monkeypatch.setattr(server_view, "timer_info", recording)
     async with serving(tmp_path) as (server, _, _):
         server.acquire("x", 60, pid=P4242)
         snap = await call(server.snapshot)
-    assert snap.timers_total == 1 and snap.timers[0].scope_id == "x"
+        assert converted_in and threading.get_ident() not in converted_in
+        converted_in.clear()
+        assert server.snapshot().document.timers[0].scope_id == "x"  # in the loop: built here
+        assert converted_in == {threading.get_ident()}
+    assert snap.document.timers_total == 1 and snap.document.timers[0].scope_id == "x"
 
 
 async def test_a_worker_being_reaped_is_listed_as_reaping(tmp_path: Path) -> None:

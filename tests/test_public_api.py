@@ -433,6 +433,8 @@ PUBLIC_ALL: dict[str, set[str]] = {
         "TimerInfo",
         "TimerServer",
         "TimerServerThread",
+        "counters_by_name",
+        "incident_info",
         "loop_factory",
     },
     "aiotimer.sources": {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import errno
 import json
 import logging
@@ -142,7 +143,8 @@ async def test_torch_line_deadline_is_translated_from_wall_clock() -> None:
             + f'"expiration_time": {wall!r}, "signal": 15}}\n'.encode()
         )
         [timer] = r.server.get_state().timers
-        assert timer.deadline == pytest.approx(5.0)
+        assert timer.seconds_left == pytest.approx(5.0)
+        assert timer.deadline == pytest.approx(wall)
         await r.advance(5.0)
         assert r.reaper.signals() == [(P7, TERM)]
 
@@ -833,19 +835,26 @@ async def test_event_log_is_written_and_flushed_on_stop(tmp_path: Path) -> None:
 
 
 @pytest.mark.asyncio
-async def test_the_snapshot_server_part_is_served_as_it_is_and_get_state_views_one() -> None:
+async def test_the_snapshot_is_the_document_served_as_it_is_and_get_state_views_one() -> None:
     async with rig() as r:
         r.acquire(P1, "a@Task-1", at=7.0)
         await r.advance(1.0)
         snap = r.server.snapshot()
-        assert (snap.server.state, snap.server.next_expiry_in) == ("running", 6.0)
-        assert status_snapshot(snap).server is snap.server  # no copy
-        served = status_snapshot(snap, control="/run/c.sock").server
-        assert served == msgspec.structs.replace(snap.server, control="/run/c.sock")
+        doc = snap.document
+        assert (doc.server.state, doc.server.next_expiry_in) == ("running", 6.0)
+        assert status_snapshot(snap) is doc  # no copy
+        served = status_snapshot(snap, control="/run/c.sock")
+        assert served == msgspec.structs.replace(
+            doc, server=msgspec.structs.replace(doc.server, control="/run/c.sock")
+        )
+        [timer] = doc.timers
+        assert (timer.pid, timer.scope_id, timer.seconds_left) == (P1, "a@Task-1", 6.0)
+        assert timer.deadline == pytest.approx(doc.time + 6.0)
+        assert doc.counters == dataclasses.asdict(snap.counters)
         state = r.server.get_state()
         assert state.workers == (P1,)
-        assert state.timers == state.snapshot.timers
-        assert state.snapshot.timers_total == len(state.timers) == 1
+        assert state.timers == state.snapshot.document.timers
+        assert state.snapshot.document.timers_total == len(state.timers) == 1
 
 
 # -- the two tiers of an async block, as the server sees them -------------------------------
@@ -900,7 +909,9 @@ async def test_a_reaped_two_tier_block_says_its_own_deadline_passed_kill_after_e
             f"timer 'a@Task-1' of worker {P1} expired 0.0 ms after its reap deadline: its "
             "block outlived its own deadline by 2s (kill_after); action: SIGKILL"
         )
-        assert r.server.snapshot().incidents[0][1] is expired  # what status lists
+        listed = r.server.snapshot().document.recent[0]  # what status lists
+        assert (listed.kind, listed.what) == ("timer_expired", expired.describe())
+        assert (listed.pid, listed.late, listed.kill_after) == (P1, 0.0, 2.0)
 
 
 # -- issue 5 wiring: duration statistics, overdue blocks, stack dumps ----------------------

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
 import os
 import socket
@@ -138,13 +137,13 @@ def server_status(server: TimerServer) -> NodeStatus:
     :data:`MAX_RECORD_WORKERS` workers; the totals stay exact), so publishing never
     copies the timer table.
     """
-    snap = server.snapshot(MAX_RECORD_WORKERS, sites=0)
+    doc = server.snapshot(MAX_RECORD_WORKERS, sites=0).document
     return NodeStatus(
         role="server",
-        workers=snap.workers,
-        workers_total=snap.workers_total,
-        live_timers=snap.timers_total,
-        counters=dataclasses.asdict(snap.counters),
+        workers=doc.workers,
+        workers_total=doc.workers_total,
+        live_timers=doc.timers_total,
+        counters=doc.counters,
     )
 
 

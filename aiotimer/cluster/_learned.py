@@ -195,7 +195,7 @@ def server_values(server: TimerServer | None) -> dict[str, float]:
     """The learned values ``server`` has (past their warm-up), by site; in its loop."""
     if server is None or server.state is not LifecycleState.RUNNING:
         return {}
-    return {s.site: s.value for s in server.snapshot(0, sites=0).learned if not s.learning}
+    return {s.site: s.value for s in server.snapshot(0, sites=0).document.learned if not s.learning}
 
 
 @asynccontextmanager

@@ -16,7 +16,6 @@ supervisor's record and, with ``--restart-scope job``, is the supervisor's
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -58,17 +57,17 @@ def supervisor_status(supervisor: Supervisor, generation: int | None = None) -> 
     :meth:`~aiotimer.TimerServer.snapshot` (the timer table is never copied)."""
     state = supervisor.get_state(server=False)
     server = supervisor.server
-    snap = None
+    doc = None
     if server is not None and server.state in (LifecycleState.RUNNING, LifecycleState.STOPPING):
-        snap = server.snapshot(MAX_RECORD_WORKERS, sites=0)
+        doc = server.snapshot(MAX_RECORD_WORKERS, sites=0).document
     return NodeStatus(
         role="supervisor",
         ranks=state.workers,
-        workers=() if snap is None else snap.workers,
-        workers_total=0 if snap is None else snap.workers_total,
+        workers=() if doc is None else doc.workers,
+        workers_total=0 if doc is None else doc.workers_total,
         restarts=sum(max(0, w.attempts - 1) for w in state.workers),
-        live_timers=0 if snap is None else snap.timers_total,
-        counters={} if snap is None else dataclasses.asdict(snap.counters),
+        live_timers=0 if doc is None else doc.timers_total,
+        counters={} if doc is None else doc.counters,
         generation=generation,
     )
 

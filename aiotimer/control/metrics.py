@@ -40,7 +40,6 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from aiotimer.control.snapshot import counters_by_name
 from aiotimer.core import LatencyHistogram, LearnedSummary
 from aiotimer.server import ServerSnapshot
 
@@ -111,13 +110,13 @@ def sample_of(snap: ServerSnapshot) -> MetricsSample:
     if snap.worker_states is None:
         raise ValueError("metrics need a snapshot taken with by_state=True")
     return MetricsSample(
-        live_timers=snap.timers_total,
+        live_timers=snap.document.timers_total,
         workers=snap.worker_states,
-        counters=counters_by_name(snap.counters),
+        counters=snap.document.counters,
         reap_latency=snap.reap_latency,
         loop_lag=snap.loop_lag,
         undelivered=snap.undelivered,
-        learned=snap.learned,
+        learned=snap.document.learned,
     )
 
 

@@ -356,5 +356,5 @@ def open_scopes(server: TimerServer | None, nproc: int) -> dict[int, tuple[str, 
     """The open timers' scopes by pid of ``server``'s workers (a bounded snapshot)."""
     if server is None:
         return {}
-    workers = server.snapshot(4 * nproc + 8, sites=0).workers
+    workers = server.snapshot(4 * nproc + 8, sites=0).document.workers
     return {w.pid: w.scopes for w in workers if w.pid is not None}

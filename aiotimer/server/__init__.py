@@ -32,6 +32,8 @@ if TYPE_CHECKING:
         StatusSnapshot,
         SupervisorInfo,
         TimerInfo,
+        counters_by_name,
+        incident_info,
     )
     from aiotimer.server._eventbus import INCIDENT_KINDS, RECENT_INCIDENTS
     from aiotimer.server._ingest import MAX_TIMERS, MAX_TIMERS_PER_WORKER
@@ -60,6 +62,8 @@ __all__ = [
     "TimerInfo",
     "TimerServer",
     "TimerServerThread",
+    "counters_by_name",
+    "incident_info",
     "loop_factory",
 ]
 
@@ -77,6 +81,8 @@ _LAZY: Final[dict[str, str]] = {
     "SupervisorInfo": "aiotimer.server._document",
     "TimerInfo": "aiotimer.server._document",
     "WORKER_STATES": "aiotimer.server._view",
+    "counters_by_name": "aiotimer.server._document",
+    "incident_info": "aiotimer.server._document",
 }
 
 __getattr__, __dir__ = face_getattr("aiotimer.server", globals(), lazy=_LAZY)

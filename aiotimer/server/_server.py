@@ -238,7 +238,7 @@ class TimerServer(TaskOwner):
             bus=self._bus,
             event_logger=self._event_logger,
             stopped=lambda kept: _view.stopped_event(
-                self._snapshot_now(limit=0, sites=None, live=True), kept
+                self._snapshot_now(limit=0, sites=None, live=True).build(), kept
             ),
         )
         await run.serve(ready, self._life)
@@ -414,7 +414,8 @@ class TimerServer(TaskOwner):
         """
         if (limit is not None and limit < 0) or (sites is not None and sites < 0):
             raise ValueError(f"limit and sites must be >= 0 or None, got {limit}, {sites}")
-        return self._read(lambda: self._snapshot_now(limit=limit, sites=sites, by_state=by_state))
+        now = self._read(lambda: self._snapshot_now(limit=limit, sites=sites, by_state=by_state))
+        return now.build()  # in the caller's thread: the loop only copies
 
     def _snapshot_now(
         self,
@@ -423,7 +424,7 @@ class TimerServer(TaskOwner):
         sites: int | None,
         by_state: bool = False,
         live: bool | None = None,
-    ) -> ServerSnapshot:
+    ) -> _view.Taken:
         run, state = self._run, self._life.state
         if live is None:
             live = state in (LifecycleState.RUNNING, LifecycleState.STOPPING)
@@ -464,7 +465,7 @@ class TimerServer(TaskOwner):
         Raises:
             TimeoutError: see :meth:`snapshot`.
         """
-        return self.snapshot(0, sites=None).scopes
+        return self.snapshot(0, sites=None).document.scopes
 
     def widen_learned(self, values: Mapping[str, float]) -> None:
         """Take learned timeouts (seconds by scope site) where wider than this server's
@@ -492,8 +493,8 @@ class TimerServer(TaskOwner):
     def __repr__(self) -> str:
         if self._life.state is not LifecycleState.RUNNING:
             return f"<TimerServer {self._life.state.value}>"
-        snap, nxt = self.snapshot(0, sites=0), "no timers"
-        if snap.next_expiry_in is not None:
-            nxt = f"next expiry in {max(0.0, snap.next_expiry_in):.1f}s"
-        n, workers = snap.timers_total, snap.workers_total
+        doc, nxt = self.snapshot(0, sites=0).document, "no timers"
+        if doc.server.next_expiry_in is not None:
+            nxt = f"next expiry in {max(0.0, doc.server.next_expiry_in):.1f}s"
+        n, workers = doc.timers_total, doc.workers_total
         return f"<TimerServer running: {n:,} timers, {workers:,} workers, {nxt}>"

@@ -2,9 +2,11 @@
 
 :meth:`~aiotimer.server.TimerServer.snapshot` returns a :class:`ServerSnapshot`: plain
 frozen records, copied in the server's loop, that nothing changes afterwards. Its
-``server`` is the server's own part of the ``GET /v1/state`` document
-(:class:`~aiotimer.server._document.ServerInfo`), built here once, from the fixed
-:func:`about` record, and served as it is. Every other read derives from the snapshot:
+``document`` *is* the ``GET /v1/state`` document
+(:class:`~aiotimer.server._document.StatusSnapshot`), built here once from the engine's
+own records (the server's part from the fixed :func:`about` record) and served as it
+is; beside it are what only a caller in this process reads (counters as a record, the
+histograms, the monotonic clock's readings). Every other read derives from the snapshot:
 :meth:`~aiotimer.server.TimerServer.get_state` (a :class:`ServerState`, a view over one
 snapshot with nothing cut), ``scope_stats()``, the server's ``repr``, the control
 plane's ``/v1/state`` and ``/metrics`` (:mod:`aiotimer.control`) and a cluster node's
@@ -15,8 +17,9 @@ of the heap), ``limit`` workers (each with up to :data:`SCOPES_PER_WORKER` scope
 ``sites`` scope sites, and counts every list exactly beside it (``timers_total`` ...), so
 it costs O(limit log limit + workers): the workers' pids are copied to count them (a
 list copy, ~10 us per 1,000). Counting every worker by state (``by_state``, for metrics)
-asks each one, a few times more. ``limit=None`` lists everything (O(timers log
-timers)), for callers that asked for that (``get_state()``).
+asks each one, a few times more. Each listed timer is converted to the document's row
+(its deadline moved to the wall clock, ~0.4 us). ``limit=None`` lists everything
+(O(timers log timers)), for callers that asked for that (``get_state()``).
 
 This is the one module that reads the engine's state (``table``, ``stats``, ``counts``,
 ``workers()``, ``is_reaping()``, ``reap_latency``, ``loop_lag``, ``last_progress``), so
@@ -26,17 +29,24 @@ one file adapts if those move.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 
 from aiotimer._edges.lifecycle import LifecycleState
-from aiotimer.core import LatencyHistogram, LearnedSummary, ScopeStats, Timer
+from aiotimer.core import LatencyHistogram, ScopeStats, Timer
 from aiotimer.events import Event, ServerCounters, ServerStopped, WorkerInfo
 from aiotimer.reapers import ReapPolicy, format_plan
-from aiotimer.server._document import ServerInfo
+from aiotimer.server._document import (
+    ServerInfo,
+    StatusSnapshot,
+    TimerInfo,
+    counters_by_name,
+    incident_info,
+    timer_info,
+)
 from aiotimer.server._learning import LEARNED_LISTED
 
 if TYPE_CHECKING:
@@ -51,6 +61,7 @@ __all__ = [
     "EventHistory",
     "ServerSnapshot",
     "ServerState",
+    "Taken",
     "about",
     "describe_policy",
     "stopped_event",
@@ -70,117 +81,42 @@ WORKER_STATES: Final[tuple[str, ...]] = ("timed", "idle", "reaping")
 class ServerSnapshot:
     """A server at one moment, copied in its loop (see the module docs).
 
-    ``server`` is the server's own part of ``GET /v1/state``, built here once and served
-    as it is (:class:`~aiotimer.server._document.ServerInfo`: its pid, version, state,
-    start, sources, reap policy in words, FIFO, next expiry, idle time, loop lag and
-    journal); the properties ``pid``, ``version``, ``started_at``, ``sources``, ``policy``,
-    ``fifo``, ``uptime``, ``next_expiry_in``, ``idle_for``, ``journal`` and
-    ``journal_problem`` read it, and ``state`` is its state as a
-    :class:`~aiotimer._edges.lifecycle.LifecycleState`.
+    ``document`` is the ``GET /v1/state`` document
+    (:class:`~aiotimer.server._document.StatusSnapshot`), built here once and served as
+    it is: the server's own part (``document.server``: pid, version, state, start,
+    sources, reap policy in words, FIFO, next expiry, idle time, loop lag, journal),
+    ``workers`` (watched workers, then the server's own process if it has timers),
+    ``timers`` (earliest deadline first, deadlines on the wall clock) and ``scopes``
+    (duration statistics per scope site, most expirations first), cut at the
+    snapshot's limits with exact ``*_total`` counts, the ``counters`` by name, the
+    ``recent`` reaps and refusals (oldest first) and the ``learned`` timeouts' scopes
+    (the :data:`~aiotimer.server._learning.LEARNED_LISTED` with most samples).
 
-    ``time`` and ``monotonic`` are the server clock's readings at the snapshot: timers'
-    deadlines, ``next_deadline`` and ``last_progress`` are on its monotonic clock.
-    ``counters`` are the current (or last) run's. ``workers`` (watched workers, then the
-    server's own process if it has timers), ``timers`` (earliest deadline first) and
-    ``scopes`` (duration statistics per scope site, most expirations first) are cut at
-    the snapshot's limits, with exact ``*_total`` counts; ``worker_states`` counts every
-    worker by state, if the snapshot was asked to (else ``None``). ``reap_latency``
-    (deadline to first signal) and ``loop_lag`` (how late expiries were handled) are
-    copies of the run's histograms; ``undelivered`` counts events dropped for slow
-    subscribers; ``incidents`` are the last reaps and refusals, numbered as events,
-    oldest first. ``learned`` are the learned timeouts' scopes (the
-    :data:`~aiotimer.server._learning.LEARNED_LISTED` with most samples). A server that
-    is not running lists no workers or timers, and keeps its last run's counters,
-    statistics and histograms.
+    Beside it, what only a caller in this process reads: ``monotonic`` (the server
+    clock's monotonic reading at ``document.time``; ``next_deadline`` and
+    ``last_progress`` are on that clock), ``counters`` as their record (the current, or
+    last, run's), ``worker_states`` (every worker counted by state, if the snapshot was
+    asked to; else ``None``), copies of the run's ``reap_latency`` (deadline to first
+    signal) and ``loop_lag`` (how late expiries were handled) histograms, and
+    ``undelivered`` (events dropped for slow subscribers). A server that is not running
+    lists no workers or timers, and keeps its last run's counters, statistics and
+    histograms.
     """
 
-    server: ServerInfo
-    time: float
+    document: StatusSnapshot
     monotonic: float
     counters: ServerCounters
     next_deadline: float | None = None
     last_progress: float | None = None
-    workers: tuple[WorkerInfo, ...] = ()
-    workers_total: int = 0
     worker_states: Mapping[str, int] | None = None
-    timers: tuple[Timer, ...] = ()
-    timers_total: int = 0
-    scopes: tuple[ScopeStats, ...] = ()
-    scopes_total: int = 0
     reap_latency: LatencyHistogram = field(default_factory=LatencyHistogram)
     loop_lag: LatencyHistogram = field(default_factory=LatencyHistogram)
     undelivered: int = 0
-    incidents: tuple[tuple[int, Event], ...] = ()
-    learned: tuple[LearnedSummary, ...] = ()
 
     @property
     def state(self) -> LifecycleState:
-        """The server's lifecycle state."""
-        return LifecycleState(self.server.state)
-
-    @property
-    def pid(self) -> int:
-        """The server's process id."""
-        return self.server.pid
-
-    @property
-    def version(self) -> str:
-        """The aiotimer version the server runs."""
-        return self.server.version
-
-    @property
-    def started_at(self) -> float | None:
-        """The wall-clock start of the current run (``None`` unless it runs)."""
-        return self.server.started_at
-
-    @property
-    def sources(self) -> tuple[str, ...]:
-        """Where requests arrive."""
-        return self.server.sources
-
-    @property
-    def policy(self) -> str:
-        """The reap policy in words."""
-        return self.server.policy
-
-    @property
-    def fifo(self) -> str | None:
-        """The FIFO's path, if any."""
-        return self.server.fifo
-
-    @property
-    def journal(self) -> str | None:
-        """The journal's path (``None``: it keeps none)."""
-        return self.server.journal
-
-    @property
-    def journal_problem(self) -> str | None:
-        """Why the journal cannot be written now (``None``: it can, or has not tried)."""
-        return self.server.journal_problem
-
-    @property
-    def uptime(self) -> float | None:
-        """Seconds the current run has been serving (``None`` unless it runs)."""
-        return self.server.uptime
-
-    @property
-    def next_expiry_in(self) -> float | None:
-        """Seconds from the snapshot to the earliest deadline (negative: overdue)."""
-        return self.server.next_expiry_in
-
-    @property
-    def idle_for(self) -> float | None:
-        """Seconds since the server last handled input or an expiry."""
-        return self.server.idle_for
-
-    @property
-    def truncated(self) -> bool:
-        """Whether any list was cut at the snapshot's limits."""
-        return (
-            len(self.timers) < self.timers_total
-            or len(self.workers) < self.workers_total
-            or len(self.scopes) < self.scopes_total
-        )
+        """The server's lifecycle state (``document.server.state``, as its enum)."""
+        return LifecycleState(self.document.server.state)
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,8 +124,10 @@ class ServerState:
     """A consistent snapshot of a server, from :meth:`TimerServer.get_state`: a view
     over its one record, :attr:`snapshot` (a :class:`ServerSnapshot` with nothing cut).
 
-    ``timers`` are every live timer, in deadline order; ``workers`` the watched workers'
-    pids; ``next_deadline`` and ``last_progress`` (when the loop last handled input or an
+    ``timers`` are every live timer, in deadline order, as the ``/v1/state`` document
+    lists them (:class:`~aiotimer.server._document.TimerInfo`: deadlines on the wall
+    clock, ``seconds_left`` from the snapshot); ``workers`` the watched workers' pids;
+    ``next_deadline`` and ``last_progress`` (when the loop last handled input or an
     expiry) are on the server's monotonic clock, and ``next_expiry_in`` is seconds from
     the snapshot. Counters and ``scopes`` (the duration statistics per scope site, see
     :meth:`TimerServer.scope_stats`) are those of the current (or last) run.
@@ -205,18 +143,19 @@ class ServerState:
     @property
     def sources(self) -> tuple[str, ...]:
         """Where requests arrive."""
-        return self.snapshot.sources
+        return self.snapshot.document.server.sources
 
     @property
-    def timers(self) -> tuple[Timer, ...]:
+    def timers(self) -> tuple[TimerInfo, ...]:
         """Every live timer, earliest deadline first."""
-        return self.snapshot.timers
+        return self.snapshot.document.timers
 
     @property
     def workers(self) -> tuple[int, ...]:
         """The watched workers' pids (not the server's own process)."""
-        snap = self.snapshot
-        return tuple(w.pid for w in snap.workers if w.pid is not None and w.pid != snap.pid)
+        doc = self.snapshot.document
+        own = doc.server.pid
+        return tuple(w.pid for w in doc.workers if w.pid is not None and w.pid != own)
 
     @property
     def next_deadline(self) -> float | None:
@@ -226,7 +165,7 @@ class ServerState:
     @property
     def next_expiry_in(self) -> float | None:
         """Seconds from the snapshot to the earliest deadline (negative: overdue)."""
-        return self.snapshot.next_expiry_in
+        return self.snapshot.document.server.next_expiry_in
 
     @property
     def counters(self) -> ServerCounters:
@@ -241,7 +180,7 @@ class ServerState:
     @property
     def scopes(self) -> tuple[ScopeStats, ...]:
         """Duration statistics per scope site, most expirations first."""
-        return self.snapshot.scopes
+        return self.snapshot.document.scopes
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,23 +227,30 @@ def take(
     undelivered: int,
     incidents: tuple[tuple[int, Event], ...] = (),
     journal: Journal | None = None,
-) -> ServerSnapshot:
-    """A snapshot of ``engine`` (the current or last run; ``None``: never started), in
-    the server's loop, with its ``journal`` (if it keeps one). ``live``: the run still
-    serves, so its workers and timers are listed. ``limit``/``sites`` cut the lists
-    (``None``: all); ``by_state`` counts the workers by state. The other arguments are
-    the server's own and go into the snapshot as they are."""
+) -> Taken:
+    """A snapshot of ``engine`` (the current or last run; ``None``: never started),
+    taken in the server's loop (:meth:`Taken.build` makes it), with its ``journal`` (if
+    it keeps one). ``live``: the run still serves, so its workers and timers are listed.
+    ``limit``/``sites`` cut the lists (``None``: all); ``by_state`` counts the workers by
+    state. ``incidents`` are the recent reaps and refusals by event number. The other
+    arguments are the server's own and go into the snapshot as they are."""
+    wall, mono = clock.time(), clock.monotonic()
+    timers: Sequence[Timer] = ()
     counters = ServerCounters() if engine is None else engine.counts
-    fields: dict[str, Any] = {}
+    counters = dataclasses.replace(counters, events_dropped=events_dropped)
+    doc: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
     if engine is not None:
         stats = engine.stats
-        fields.update(
-            last_progress=engine.last_progress,
+        doc.update(
             scopes=tuple(stats.summaries(sites)),
             scopes_total=len(stats),
+            learned=tuple(engine.learning.summaries(LEARNED_LISTED)),
+        )
+        extra.update(
+            last_progress=engine.last_progress,
             reap_latency=engine.reap_latency.copy(),
             loop_lag=engine.loop_lag.copy(),
-            learned=tuple(engine.learning.summaries(LEARNED_LISTED)),
         )
     if engine is not None and live:
         table = engine.table
@@ -314,22 +260,17 @@ def take(
             scopes, n = table.worker_scopes(each, SCOPES_PER_WORKER)
             kind = "reaping" if engine.is_reaping(each) else "timed" if n else "idle"
             workers.append(WorkerInfo(pid=each, state=kind, timers=n, scopes=tuple(scopes)))
-        fields.update(
-            next_deadline=table.next_deadline(),
-            workers=tuple(workers),
-            workers_total=len(pids),
-            timers=table.snapshot() if limit is None else tuple(table.earliest(limit)),
-            timers_total=len(table),
-        )
+        timers = table.snapshot() if limit is None else table.earliest(limit)
+        doc.update(workers=tuple(workers), workers_total=len(pids), timers_total=len(table))
+        extra.update(next_deadline=table.next_deadline())
         if by_state:
-            fields.update(worker_states=_worker_states(engine, pids))
+            extra.update(worker_states=_worker_states(engine, pids))
     elif by_state:
-        fields.update(worker_states=dict.fromkeys(WORKER_STATES, 0))
-    wall, mono = clock.time(), clock.monotonic()
+        extra.update(worker_states=dict.fromkeys(WORKER_STATES, 0))
     started = started_at if live else None
-    nxt: float | None = fields.get("next_deadline")
-    progress: float | None = fields.get("last_progress")
-    loop_lag: LatencyHistogram = fields.get("loop_lag", LatencyHistogram())
+    nxt: float | None = extra.get("next_deadline")
+    progress: float | None = extra.get("last_progress")
+    loop_lag: LatencyHistogram = extra.get("loop_lag", LatencyHistogram())
     server = msgspec.structs.replace(
         about,
         state=state.value,
@@ -341,15 +282,36 @@ def take(
         journal=None if journal is None else str(journal.path),
         journal_problem=None if journal is None else journal.problem,
     )
-    return ServerSnapshot(
-        server=server,
-        time=wall,
-        monotonic=mono,
-        counters=dataclasses.replace(counters, events_dropped=events_dropped),
-        undelivered=undelivered,
+    return Taken(
+        timers=timers,
         incidents=incidents,
-        **fields,
+        document=dict(doc, time=wall, server=server, counters=counters_by_name(counters)),
+        beside=dict(extra, monotonic=mono, counters=counters, undelivered=undelivered),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Taken:
+    """What :func:`take` copies in the server's loop: immutable records only, so
+    :meth:`build` can make the snapshot from them in any thread (another thread's
+    :meth:`~aiotimer.server.TimerServer.snapshot` builds it there, so converting every
+    live timer of a full listing does not hold up the loop)."""
+
+    timers: Sequence[Timer]
+    incidents: tuple[tuple[int, Event], ...]
+    document: dict[str, Any]
+    beside: dict[str, Any]
+
+    def build(self) -> ServerSnapshot:
+        """The snapshot: its document built once, each timer converted to its row."""
+        doc = self.document
+        wall, mono = doc["time"], self.beside["monotonic"]
+        document = StatusSnapshot(
+            timers=tuple([timer_info(t, wall, mono) for t in self.timers]),
+            recent=tuple([incident_info(n, e) for n, e in self.incidents]),
+            **doc,
+        )
+        return ServerSnapshot(document=document, **self.beside)
 
 
 def _worker_pids(engine: Engine, own: int) -> list[int]:
@@ -377,11 +339,12 @@ def watches(engine: Engine | None, pid: int) -> bool:
 def stopped_event(snap: ServerSnapshot, kept: JournalKept | None = None) -> ServerStopped:
     """The ``ServerStopped`` event of the run ``snap`` (taken as it ends) shows, and the
     journal it ``kept`` for the next server, if any."""
+    doc = snap.document
     return ServerStopped(
-        time=snap.time,
-        timers=snap.timers_total,
-        counters=dataclasses.asdict(snap.counters),
-        scopes=snap.scopes,
+        time=doc.time,
+        timers=doc.timers_total,
+        counters=doc.counters,
+        scopes=doc.scopes,
         journal=None if kept is None else kept.path,
         journaled=0 if kept is None else kept.workers,
     )

@@ -40,12 +40,11 @@ from aiotimer._edges.clock import Clock, MonotonicClock
 from aiotimer._edges.procfs import EXITED_STATES, read_stat
 from aiotimer.compat.torch._api import RequestQueue, TimerServer
 from aiotimer.compat.torch._requests import TimerRequest, _to_request
-from aiotimer.core import Timer
 from aiotimer.errors import ReapError
 from aiotimer.events import Event
 from aiotimer.reapers import NoDump, Reaper, SignalReaper
+from aiotimer.server import TimerInfo, TimerServerThread
 from aiotimer.server import TimerServer as _AioTimerServer
-from aiotimer.server import TimerServerThread
 
 __all__ = ["EngineServer", "TorchHooks"]
 
@@ -297,14 +296,12 @@ class EngineServer(TimerServer):
     def _timers(self) -> dict[tuple[int, str], TimerRequest]:
         """torch's table as a fresh copy: ``(pid, scope_id) -> request`` for every live
         timer (a full snapshot of the engine: O(n log n) per read)."""
-        clock = self._clock
-        offset = clock.time() - clock.monotonic()
         return {
-            (t.pid, t.scope_id): self._report(t, t.deadline + offset)
+            (t.pid, t.scope_id): self._report(t, t.deadline)  # epoch seconds
             for t in self._server.get_state().timers
         }
 
-    def _report(self, timer: Timer, expiration_time: float) -> TimerRequest:
+    def _report(self, timer: TimerInfo, expiration_time: float) -> TimerRequest:
         return TimerRequest(timer.pid, timer.scope_id, expiration_time)
 
     def _sync(self) -> None:

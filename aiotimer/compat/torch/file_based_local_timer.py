@@ -18,7 +18,6 @@ from aiotimer.compat.torch._clients import FileTimerClient
 from aiotimer.compat.torch._engine_server import EngineServer
 from aiotimer.compat.torch._requests import FileTimerRequest, TimerRequest
 from aiotimer.compat.torch.debug_info_logging import log_debug_info_for_expired_timers
-from aiotimer.core import Timer
 from aiotimer.events import (
     Event,
     ServerStarted,
@@ -28,6 +27,7 @@ from aiotimer.events import (
     WorkerReaped,
 )
 from aiotimer.reapers import Reaper
+from aiotimer.server import TimerInfo
 from aiotimer.server import TimerServer as _AioTimerServer
 
 __all__ = [
@@ -147,7 +147,7 @@ class FileTimerServer(EngineServer):
     def _reap_with(self, pid: int, signum: int) -> bool:
         return self._reap_worker(pid, signum)
 
-    def _report(self, timer: Timer, expiration_time: float) -> TimerRequest:
+    def _report(self, timer: TimerInfo, expiration_time: float) -> TimerRequest:
         return FileTimerRequest(timer.pid, timer.scope_id, expiration_time, timer.signal)
 
     def _translate(self, event: Event) -> None:
