@@ -187,17 +187,12 @@ def timer_info(timer: Timer, wall: float, mono: float) -> TimerInfo:
     left = timer.deadline - mono
     request = timer.request
     kill_after = 0.0 if request is None or request.kill_after is None else request.kill_after
-    if kill_after <= 0:  # one tier
-        return TimerInfo(
-            pid=timer.pid,
-            scope_id=timer.scope_id,
-            deadline=wall + left,
-            seconds_left=left,
-            signal=timer.signal,
-            passed="reap" if left < 0 else "none",
-            request=request,
-        )
-    block_left = left - kill_after
+    block_left = block_deadline = None
+    passed = "reap" if left < 0 else "none"
+    if kill_after > 0:  # two tiers: the block's own deadline, kill_after earlier
+        block_left = left - kill_after
+        block_deadline = wall + block_left
+        passed = "block" if passed == "none" and block_left < 0 else passed
     return TimerInfo(
         pid=timer.pid,
         scope_id=timer.scope_id,
@@ -205,9 +200,9 @@ def timer_info(timer: Timer, wall: float, mono: float) -> TimerInfo:
         seconds_left=left,
         signal=timer.signal,
         kill_after=kill_after,
-        block_deadline=wall + block_left,
+        block_deadline=block_deadline,
         block_seconds_left=block_left,
-        passed="reap" if left < 0 else "block" if block_left < 0 else "none",
+        passed=passed,
         request=request,
     )
 
