@@ -361,11 +361,11 @@ async def test_blocks_ending_in_turn_leave_no_deadline_entries(client: Recording
         async with expires(3600, scope="ended", client=client):
             pass
     deadlines = _deadlines_of(asyncio.get_running_loop())
-    assert deadlines._heap == []
+    assert deadlines.heap == []
     async with expires(0.05, scope="outer", client=client):
         async with expires(3600, scope="inner", client=client):
             pass
-        assert len(deadlines._heap) == 2  # the inner's entry, behind the live outer
-    assert deadlines._heap == []  # the outer's end drops both
+        assert len(deadlines.heap) == 2  # the inner's entry, behind the live outer
+    assert deadlines.heap == []  # the outer's end drops both
     await asyncio.sleep(0.1)  # past the outer's deadline: the timer finds nothing due
     assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]

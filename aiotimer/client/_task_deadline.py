@@ -12,15 +12,18 @@ an outer scope's or a caller's ``task.cancel()``, propagates untouched.
 How it works: the deadlines of one loop (on ``time.monotonic()``) live in one heap with
 lazy deletion (trio's ``Deadlines``), under one loop timer armed for the earliest (a
 timer that fires before the earliest is due, as uvloop's can by up to a millisecond,
-only arms it again: no task is cancelled before its deadline): a block adds an entry (a
-heap push) and marks it done when its body ends (the done entries at the head of the
-heap are dropped then: blocks mostly end in the order they began); the timer, when it
-fires, cancels the tasks of the live entries that are due, drops the done ones it
-meets, and re-arms for the next live deadline. The heap is rebuilt when done entries
-outnumber live ones (more than ``2 * live + 1000``), so its size stays proportional to
-the blocks in flight. A
+only arms it again: no task is cancelled before its deadline). The block is its own
+deadline: :func:`arm` pushes a heap item ``(when, n, block)`` and keeps it as the
+block's ``_entry``; an item is live while it is its block's ``_entry``, so
+:func:`disarm` (the block's body ended) or a later :func:`arm` (a new deadline) kill it
+by replacing that, and the ended items at the head of the heap are dropped at once
+(blocks mostly end in the order they began). The timer, when it fires, cancels the
+tasks of the live items that are due, drops the ended ones it meets, and re-arms for
+the next live deadline. The heap is rebuilt when ended items outnumber live ones (more
+than ``2 * live + 1000``), so its size stays proportional to the blocks in flight. A
 timer handle per block (what ``asyncio.timeout`` does, plus two coroutines) costs ~2 us
-with its cancel in asyncio's Python ``call_at``; an entry costs a fraction of that.
+with its cancel in asyncio's Python ``call_at``; an item costs a fraction of that, and
+no object is made for it but the tuple.
 """
 
 from __future__ import annotations
@@ -36,148 +39,165 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     import asyncio
 
-__all__ = ["Deadlined", "TaskDeadline", "open_blocks"]
+__all__ = ["Deadlined", "arm", "disarm", "open_blocks", "timed_out"]
 
-#: Every block between entry and :meth:`TaskDeadline.stop`, in any thread: what a stack
-#: dump lists per task (a set: ~0.3 us per block to add and discard, no weak references).
-_open: set[TaskDeadline] = set()
+#: A deadline in a loop's heap: (when, a tie-breaker, the block).
+_Item = tuple[float, int, "Deadlined"]
+_heappush = heapq.heappush
+_heappop = heapq.heappop
 
 
 class Deadlined(Protocol):
-    """The block a :class:`TaskDeadline` belongs to."""
+    """A block with a deadline for its task (an ``async with`` block of two tiers)."""
 
     #: Names the block in a stack dump (:func:`open_blocks`).
     scope: str
+    #: The task to cancel at the deadline.
+    _task: asyncio.Task[Any] | None
+    #: ``task.cancelling()`` as the block was entered (what :func:`timed_out` compares).
+    _cancelling: int
+    #: The block's live item in its loop's heap; ``None`` once stopped or fired.
+    _entry: _Item | None
+    #: The heap it is in.
+    _deadlines: _LoopDeadlines
 
     def _on_deadline(self) -> None:
         """The deadline passed: the block's task has just been cancelled."""
 
 
-class TaskDeadline:
-    """Cancel ``task`` at ``when`` (``time.monotonic()``), never before, unless
-    :meth:`stop` comes first, and then tell ``block``. ``cancelling`` is
-    ``task.cancelling()`` as the block was entered (what :meth:`timed_out` compares
-    with)."""
+#: Every block between :func:`arm` and :func:`disarm`, in any thread: what a stack dump
+#: lists per task (a set: cheap to add and discard, no weak references).
+_open: set[Deadlined] = set()
 
-    __slots__ = ("_block", "_cancelling", "_deadlines", "_done", "_task", "when")
 
-    def __init__(
-        self, task: asyncio.Task[Any], when: float, block: Deadlined, cancelling: int
-    ) -> None:
-        self._task = task
-        self._block = block
-        self.when = when
-        self._cancelling = cancelling
-        self._done = False  # out of the running: stopped, or fired
-        self._deadlines = _deadlines_of(task.get_loop())
-        self._deadlines.add(self)
-        _open.add(self)
+def arm(block: Deadlined, when: float) -> None:
+    """Cancel ``block._task`` at ``when`` (``time.monotonic()``), never before, unless
+    :func:`disarm` comes first; then tell ``block``. A block armed again (rescheduled)
+    keeps only its new deadline."""
+    task = block._task
+    assert task is not None
+    loop = task.get_loop()
+    deadlines = _recent
+    if deadlines is None or deadlines.loop is not loop:
+        deadlines = _deadlines_of(loop)
+    block._deadlines = deadlines
+    if block._entry is not None:  # rescheduled: the old deadline no longer counts
+        block._entry = None
+        deadlines.discard()
+    item = block._entry = (when, next(deadlines.seq), block)
+    _heappush(deadlines.heap, item)
+    deadlines.live += 1
+    if when < deadlines.armed_at:
+        deadlines.arm_timer(when)
+    _open.add(block)
 
-    def _expire(self) -> None:
-        self._done = True
-        self._task.cancel()
-        self._block._on_deadline()
 
-    def stop(self) -> None:
-        """The block's body has ended: the deadline can no longer cancel the task (so
-        what the block does on its way out, such as a release that has to wait, runs
-        uninterrupted)."""
-        _open.discard(self)
-        if not self._done:
-            self._done = True
-            self._deadlines.discard()
+def disarm(block: Deadlined) -> None:
+    """The block's body has ended: its deadline can no longer cancel the task (so what
+    the block does on its way out, such as a release that has to wait, runs
+    uninterrupted)."""
+    _open.discard(block)
+    if block._entry is not None:
+        block._entry = None
+        block._deadlines.discard()
 
-    def moved(self, when: float) -> TaskDeadline:
-        """This deadline moved to ``when``: stopped, and a new one for the same task and
-        block returned."""
-        self.stop()
-        return TaskDeadline(self._task, when, self._block, self._cancelling)
 
-    def timed_out(self, exc_type: type[BaseException] | None, exc: BaseException | None) -> None:
-        """The block, whose deadline passed, ends with ``exc`` (after :meth:`stop`):
-        raise ``TimeoutError`` if the deadline's cancellation is what ends it."""
-        if (
-            self._task.uncancel() <= self._cancelling
-            # asyncio is loaded (a task exists); this module does not import it, so a
-            # worker that never runs a loop never loads it.
-            and exc_type is sys.modules["asyncio"].CancelledError
-        ):
-            raise TimeoutError from exc
+def timed_out(
+    block: Deadlined, exc_type: type[BaseException] | None, exc: BaseException | None
+) -> None:
+    """The block, whose deadline passed, ends with ``exc`` (after :func:`disarm`): raise
+    ``TimeoutError`` if the deadline's cancellation is what ends it."""
+    task = block._task
+    assert task is not None
+    if (
+        task.uncancel() <= block._cancelling
+        # asyncio is loaded (a task exists); this module does not import it, so a
+        # worker that never runs a loop never loads it.
+        and exc_type is sys.modules["asyncio"].CancelledError
+    ):
+        raise TimeoutError from exc
 
 
 def open_blocks() -> dict[asyncio.Task[Any], list[str]]:
     """The scope ids of the ``async with`` blocks open now (with a cancellation tier),
     by task. Safe from a signal handler: it copies the set in one step."""
     found: dict[asyncio.Task[Any], list[str]] = {}
-    for deadline in list(_open):
-        found.setdefault(deadline._task, []).append(deadline._block.scope)
+    for block in list(_open):
+        task = block._task
+        if task is not None:
+            found.setdefault(task, []).append(block.scope)
     return found
 
 
 class _LoopDeadlines:
-    """The pending deadlines of one event loop, under one timer armed for the earliest."""
+    """The pending deadlines of one event loop, under one timer armed for the earliest
+    (:func:`arm` adds to it)."""
 
-    __slots__ = ("_armed_at", "_dead", "_handle", "_heap", "_live", "_seq", "loop")
+    __slots__ = ("_dead", "_handle", "armed_at", "heap", "live", "loop", "seq")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self._heap: list[tuple[float, int, TaskDeadline]] = []
-        self._seq = itertools.count()
-        self._live = 0  # entries in the heap whose block is still running
-        self._dead = 0  # entries in the heap whose block ended (lazy deletion)
+        self.heap: list[_Item] = []
+        self.seq = itertools.count()
+        self.live = 0  # items in the heap that are their block's entry
+        self._dead = 0  # items in the heap that are not (lazy deletion)
         self._handle: asyncio.TimerHandle | None = None
-        self._armed_at = math.inf
-
-    def add(self, entry: TaskDeadline) -> None:
-        heapq.heappush(self._heap, (entry.when, next(self._seq), entry))
-        self._live += 1
-        if entry.when < self._armed_at:
-            self._arm(entry.when)
+        self.armed_at = math.inf  # when the timer fires
 
     def discard(self) -> None:
-        """One entry's block ended (the entry is marked done): count it, drop the ended
-        entries at the head of the heap, compact if due."""
-        self._live -= 1
+        """One block's item ended (it is no longer its block's entry): count it, drop
+        the ended items at the head of the heap, compact if due."""
+        self.live -= 1
         self._dead += 1
-        heap = self._heap
-        while heap and heap[0][2]._done:  # ended first, as blocks mostly do: dropped now
-            heapq.heappop(heap)
+        heap = self.heap
+        while heap and heap[0][2]._entry is not heap[0]:  # ended first, as blocks mostly do
+            _heappop(heap)
             self._dead -= 1
-        if self._dead > 2 * self._live + 1000:
-            self._heap = [item for item in self._heap if not item[2]._done]
-            heapq.heapify(self._heap)
+        if self._dead > 2 * self.live + 1000:
+            self.heap = [item for item in self.heap if item[2]._entry is item]
+            heapq.heapify(self.heap)
             self._dead = 0
 
-    def _arm(self, when: float) -> None:
+    def arm_timer(self, when: float) -> None:
+        """Fire at ``when`` (``time.monotonic()``) instead."""
         if self._handle is not None:
             self._handle.cancel()
         loop = self.loop
         self._handle = loop.call_at(loop.time() + (when - time.monotonic()), self._fire)
-        self._armed_at = when
+        self.armed_at = when
 
     def _fire(self) -> None:
         # A loop may run a timer early: by its clock's resolution (asyncio), or as
         # uvloop, whose time is cached per iteration and in whole milliseconds. What is
         # not due yet on the monotonic clock waits: the timer is armed again for it.
         due = time.monotonic()
-        self._handle, self._armed_at = None, math.inf
-        heap = self._heap
-        while heap and (heap[0][2]._done or heap[0][0] <= due):
-            _, _, entry = heapq.heappop(heap)
-            if entry._done:
+        self._handle, self.armed_at = None, math.inf
+        heap = self.heap
+        while heap and (heap[0][2]._entry is not heap[0] or heap[0][0] <= due):
+            item = _heappop(heap)
+            block = item[2]
+            if block._entry is not item:
                 self._dead -= 1
             else:
-                self._live -= 1
-                entry._expire()
+                self.live -= 1
+                block._entry = None
+                task = block._task
+                assert task is not None
+                task.cancel()
+                block._on_deadline()
         if heap:
-            self._arm(heap[0][0])
+            self.arm_timer(heap[0][0])
 
 
 _local = threading.local()  # a thread runs one loop at a time
+#: The deadlines of the loop that armed one last (any thread's: each loop has its own).
+_recent: _LoopDeadlines | None = None
 
 
 def _deadlines_of(loop: asyncio.AbstractEventLoop) -> _LoopDeadlines:
+    global _recent
     deadlines: _LoopDeadlines | None = getattr(_local, "deadlines", None)
     if deadlines is None or deadlines.loop is not loop:
         deadlines = _local.deadlines = _LoopDeadlines(loop)
+    _recent = deadlines
     return deadlines
