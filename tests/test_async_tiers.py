@@ -267,6 +267,40 @@ async def test_a_rescheduled_block_is_listed_once_while_open(client: RecordingCl
     assert open_blocks() == {}
 
 
+@pytest.mark.asyncio
+async def test_open_blocks_lists_each_tasks_blocks_also_past_their_deadline(
+    client: RecordingClient,
+) -> None:
+    """A block whose deadline passed (its task cancelled, the block not yet left: the
+    case a stack dump is for) is listed with the running ones, by task, until it ends."""
+    entered = asyncio.Event()
+
+    async def swallowing() -> None:
+        async with expires(0.01, scope="late", client=client):
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                entered.set()
+                await asyncio.sleep(3600)  # swallowed: still inside the block
+
+    late = asyncio.create_task(swallowing())
+    async with expires(3600, scope="outer", client=client):
+        async with expires(3600, scope="inner", client=client):
+            await asyncio.wait_for(entered.wait(), 30)
+            me = asyncio.current_task()
+            assert me is not None
+            found = open_blocks()
+            assert {task: sorted(scopes) for task, scopes in found.items()} == {
+                me: ["inner", "outer"],
+                late: ["late"],
+            }
+        late.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await late
+        assert open_blocks() == {me: ["outer"]}
+    assert open_blocks() == {}
+
+
 def test_a_template_cannot_be_entered_and_an_entered_block_cannot_decorate(
     client: RecordingClient,
 ) -> None:

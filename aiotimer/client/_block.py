@@ -136,10 +136,9 @@ class Expires:
         kill_after: float | None = None,
         per_call_scope: bool = False,
     ) -> None:
-        # Refused here, at entry, whatever the server would reject: such a block would
-        # otherwise run with no timer at all. Each test is the validator's own; the
-        # common cases are answered from what was already checked (see scope_checked).
-        # A learned timeout (checked when made) is sent with its deadline at `initial`.
+        # Refused here, whatever the server would reject (such a block would run with no
+        # timer): the validator's tests, the common cases answered from what was already
+        # checked (scope_checked). A learned timeout is sent with its `initial` deadline.
         learned = None
         seconds: float | None = None
         if deadline is None:
@@ -260,13 +259,13 @@ class Expires:
             learned=learned,
         )
 
-    def _release(self, cancelled: bool = False) -> Request | None:
-        """Send the release at once if the client can, else return it. ``cancelled``:
-        the block's task was cancelled at its deadline (the release says so, so the
-        server can report the first tier)."""
+    def _release(self, cancelled: bool, tried: bool = False) -> Request | None:
+        """Send the release at once if the client can (``tried``: its own path declined
+        already), else return it. ``cancelled``: the block's task was cancelled at its
+        deadline (the release says so, so the server can report the first tier)."""
         blocks = self._blocks
         if blocks is not None:
-            if blocks.release(self.scope, cancelled):
+            if not tried and blocks.release(self.scope, cancelled):
                 return None
         else:
             nowait = self._nowait
@@ -276,9 +275,7 @@ class Expires:
                 else nowait(self.scope, -1, 0, None, False)
             ):
                 return None
-        if cancelled:
-            return Request(current_pid(), self.scope, -1, 0, cancelled=True)
-        return Request(current_pid(), self.scope, -1, 0)
+        return Request(current_pid(), self.scope, -1, 0, cancelled=cancelled)
 
     def _on_deadline(self) -> None:
         """``active`` -> ``expiring``: the loop cancelled this block's task at its
@@ -293,7 +290,9 @@ class Expires:
         if self._state is not CREATED:
             raise self._misuse("enter")
         client = self._client
-        blocks = None if client is None else getattr(client, "_block_nowait", None)
+        if client is None:
+            client = self._client = current_client()
+        blocks = getattr(client, "_block_nowait", None)
         if blocks is None or self._learned is not None:
             request = self._acquire()
         else:  # _acquire() for a FifoClient's block of one tier, inlined: the common block
@@ -385,9 +384,11 @@ class Expires:
         if self._task is not None:
             disarm(self)  # the release below may wait: the deadline must not cut it
         try:
-            request = self._release(state is EXPIRING)
-            if request is not None:
-                await self._sender().send_async(request)
+            blocks, cancelled = self._blocks, state is EXPIRING  # its own path, inlined
+            if blocks is None or not blocks.release(self.scope, cancelled):
+                request = self._release(cancelled, blocks is not None)
+                if request is not None:
+                    await self._sender().send_async(request)
         except Exception as release_exc:
             release_undelivered(self.scope, release_exc, exc)
         if state is EXPIRING:

@@ -34,6 +34,7 @@ import math
 import sys
 import threading
 import time
+import weakref
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -65,11 +66,6 @@ class Deadlined(Protocol):
         """The deadline passed: the block's task has just been cancelled."""
 
 
-#: Every block between :func:`arm` and :func:`disarm`, in any thread: what a stack dump
-#: lists per task (a set: cheap to add and discard, no weak references).
-_open: set[Deadlined] = set()
-
-
 def arm(block: Deadlined, when: float) -> None:
     """Cancel ``block._task`` at ``when`` (``time.monotonic()``), never before, unless
     :func:`disarm` comes first; then tell ``block``. A block armed again (rescheduled)
@@ -89,17 +85,17 @@ def arm(block: Deadlined, when: float) -> None:
     deadlines.live += 1
     if when < deadlines.armed_at:
         deadlines.arm_timer(when)
-    _open.add(block)
 
 
 def disarm(block: Deadlined) -> None:
     """The block's body has ended: its deadline can no longer cancel the task (so what
     the block does on its way out, such as a release that has to wait, runs
     uninterrupted)."""
-    _open.discard(block)
     if block._entry is not None:
         block._entry = None
         block._deadlines.discard()
+    else:  # its deadline passed: no longer open
+        block._deadlines.fired.discard(block)
 
 
 def timed_out(
@@ -120,12 +116,18 @@ def timed_out(
 
 def open_blocks() -> dict[asyncio.Task[Any], list[str]]:
     """The scope ids of the ``async with`` blocks open now (with a cancellation tier),
-    by task. Safe from a signal handler: it copies the set in one step."""
+    by task: the live items of every loop's heap and the blocks whose deadline passed.
+    Safe from a signal handler: it copies each heap and set in one step."""
     found: dict[asyncio.Task[Any], list[str]] = {}
-    for block in list(_open):
-        task = block._task
-        if task is not None:
-            found.setdefault(task, []).append(block.scope)
+    for ref in list(_every):
+        deadlines = ref()
+        if deadlines is None:
+            continue
+        live = [item[2] for item in list(deadlines.heap) if item[2]._entry is item]
+        for block in live + list(deadlines.fired):
+            task = block._task
+            if task is not None:
+                found.setdefault(task, []).append(block.scope)
     return found
 
 
@@ -133,7 +135,17 @@ class _LoopDeadlines:
     """The pending deadlines of one event loop, under one timer armed for the earliest
     (:func:`arm` adds to it)."""
 
-    __slots__ = ("_dead", "_handle", "armed_at", "heap", "live", "loop", "seq")
+    __slots__ = (
+        "__weakref__",
+        "_dead",
+        "_handle",
+        "armed_at",
+        "fired",
+        "heap",
+        "live",
+        "loop",
+        "seq",
+    )
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
@@ -143,6 +155,7 @@ class _LoopDeadlines:
         self._dead = 0  # items in the heap that are not (lazy deletion)
         self._handle: asyncio.TimerHandle | None = None
         self.armed_at = math.inf  # when the timer fires
+        self.fired: set[Deadlined] = set()  # blocks whose deadline passed, still open
 
     def discard(self) -> None:
         """One block's item ended (it is no longer its block's entry): count it, drop
@@ -181,6 +194,7 @@ class _LoopDeadlines:
             else:
                 self.live -= 1
                 block._entry = None
+                self.fired.add(block)
                 task = block._task
                 assert task is not None
                 task.cancel()
@@ -194,10 +208,15 @@ _local = threading.local()  # a thread runs one loop at a time
 _recent: _LoopDeadlines | None = None
 
 
+#: Every loop's deadlines, for :func:`open_blocks` (weakly: a loop's go with its thread).
+_every: list[weakref.ref[_LoopDeadlines]] = []
+
+
 def _deadlines_of(loop: asyncio.AbstractEventLoop) -> _LoopDeadlines:
     global _recent
     deadlines: _LoopDeadlines | None = getattr(_local, "deadlines", None)
     if deadlines is None or deadlines.loop is not loop:
         deadlines = _local.deadlines = _LoopDeadlines(loop)
+        _every[:] = [ref for ref in _every if ref() is not None] + [weakref.ref(deadlines)]
     _recent = deadlines
     return deadlines
