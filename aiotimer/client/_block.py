@@ -65,7 +65,6 @@ from aiotimer.wire import Learned, Request, number_problem, signal_problem
 if TYPE_CHECKING:
     import asyncio
 
-    from aiotimer.client._task_deadline import Deadlined
 
 __all__ = ["DEFAULT_KILL_AFTER", "Expires"]
 
@@ -123,7 +122,7 @@ class Expires:
     _task: asyncio.Task[Any] | None
     # An async two-tier block is its own deadline (see aiotimer.client._task_deadline).
     _cancelling: int
-    _entry: tuple[float, int, Deadlined] | None
+    _entry: float | None
     _deadlines: Any
 
     def __init__(  # noqa: PLR0917 (positional: keywords cost ~0.15 us a call on 3.11)
@@ -362,7 +361,6 @@ class Expires:
             assert self.deadline is not None and task is not None
             self._task = task
             self._cancelling = task.cancelling()
-            self._entry = None
             arm(self, self.deadline)
         else:
             self._task = None

@@ -9,21 +9,28 @@ an outer scope's or a caller's ``task.cancel()``, propagates untouched.
 ``task.cancelling()`` and ``task.uncancel()`` tell the two apart, so nested blocks,
 ``asyncio.timeout`` and anyio's cancel scopes compose.
 
-How it works: the deadlines of one loop (on ``time.monotonic()``) live in one heap with
-lazy deletion (trio's ``Deadlines``), under one loop timer armed for the earliest (a
-timer that fires before the earliest is due, as uvloop's can by up to a millisecond,
-only arms it again: no task is cancelled before its deadline). The block is its own
-deadline: :func:`arm` pushes a heap item ``(when, n, block)`` and keeps it as the
-block's ``_entry``; an item is live while it is its block's ``_entry``, so
-:func:`disarm` (the block's body ended) or a later :func:`arm` (a new deadline) kill it
-by replacing that, and the ended items at the head of the heap are dropped at once
-(blocks mostly end in the order they began). The timer, when it fires, cancels the
-tasks of the live items that are due, drops the ended ones it meets, and re-arms for
-the next live deadline. The heap is rebuilt when ended items outnumber live ones (more
-than ``2 * live + 1000``), so its size stays proportional to the blocks in flight. A
-timer handle per block (what ``asyncio.timeout`` does, plus two coroutines) costs ~2 us
-with its cancel in asyncio's Python ``call_at``; an item costs a fraction of that, and
-no object is made for it but the tuple.
+How it works: the block is its own deadline. Its ``_entry`` is its deadline (on
+``time.monotonic()``) while it is armed, ``None`` once it ended or fired. The armed
+blocks of one loop wait under one loop timer armed for the earliest deadline (a timer
+that fires before the earliest is due, as uvloop's can by up to a millisecond, only
+arms it again: no task is cancelled before its deadline), in two places:
+
+* a **stack** of the blocks armed since the timer last fired: :func:`arm` appends the
+  block, :func:`disarm` drops the ended blocks at its top. Blocks mostly end in the
+  reverse order they began (one after another, or nested), so a block that starts and
+  ends between two firings costs an append and a pop; ended blocks under a live one
+  wait for it (the stack is swept when it grows past twice its live size at its last
+  sweep + 1000);
+* a **heap** (trio's ``Deadlines``, with lazy deletion) of ``(when, n, block)`` for the
+  blocks that outlived a firing: the timer, when it fires, moves the stack's live
+  blocks into it, cancels the tasks of the live items that are due, drops the ended
+  ones it meets, and re-arms for the next live deadline (rebuilt by a firing that
+  finds it past twice its live size at its last rebuild + 1000). Both stay within a
+  few times the most blocks in flight at once.
+
+A timer handle per block (what ``asyncio.timeout`` does, plus two coroutines) costs ~2 us
+with its cancel in asyncio's Python ``call_at``; arming and disarming a block costs a
+fraction of that, and makes no object.
 """
 
 from __future__ import annotations
@@ -42,10 +49,10 @@ if TYPE_CHECKING:
 
 __all__ = ["Deadlined", "arm", "disarm", "open_blocks", "timed_out"]
 
-#: A deadline in a loop's heap: (when, a tie-breaker, the block).
-_Item = tuple[float, int, "Deadlined"]
 _heappush = heapq.heappush
 _heappop = heapq.heappop
+#: The least bound past which a loop's stack or heap is swept of ended blocks.
+_SWEEP_FLOOR = 1000
 
 
 class Deadlined(Protocol):
@@ -57,9 +64,9 @@ class Deadlined(Protocol):
     _task: asyncio.Task[Any] | None
     #: ``task.cancelling()`` as the block was entered (what :func:`timed_out` compares).
     _cancelling: int
-    #: The block's live item in its loop's heap; ``None`` once stopped or fired.
-    _entry: _Item | None
-    #: The heap it is in.
+    #: The block's deadline while it is armed; ``None`` once it ended or fired.
+    _entry: float | None
+    #: Where it waits (set by :func:`arm`).
     _deadlines: _LoopDeadlines
 
     def _on_deadline(self) -> None:
@@ -77,25 +84,27 @@ def arm(block: Deadlined, when: float) -> None:
     if deadlines is None or deadlines.loop is not loop:
         deadlines = _deadlines_of(loop)
     block._deadlines = deadlines
-    if block._entry is not None:  # rescheduled: the old deadline no longer counts
-        block._entry = None
-        deadlines.discard()
-    item = block._entry = (when, next(deadlines.seq), block)
-    _heappush(deadlines.heap, item)
-    deadlines.live += 1
+    block._entry = when
+    stack = deadlines.stack
+    stack.append(block)
     if when < deadlines.armed_at:
         deadlines.arm_timer(when)
+    if len(stack) > deadlines.stack_bound:
+        deadlines.sweep_stack()
 
 
 def disarm(block: Deadlined) -> None:
     """The block's body has ended: its deadline can no longer cancel the task (so what
     the block does on its way out, such as a release that has to wait, runs
     uninterrupted)."""
-    if block._entry is not None:
-        block._entry = None
-        block._deadlines.discard()
-    else:  # its deadline passed: no longer open
-        block._deadlines.fired.discard(block)
+    deadlines = block._deadlines
+    if block._entry is None:  # its deadline passed: no longer open
+        deadlines.fired.discard(block)
+        return
+    block._entry = None
+    stack = deadlines.stack
+    while stack and stack[-1]._entry is None:  # it, and any ended blocks under it
+        stack.pop()
 
 
 def timed_out(
@@ -116,15 +125,16 @@ def timed_out(
 
 def open_blocks() -> dict[asyncio.Task[Any], list[str]]:
     """The scope ids of the ``async with`` blocks open now (with a cancellation tier),
-    by task: the live items of every loop's heap and the blocks whose deadline passed.
-    Safe from a signal handler: it copies each heap and set in one step."""
+    by task: every loop's armed blocks and the blocks whose deadline passed. Safe from
+    a signal handler: it copies each stack, heap and set in one step."""
     found: dict[asyncio.Task[Any], list[str]] = {}
     for ref in list(_every):
         deadlines = ref()
         if deadlines is None:
             continue
-        live = [item[2] for item in list(deadlines.heap) if item[2]._entry is item]
-        for block in live + list(deadlines.fired):
+        armed = {id(b): b for b in list(deadlines.stack) if b._entry is not None}
+        armed.update((id(i[2]), i[2]) for i in list(deadlines.heap) if i[2]._entry == i[0])
+        for block in [*armed.values(), *list(deadlines.fired)]:
             task = block._task
             if task is not None:
                 found.setdefault(task, []).append(block.scope)
@@ -132,44 +142,37 @@ def open_blocks() -> dict[asyncio.Task[Any], list[str]]:
 
 
 class _LoopDeadlines:
-    """The pending deadlines of one event loop, under one timer armed for the earliest
-    (:func:`arm` adds to it)."""
+    """The armed blocks of one event loop, under one timer armed for the earliest
+    deadline (see the module docs)."""
 
     __slots__ = (
         "__weakref__",
-        "_dead",
         "_handle",
+        "_heap_bound",
         "armed_at",
         "fired",
         "heap",
-        "live",
         "loop",
         "seq",
+        "stack",
+        "stack_bound",
     )
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self.heap: list[_Item] = []
-        self.seq = itertools.count()
-        self.live = 0  # items in the heap that are their block's entry
-        self._dead = 0  # items in the heap that are not (lazy deletion)
+        self.stack: list[Deadlined] = []  # armed since the last firing, in that order
+        self.stack_bound = _SWEEP_FLOOR
+        self.heap: list[tuple[float, int, Deadlined]] = []  # outlived a firing
+        self._heap_bound = _SWEEP_FLOOR
+        self.seq = itertools.count()  # ties in the heap never compare blocks
+        self.fired: set[Deadlined] = set()  # blocks whose deadline passed, still open
         self._handle: asyncio.TimerHandle | None = None
         self.armed_at = math.inf  # when the timer fires
-        self.fired: set[Deadlined] = set()  # blocks whose deadline passed, still open
 
-    def discard(self) -> None:
-        """One block's item ended (it is no longer its block's entry): count it, drop
-        the ended items at the head of the heap, compact if due."""
-        self.live -= 1
-        self._dead += 1
-        heap = self.heap
-        while heap and heap[0][2]._entry is not heap[0]:  # ended first, as blocks mostly do
-            _heappop(heap)
-            self._dead -= 1
-        if self._dead > 2 * self.live + 1000:
-            self.heap = [item for item in self.heap if item[2]._entry is item]
-            heapq.heapify(self.heap)
-            self._dead = 0
+    def sweep_stack(self) -> None:
+        """Drop the ended blocks from anywhere in the stack."""
+        self.stack = [block for block in self.stack if block._entry is not None]
+        self.stack_bound = 2 * len(self.stack) + _SWEEP_FLOOR
 
     def arm_timer(self, when: float) -> None:
         """Fire at ``when`` (``time.monotonic()``) instead."""
@@ -185,20 +188,27 @@ class _LoopDeadlines:
         # not due yet on the monotonic clock waits: the timer is armed again for it.
         due = time.monotonic()
         self._handle, self.armed_at = None, math.inf
-        heap = self.heap
-        while heap and (heap[0][2]._entry is not heap[0] or heap[0][0] <= due):
-            item = _heappop(heap)
-            block = item[2]
-            if block._entry is not item:
-                self._dead -= 1
-            else:
-                self.live -= 1
+        heap, seq = self.heap, self.seq
+        for block in self.stack:  # the stack's armed blocks wait in the heap from now on
+            when = block._entry
+            if when is not None:
+                _heappush(heap, (when, next(seq), block))
+        self.stack.clear()
+        # An item is live while its block is armed for its time (a rescheduled block's
+        # earlier items are not).
+        while heap and (heap[0][2]._entry != heap[0][0] or heap[0][0] <= due):
+            when, _, block = _heappop(heap)
+            if block._entry == when:
                 block._entry = None
                 self.fired.add(block)
                 task = block._task
                 assert task is not None
                 task.cancel()
                 block._on_deadline()
+        if len(heap) > self._heap_bound:
+            self.heap = heap = [item for item in heap if item[2]._entry == item[0]]
+            heapq.heapify(heap)
+            self._heap_bound = 2 * len(heap) + _SWEEP_FLOOR
         if heap:
             self.arm_timer(heap[0][0])
 
@@ -206,8 +216,6 @@ class _LoopDeadlines:
 _local = threading.local()  # a thread runs one loop at a time
 #: The deadlines of the loop that armed one last (any thread's: each loop has its own).
 _recent: _LoopDeadlines | None = None
-
-
 #: Every loop's deadlines, for :func:`open_blocks` (weakly: a loop's go with its thread).
 _every: list[weakref.ref[_LoopDeadlines]] = []
 
