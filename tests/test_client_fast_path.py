@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from aiotimer.client import FifoClient, expires
+from aiotimer.client._block_context import current_asyncio_task
 from aiotimer.client._fifo_blocks import FifoBlocks
 from aiotimer.wire import MARKER_SUFFIX, LineDecoder, Request, encode
 
@@ -219,3 +220,26 @@ def test_blocks_of_many_threads_interleave_whole_and_each_in_order(
         mine = [r.scope_id for r in requests if r.scope_id.startswith(f"t{n}-") and r.is_release]
         assert mine == [f"t{n}-{i}" for i in range(300)]
     assert client._blocks.open_scopes == {}
+
+
+def test_the_current_task_is_found_in_a_loop_and_none_outside_one() -> None:
+    """What an async block asks for its task (asyncio.current_task, looked up once):
+    the running task inside a loop, in any loop and thread; None where no loop runs."""
+    assert current_asyncio_task() is None  # asyncio is loaded; no loop runs here
+
+    async def task_of() -> asyncio.Task[object] | None:
+        return current_asyncio_task()
+
+    async def main() -> None:
+        me = asyncio.current_task()
+        assert me is not None and current_asyncio_task() is me
+        other = asyncio.create_task(task_of())
+        assert await other is other
+
+    asyncio.run(main())
+    found: list[object] = []
+    thread = threading.Thread(target=lambda: found.append(asyncio.run(task_of())))
+    thread.start()
+    thread.join(timeout=30)
+    assert len(found) == 1 and isinstance(found[0], asyncio.Task)
+    assert current_asyncio_task() is None
