@@ -216,15 +216,18 @@ class _LoopDeadlines:
 _local = threading.local()  # a thread runs one loop at a time
 #: The deadlines of the loop that armed one last (any thread's: each loop has its own).
 _recent: _LoopDeadlines | None = None
-#: Every loop's deadlines, for :func:`open_blocks` (weakly: a loop's go with its thread).
+#: Every loop's deadlines, for :func:`open_blocks` (weakly: a loop's go with its thread);
+#: replaced whole under the lock, so a reader copies it in one step.
 _every: list[weakref.ref[_LoopDeadlines]] = []
+_every_lock = threading.Lock()
 
 
 def _deadlines_of(loop: asyncio.AbstractEventLoop) -> _LoopDeadlines:
-    global _recent
+    global _recent, _every
     deadlines: _LoopDeadlines | None = getattr(_local, "deadlines", None)
     if deadlines is None or deadlines.loop is not loop:
         deadlines = _local.deadlines = _LoopDeadlines(loop)
-        _every[:] = [ref for ref in _every if ref() is not None] + [weakref.ref(deadlines)]
+        with _every_lock:  # a new loop in this thread: rare
+            _every = [ref for ref in _every if ref() is not None] + [weakref.ref(deadlines)]
     _recent = deadlines
     return deadlines
