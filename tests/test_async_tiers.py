@@ -267,6 +267,40 @@ async def test_a_rescheduled_block_is_listed_once_while_open(client: RecordingCl
     assert open_blocks() == {}
 
 
+@pytest.mark.asyncio
+async def test_open_blocks_lists_each_tasks_blocks_also_past_their_deadline(
+    client: RecordingClient,
+) -> None:
+    """A block whose deadline passed (its task cancelled, the block not yet left: the
+    case a stack dump is for) is listed with the running ones, by task, until it ends."""
+    entered = asyncio.Event()
+
+    async def swallowing() -> None:
+        async with expires(0.01, scope="late", client=client):
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                entered.set()
+                await asyncio.sleep(3600)  # swallowed: still inside the block
+
+    late = asyncio.create_task(swallowing())
+    async with expires(3600, scope="outer", client=client):
+        async with expires(3600, scope="inner", client=client):
+            await asyncio.wait_for(entered.wait(), 30)
+            me = asyncio.current_task()
+            assert me is not None
+            found = open_blocks()
+            assert {task: sorted(scopes) for task, scopes in found.items()} == {
+                me: ["inner", "outer"],
+                late: ["late"],
+            }
+        late.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await late
+        assert open_blocks() == {me: ["outer"]}
+    assert open_blocks() == {}
+
+
 def test_a_template_cannot_be_entered_and_an_entered_block_cannot_decorate(
     client: RecordingClient,
 ) -> None:
@@ -354,18 +388,90 @@ async def test_deadlines_of_many_blocks_fire_in_order_after_many_ended_ones(
 
 @pytest.mark.asyncio
 async def test_blocks_ending_in_turn_leave_no_deadline_entries(client: RecordingClient) -> None:
-    """An ended block's entry at the head of its loop's deadlines is dropped as the block
-    ends (blocks mostly end in the order they began), so a loop of blocks keeps none; an
-    ended entry behind a live one waits for it, and still never cancels anything."""
+    """An ended block on top of its loop's stack of armed blocks is dropped as the block
+    ends (blocks mostly end in the reverse order they began), so a loop of blocks keeps
+    none; an ended block under a live one waits for it, and never cancels anything."""
     for _ in range(50):
         async with expires(3600, scope="ended", client=client):
             pass
     deadlines = _deadlines_of(asyncio.get_running_loop())
-    assert deadlines._heap == []
-    async with expires(0.05, scope="outer", client=client):
-        async with expires(3600, scope="inner", client=client):
+    assert deadlines.stack == [] and deadlines.heap == []
+    async with expires(0.05, scope="outer", client=client) as outer:
+        async with expires(3600, scope="first", client=client) as first:
+            async with expires(3600, scope="second", client=client):
+                pass
+            assert deadlines.stack == [outer, first]  # the second: dropped as it ended
+        async with expires(3600, scope="third", client=client) as third:
             pass
-        assert len(deadlines._heap) == 2  # the inner's entry, behind the live outer
-    assert deadlines._heap == []  # the outer's end drops both
+        assert deadlines.stack == [outer]
+        b_in, a_out = asyncio.Event(), asyncio.Event()
+
+        async def a() -> None:  # enters first, ends first: under b's block, it waits
+            async with expires(3600, scope="a", client=client):
+                await b_in.wait()
+            a_out.set()
+
+        async def b() -> None:
+            async with expires(3600, scope="b", client=client) as block_b:
+                b_in.set()
+                await a_out.wait()
+                assert [blk.scope for blk in deadlines.stack] == ["outer", "a", "b"]
+                assert deadlines.stack[2] is block_b
+            assert deadlines.stack == [outer]  # b's end drops the ended a's too
+
+        task_a = asyncio.create_task(a())
+        await asyncio.sleep(0)  # a enters
+        await asyncio.gather(task_a, b())
+        assert third not in deadlines.stack
+    assert deadlines.stack == [] and deadlines.heap == []
     await asyncio.sleep(0.1)  # past the outer's deadline: the timer finds nothing due
     assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
+
+
+@pytest.mark.asyncio
+async def test_ended_blocks_under_a_live_one_and_in_the_heap_are_swept(
+    client: RecordingClient,
+) -> None:
+    """Blocks that end under a later, still running one (tasks ending out of order),
+    and blocks that outlived a firing and ended since, do not pile up: the stack and the
+    heap are swept past twice their live size + 1000, and nothing ended is cancelled."""
+    release, stop = asyncio.Event(), asyncio.Event()
+
+    async def held(scope: str, until: asyncio.Event) -> None:
+        async with expires(3600, scope=scope, client=client):
+            await until.wait()
+
+    shorts = [asyncio.create_task(held(f"short-{n}", release)) for n in range(1500)]
+    await asyncio.sleep(0)  # every short block armed
+    deadlines = _deadlines_of(asyncio.get_running_loop())
+    async with expires(3600, scope="long", client=client) as long:
+        release.set()
+        await asyncio.gather(*shorts)  # ended, under the long block
+        assert len(deadlines.stack) == 1501
+        more = []
+        while len(deadlines.stack) > 1 + len(more):  # live blocks armed until a sweep
+            assert len(more) < 3000
+            more.append(asyncio.create_task(held(f"more-{len(more)}", stop)))
+            await asyncio.sleep(0)
+        assert all(block._entry is not None for block in deadlines.stack)
+        # A firing moves the armed blocks into the heap; ended since, they are swept.
+        async with expires(0.01, scope="fires", client=client):
+            with pytest.raises(asyncio.CancelledError):
+                await asyncio.sleep(3600)
+            assert len(deadlines.heap) == 1 + len(more)  # the long block and the others
+            asyncio.current_task().uncancel()  # type: ignore[union-attr]
+        stop.set()
+        await asyncio.gather(*more)
+        for wave in range(3):  # more outlive a firing, then end: the heap stays bounded
+            stop = asyncio.Event()
+            more = [asyncio.create_task(held(f"w{wave}-{n}", stop)) for n in range(1500)]
+            async with expires(0.01, scope="fires again", client=client):
+                with pytest.raises(asyncio.CancelledError):
+                    await asyncio.sleep(3600)
+                asyncio.current_task().uncancel()  # type: ignore[union-attr]
+            stop.set()
+            await asyncio.gather(*more)
+            assert len(deadlines.heap) <= 2 * 1502 + 1000
+        live = [item[2] for item in deadlines.heap if item[2]._entry == item[0]]
+        assert live == [long]
+    assert [r.scope_id for r in client.requests if r.cancelled] == ["fires"] + 3 * ["fires again"]

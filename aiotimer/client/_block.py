@@ -20,21 +20,18 @@ decorator's template; every transition is guarded, and anything else is a
 
 A ``with`` block never expires on the client: at its deadline the server reaps the
 process. Entering sends the acquire and leaving the release through the client's fast
-path (``send_nowait``: this process's request by its fields, no ``Request`` built) when
-it has one and can deliver at once, else through ``send()`` / ``send_async()``. The
-state is an enum compared by identity with module constants: this is the hot path.
+path when it has one and can deliver at once (a FifoClient's own, ``_block_nowait``, or
+``send_nowait``: no ``Request`` built), else through ``send()`` / ``send_async()``. An
+``async with`` block of two tiers is its own deadline (``_task_deadline``).
 """
 
 from __future__ import annotations
 
-import enum
-import functools
-import inspect
 import sys
 import time
 from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import Any, Final, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypeVar, overload
 
 from aiotimer.client._block_checks import (
     MAX_FLOAT,
@@ -43,49 +40,34 @@ from aiotimer.client._block_checks import (
     valid_scopes,
 )
 from aiotimer.client._block_context import asks_for_dump, current_asyncio_task
+from aiotimer.client._block_decorator import block_maker, generator_refused, timed
+from aiotimer.client._block_states import (
+    CREATED,
+    ENTERED,
+    EXITED,
+    EXPIRED,
+    EXPIRING,
+    TEMPLATE,
+    State,
+    misuse,
+)
 from aiotimer.client._discovery import current_client
-from aiotimer.client._task_deadline import TaskDeadline
-from aiotimer.client._transport import SendNowait, TimerClient, release_undelivered
-from aiotimer.core import current_pid, scope_at_site, scope_site, with_task
+from aiotimer.client._task_deadline import arm, disarm, timed_out
+from aiotimer.client._transport import (
+    BlockNowait,
+    SendNowait,
+    TimerClient,
+    release_undelivered,
+)
+from aiotimer.core import current_pid, with_task
 from aiotimer.wire import Learned, Request, number_problem, signal_problem
+
+if TYPE_CHECKING:
+    import asyncio
+
 
 __all__ = ["DEFAULT_KILL_AFTER", "Expires"]
 
-
-class _State(enum.Enum):
-    """Where an :class:`Expires` is in its life (see the module docs)."""
-
-    CREATED = "created"
-    ENTERED = "active"
-    EXPIRING = "expiring"
-    EXPIRED = "expired"
-    EXITED = "exited"
-    TEMPLATE = "template"
-
-
-# The states as module constants: a global lookup, not an attribute of the enum class.
-_CREATED: Final = _State.CREATED
-_ENTERED: Final = _State.ENTERED
-_EXPIRING: Final = _State.EXPIRING
-_EXPIRED: Final = _State.EXPIRED
-_EXITED: Final = _State.EXITED
-_TEMPLATE: Final = _State.TEMPLATE
-#: Why a block in each state cannot do what it was asked (the misuse errors).
-_WHY_NOT: Final = {
-    _CREATED: "it was never entered",
-    _ENTERED: "it is running",
-    _EXPIRING: "its deadline passed and its task is being cancelled",
-    _EXPIRED: "it has ended at its deadline",
-    _EXITED: "it has ended",
-    _TEMPLATE: "it decorates a function, whose every call is a block of its own",
-}
-#: What to do instead, by what was asked.
-_INSTEAD: Final = {
-    "enter": "a block can be entered only once: make a fresh expires() for each",
-    "exit": "a block is left once, after it was entered",
-    "reschedule": "only a running block can move its deadline",
-    "decorate": "decorate with a fresh expires()",
-}
 
 _monotonic: Final = time.monotonic
 _wall: Final = time.time
@@ -119,28 +101,29 @@ class Expires:
 
     __slots__ = (
         "_after",
+        "_blocks",
+        "_cancelling",
         "_client",
+        "_deadlines",
+        "_entry",
         "_kill_after",
         "_learned",
         "_nowait",
         "_per_call_scope",
         "_signal",
         "_state",
-        "_timeout",
+        "_task",
         "deadline",
         "scope",
     )
-    scope: str
-    deadline: float | None
-    _after: float | None
-    _client: TimerClient | None
-    _kill_after: float | None
-    _learned: Learned | None
+    _blocks: BlockNowait | None
     _nowait: SendNowait | None
-    _per_call_scope: bool
-    _signal: int | None
-    _state: _State
-    _timeout: TaskDeadline | None
+    _state: State
+    _task: asyncio.Task[Any] | None
+    # An async two-tier block is its own deadline (see aiotimer.client._task_deadline).
+    _cancelling: int
+    _entry: float | None
+    _deadlines: Any
 
     def __init__(  # noqa: PLR0917 (positional: keywords cost ~0.15 us a call on 3.11)
         self,
@@ -152,21 +135,29 @@ class Expires:
         kill_after: float | None = None,
         per_call_scope: bool = False,
     ) -> None:
-        # Refused here, at entry, whatever the server would reject: such a block would
-        # otherwise run with no timer at all. Each test is the validator's own; the
-        # common cases are answered from what was already checked (see scope_checked).
-        # A learned timeout (checked when made) is sent with its deadline at `initial`.
-        self._learned = None
-        if isinstance(after, Learned):
-            self._learned = after
-            after = after.initial
-        if deadline is None and after is not None:
-            problem = None if 0 <= after <= MAX_FLOAT else number_problem("after", after, minimum=0)
-        elif after is None and deadline is not None:
+        # Refused here, whatever the server would reject (such a block would run with no
+        # timer): the validator's tests, the common cases answered from what was already
+        # checked (scope_checked). A learned timeout is sent with its `initial` deadline.
+        learned = None
+        seconds: float | None = None
+        if deadline is None:
+            if type(after) is float or type(after) is int:  # before isinstance(Learned),
+                seconds = after  # ~0.15 us for a msgspec Struct (its metaclass)
+            elif isinstance(after, Learned):
+                learned = after
+                seconds = after.initial
+            elif after is None:
+                raise TypeError("give exactly one of after and deadline")
+            else:
+                seconds = after
+            problem = (
+                None if 0 <= seconds <= MAX_FLOAT else number_problem("after", seconds, minimum=0)
+            )
+        elif after is None:
             problem = deadline_problem(deadline)
         else:
             raise TypeError("give exactly one of after and deadline")
-        if not (per_call_scope or scope in valid_scopes):
+        if not per_call_scope and scope not in valid_scopes:
             problem = problem or scope_checked(scope)
         if signal is not None:
             problem = problem or signal_problem(signal)
@@ -175,13 +166,14 @@ class Expires:
         if problem is not None:
             raise ValueError(problem)
         self.scope = scope
-        self._after = after
+        self._after = seconds
         self.deadline = deadline
         self._client = client
         self._signal = signal
         self._kill_after = kill_after
+        self._learned = learned
         self._per_call_scope = per_call_scope
-        self._state = _CREATED
+        self._state = CREATED
 
     # -- entry and exit, shared by both faces ------------------------------------------
     #
@@ -197,31 +189,50 @@ class Expires:
         client = self._client
         if client is None:
             client = self._client = current_client()
-        nowait = self._nowait = getattr(client, "send_nowait", None)
-        if self._learned is not None:  # the fast path carries no spec
-            nowait = None
+        # The client's own fast path (a FifoClient's), else its send_nowait, if any.
+        blocks = self._blocks = getattr(client, "_block_nowait", None)
+        self._nowait = None if blocks is not None else getattr(client, "send_nowait", None)
         mono = _monotonic()
         wall = _wall()
         after = self._after
         deadline = self.deadline if after is None else mono + after
         assert deadline is not None
         self.deadline = deadline
-        self._state = _ENTERED
+        self._state = ENTERED
         reap_at = deadline + kill_after
         dump = False
         if kill_after > 0:  # asks_for_dump(), inlined: this runs for every async block
             hooks = _modules.get("aiotimer.client._dump_hook")
             dump = hooks is not None and hooks._hook is not None
         expiration_time = wall + (reap_at - mono)
-        try:
-            if nowait is not None and nowait(
-                self.scope, expiration_time, self._signal, reap_at, dump, kill_after
-            ):
-                return None
-        except BaseException:
-            self._state = _EXITED
-            raise
-        return self._acquire_request(expiration_time, reap_at, dump, kill_after, self._learned)
+        learned = self._learned
+        if learned is None:  # the fast path carries no spec
+            try:
+                if blocks is not None:  # _acquired(), inlined: this runs for every async block
+                    if blocks.acquire(
+                        self.scope, expiration_time, reap_at, mono, self._signal, dump, kill_after
+                    ):
+                        return None
+                elif self._acquired(expiration_time, reap_at, mono, dump, kill_after):
+                    return None
+            except BaseException:
+                self._state = EXITED
+                raise
+        return self._acquire_request(expiration_time, reap_at, dump, kill_after, learned)
+
+    def _acquired(
+        self, expiration_time: float, reap_at: float, now: float, dump: bool, kill_after: float
+    ) -> bool:
+        """Whether the client's fast path delivered this acquire at once."""
+        blocks = self._blocks
+        if blocks is not None:
+            return blocks.acquire(
+                self.scope, expiration_time, reap_at, now, self._signal, dump, kill_after
+            )
+        nowait = self._nowait
+        return nowait is not None and nowait(
+            self.scope, expiration_time, self._signal, reap_at, dump, kill_after
+        )
 
     def _acquire_request(
         self,
@@ -235,58 +246,76 @@ class Expires:
         signal = self._signal
         if signal is None:
             signal = self._sender().signal
-        # Positional: pid, scope_id, expiration_time (epoch), signal, version, mono,
-        # grace, group, dump, start_time, kill_after (two tiers: the server is told when
-        # the block's own deadline is, so it can show both), cancelled, learned.
+        # kill_after (two tiers): the server is told when the block's own deadline is.
         return Request(
             current_pid(),
             self.scope,
             expiration_time,
             signal,
-            None,
-            reap_at,
-            None,
-            False,
-            dump,
-            None,
-            kill_after or None,
-            False,
-            learned,
+            mono=reap_at,
+            dump=dump,
+            kill_after=kill_after or None,
+            learned=learned,
         )
 
-    def _release(self, cancelled: bool = False) -> Request | None:
-        """Send the release at once if the client can, else return it. ``cancelled``:
-        the block's task was cancelled at its deadline (the release says so, so the
-        server can report the first tier)."""
-        nowait = self._nowait
-        if cancelled:
-            if nowait is not None and nowait(self.scope, -1, 0, None, False, 0.0, True):
+    def _release(self, cancelled: bool, tried: bool = False) -> Request | None:
+        """Send the release at once if the client can (``tried``: its own path declined
+        already), else return it. ``cancelled``: the block's task was cancelled at its
+        deadline (the release says so, so the server can report the first tier)."""
+        blocks = self._blocks
+        if blocks is not None:
+            if not tried and blocks.release(self.scope, cancelled):
                 return None
-            return Request(current_pid(), self.scope, -1, 0, cancelled=True)
-        if nowait is not None and nowait(self.scope, -1, 0, None, False):
-            return None
-        return Request(current_pid(), self.scope, -1, 0)
+        else:
+            nowait = self._nowait
+            if nowait is not None and (
+                nowait(self.scope, -1, 0, None, False, 0.0, True)
+                if cancelled
+                else nowait(self.scope, -1, 0, None, False)
+            ):
+                return None
+        return Request(current_pid(), self.scope, -1, 0, cancelled=cancelled)
 
     def _on_deadline(self) -> None:
         """``active`` -> ``expiring``: the loop cancelled this block's task at its
-        deadline (called by its :class:`~aiotimer.client._task_deadline.TaskDeadline`)."""
-        if self._state is _ENTERED:
-            self._state = _EXPIRING
+        deadline (called by :mod:`aiotimer.client._task_deadline`)."""
+        if self._state is ENTERED:
+            self._state = EXPIRING
 
     def _misuse(self, action: str) -> RuntimeError:
-        return RuntimeError(
-            f"{self!r} cannot {action}: {_WHY_NOT[self._state]} ({_INSTEAD[action]})"
-        )
+        return misuse(self, self._state, action)
 
     def __enter__(self) -> Expires:
-        if self._state is not _CREATED:
+        if self._state is not CREATED:
             raise self._misuse("enter")
-        request = self._acquire()
+        client = self._client
+        if client is None:
+            client = self._client = current_client()
+        blocks = getattr(client, "_block_nowait", None)
+        if blocks is None or self._learned is not None:
+            request = self._acquire()
+        else:  # _acquire() for a FifoClient's block of one tier, inlined: the common block
+            self._blocks = blocks
+            mono = _monotonic()
+            wall = _wall()
+            after = self._after
+            deadline = self.deadline if after is None else mono + after
+            assert deadline is not None
+            self.deadline = deadline
+            self._state = ENTERED
+            expiration_time = wall + (deadline - mono)
+            try:
+                if blocks.acquire(self.scope, expiration_time, deadline, mono, self._signal):
+                    return self
+            except BaseException:
+                self._state = EXITED
+                raise
+            request = self._acquire_request(expiration_time, deadline, False, 0.0)
         if request is not None:
             try:
                 self._sender().send(request)
             except BaseException:
-                self._state = _EXITED
+                self._state = EXITED
                 raise
         return self
 
@@ -296,21 +325,25 @@ class Expires:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._state is not _ENTERED:
+        if self._state is not ENTERED:
             raise self._misuse("exit")
-        self._state = _EXITED
+        self._state = EXITED
         try:
-            nowait = self._nowait  # _release(), inlined: this runs for every block
-            if nowait is not None and nowait(self.scope, -1, 0, None, False):
-                return
+            blocks = self._blocks  # _release(), inlined: this runs for every block
+            if blocks is not None:
+                if blocks.release(self.scope):
+                    return
+            else:
+                nowait = self._nowait
+                if nowait is not None and nowait(self.scope, -1, 0, None, False):
+                    return
             self._sender().send(Request(current_pid(), self.scope, -1, 0))
         except Exception as release_exc:
             release_undelivered(self.scope, release_exc, exc)
 
     async def __aenter__(self) -> Expires:
-        if self._state is not _CREATED:
+        if self._state is not CREATED:
             raise self._misuse("enter")
-        self._timeout = None
         kill_after = DEFAULT_KILL_AFTER if self._kill_after is None else self._kill_after
         task = current_asyncio_task() if kill_after > 0 or self._per_call_scope else None
         if task is None or kill_after == 0:
@@ -322,11 +355,15 @@ class Expires:
             try:
                 await self._sender().send_async(request)
             except BaseException:
-                self._state = _EXITED
+                self._state = EXITED
                 raise
         if kill_after > 0:
             assert self.deadline is not None and task is not None
-            self._timeout = TaskDeadline(task, self.deadline, self, task.cancelling())
+            self._task = task
+            self._cancelling = task.cancelling()
+            arm(self, self.deadline)
+        else:
+            self._task = None
         return self
 
     async def __aexit__(
@@ -336,27 +373,26 @@ class Expires:
         tb: TracebackType | None,
     ) -> None:
         state = self._state
-        if state is _ENTERED:
-            self._state = _EXITED
-        elif state is _EXPIRING:
-            self._state = _EXPIRED
+        if state is ENTERED:
+            self._state = EXITED
+        elif state is EXPIRING:
+            self._state = EXPIRED
         else:
             raise self._misuse("exit")
-        timeout = self._timeout
-        if timeout is not None:
-            self._timeout = None
-            timeout.stop()  # the release below may wait: the deadline must not cut it
+        if self._task is not None:
+            disarm(self)  # the release below may wait: the deadline must not cut it
         try:
-            request = self._release(state is _EXPIRING)
-            if request is not None:
-                await self._sender().send_async(request)
+            blocks, cancelled = self._blocks, state is EXPIRING  # its own path, inlined
+            if blocks is None or not blocks.release(self.scope, cancelled):
+                request = self._release(cancelled, blocks is not None)
+                if request is not None:
+                    await self._sender().send_async(request)
         except Exception as release_exc:
             release_undelivered(self.scope, release_exc, exc)
-        if state is _EXPIRING:
-            assert timeout is not None
+        if state is EXPIRING:
             # A cancellation the deadline caused becomes TimeoutError; any other (an
             # outer cancellation) propagates untouched.
-            timeout.timed_out(exc_type, exc)
+            timed_out(self, exc_type, exc)
 
     def reschedule(self, deadline: float) -> None:
         """Move the running block's deadline to ``deadline`` (on ``time.monotonic()``),
@@ -377,26 +413,23 @@ class Expires:
                 stands.
             ClientBackpressureError: likewise, the server's pipe stayed full.
         """
-        if self._state is not _ENTERED:
+        if self._state is not ENTERED:
             raise self._misuse("reschedule")
         problem = deadline_problem(deadline)
         if problem is not None:
             raise ValueError(problem)
-        timeout: TaskDeadline | None = getattr(self, "_timeout", None)  # unset: `with`
+        two_tiers = getattr(self, "_task", None) is not None  # unset: `with`
         kill_after = 0.0
-        if timeout is not None:  # two tiers
+        if two_tiers:
             kill_after = DEFAULT_KILL_AFTER if self._kill_after is None else self._kill_after
         reap_at = deadline + kill_after
         expiration_time = _wall() + (reap_at - _monotonic())
         dump = kill_after > 0 and asks_for_dump()
-        nowait = self._nowait
-        if nowait is None or not nowait(
-            self.scope, expiration_time, self._signal, reap_at, dump, kill_after
-        ):
+        if not self._acquired(expiration_time, reap_at, _monotonic(), dump, kill_after):
             self._sender().send(self._acquire_request(expiration_time, reap_at, dump, kill_after))
         self.deadline = deadline
-        if timeout is not None:
-            self._timeout = timeout.moved(deadline)
+        if two_tiers:
+            arm(self, deadline)
 
     # -- as a decorator ----------------------------------------------------------------
 
@@ -421,47 +454,25 @@ class Expires:
                 loop that consumes it, or a block inside it, instead).
             RuntimeError: this block was entered, or decorates a function already.
         """
-        if inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func):
-            raise TypeError(
-                f"expires() cannot decorate the generator function {func.__qualname__}: "
-                "calling it only creates the generator, so its work would go untimed; "
-                "put the block inside the generator, or around the loop that consumes it"
-            )
-        if self._state is not _CREATED:
+        refused = generator_refused(func)
+        if refused is not None:
+            raise refused
+        if self._state is not CREATED:
             raise self._misuse("decorate")
-        self._state = _TEMPLATE
-        new_block = self._template()
-        if inspect.iscoroutinefunction(func):
-
-            @functools.wraps(func)
-            async def timed_coroutine(*args: _P.args, **kwargs: _P.kwargs) -> Any:
-                async with new_block():
-                    return await func(*args, **kwargs)
-
-            return timed_coroutine
-
-        @functools.wraps(func)
-        def timed(*args: _P.args, **kwargs: _P.kwargs) -> Any:
-            with new_block():
-                return func(*args, **kwargs)
-
-        return timed
+        self._state = TEMPLATE
+        return timed(func, self._template())
 
     def _template(self) -> Callable[[], Expires]:
-        """A maker of fresh blocks with this block's settings."""
-        scope, deadline = self.scope, self.deadline
+        """A maker of fresh blocks with this block's settings (a default scope: each at
+        the same site, valid by construction, naming its task)."""
         after: float | Learned | None = self._learned or self._after
-        client, signal, kill_after = self._client, self._signal, self._kill_after
-        site = scope_site(scope) if self._per_call_scope else None
-
-        def new_block() -> Expires:
-            block_scope = scope if site is None else scope_at_site(site)
-            # A default scope (site given) is valid by construction, and names its task.
-            return Expires(
-                block_scope, after, deadline, client, signal, kill_after, site is not None
-            )
-
-        return new_block
+        deadline, client, signal, kill = self.deadline, self._client, self._signal, self._kill_after
+        per_call = self._per_call_scope
+        return block_maker(
+            lambda scope: Expires(scope, after, deadline, client, signal, kill, per_call),
+            self.scope,
+            per_call,
+        )
 
     def _sender(self) -> TimerClient:
         client = self._client
@@ -481,6 +492,6 @@ class Expires:
             when = f"after={self._after:g}s"
         else:
             when = f"deadline={deadline:.3f}"
-            if state is _ENTERED or state is _EXPIRING:
+            if state is ENTERED or state is EXPIRING:
                 when += f" ({deadline - time.monotonic():.3f}s left)"
         return f"<Expires [{state.value}] scope={self.scope!r} {when}>"

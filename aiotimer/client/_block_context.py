@@ -6,6 +6,7 @@ never imports asyncio)."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -29,11 +30,19 @@ def asks_for_dump() -> bool:
 
 def current_asyncio_task() -> asyncio.Task[Any] | None:
     """The running asyncio task, or ``None`` (no asyncio loop runs in this thread)."""
-    loaded = sys.modules.get("asyncio")  # loaded by any program that runs its loop
-    if loaded is None:
-        return None
+    global _current_task
+    current = _current_task
+    if current is None:
+        loaded = sys.modules.get("asyncio")  # loaded by any program that runs its loop
+        if loaded is None:
+            return None
+        current = _current_task = loaded.current_task  # then no lookup per block
     try:
-        task: asyncio.Task[Any] | None = loaded.current_task()
+        task: asyncio.Task[Any] | None = current()
     except RuntimeError:  # no running loop: trio, or no loop at all
         return None
     return task
+
+
+#: ``asyncio.current_task``, once asyncio is loaded (see :func:`current_asyncio_task`).
+_current_task: Callable[[], asyncio.Task[Any] | None] | None = None

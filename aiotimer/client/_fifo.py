@@ -7,10 +7,11 @@ How it works:
   beside the FIFO) gets one persistent descriptor, to the FIFO or to the server's Unix
   socket, and the ``mono`` extension; any other reader torch's exact bytes, with an
   open, a write and a close per request.
-* **The fast path** (:meth:`FifoClient.send_nowait`): with the descriptor open and room
-  in the pipe, a request is one ``os.write`` under a lock. An acquire of this process
-  encodes both lines of its block at once (:func:`~aiotimer.wire.block_encoder`),
-  so the release line is ready when the block ends. An acquire due in less than the
+* **The fast path** (:mod:`aiotimer.client._fifo_blocks`, :meth:`FifoClient.send_nowait`
+  by a request's fields): with the descriptor open and room in the pipe, a request is one
+  ``os.write`` under a lock. An acquire of this process encodes both lines of its block
+  at once (:func:`~aiotimer.wire.block_encoder`), so the release line is ready when the
+  block ends. An acquire due in less than the
   server's ``bell_lead`` also rings its bell (:mod:`aiotimer.client._fifo_link`), so a
   server pacing a trickle reads it at once. When the server's marker asks for it
   (``stamps``), both lines of a block end with the ``at`` extension (:func:`stamped`):
@@ -38,6 +39,7 @@ from typing import Final
 import msgspec
 
 from aiotimer._edges.procfs import own_start_time
+from aiotimer.client._fifo_blocks import FifoBlocks, learned_ended, stamped
 from aiotimer.client._fifo_link import FifoLink
 from aiotimer.client._fifo_peer import (
     BROKEN_ERRNOS,
@@ -60,36 +62,13 @@ from aiotimer.client._transport import (
     next_retry,
 )
 from aiotimer.errors import ClientBackpressureError, ServerUnavailableError
-from aiotimer.wire import PIPE_BUF, BlockEncoder, Request, block_encoder, encode, fits_block_encoder
+from aiotimer.wire import Request, encode, fits_block_encoder
 
-__all__ = ["FifoClient"]
+__all__ = ["FifoClient", "stamped"]
 
 #: How many times in a row a broken pipe (server gone) triggers an immediate reopen.
 _MAX_REOPENS: Final[int] = 3
-#: The most block encoders a client keeps beside its two defaults (see _encoder).
-_MAX_ENCODERS: Final[int] = 64
 _monotonic: Final = time.monotonic
-_ryu: Final = msgspec.json.encode
-_AT: Final = b', "at": '
-
-
-def _learned_ended(learned: set[str], scope_id: str) -> bool:
-    """Whether ``scope_id``'s block was a learned one (it is forgotten now it ends)."""
-    if scope_id in learned:
-        learned.discard(scope_id)
-        return True
-    return False
-
-
-def stamped(line: bytes, at: float) -> bytes:
-    """``line`` (a request ending in ``}\n``) with the ``at`` extension appended: the
-    bytes of ``encode()`` of its request with ``at``, or ``line`` as it is when that
-    would not fit in one atomic write."""
-    if 1e-4 <= at < 1e16:  # where msgspec writes what repr() writes (see wire._encoder)
-        out = line[:-2] + _AT + _ryu(at) + b"}\n"
-        if len(out) <= PIPE_BUF:
-            return out
-    return line
 
 
 _live_fifo_clients: weakref.WeakSet[FifoClient] = weakref.WeakSet()
@@ -173,22 +152,20 @@ class FifoClient:
         #: At most this often (seconds), an acquire also checks that the server that
         #: published the marker is still the one reading (see the class docstring).
         self.marker_check_interval = 1.0
-        self._pid = os.getpid()  # refreshed in a forked child, with the encoder
-        self._start_time = own_start_time()
-        self._encode_block: BlockEncoder = block_encoder(self._pid, self._signal, self._start_time)
-        self._encode_dump_block: BlockEncoder = block_encoder(
-            self._pid, self._signal, self._start_time, dump=True
-        )
-        # The other blocks' encoders, by (signal, dump, kill_after): a few per process.
-        self._encoders: dict[tuple[int | None, bool, float], BlockEncoder] = {}
         # Live blocks: scope -> (acquire line, release line). The acquire lines are
         # replayed after a restart; the release line is ready for the block's exit.
-        self._open_scopes: dict[str, tuple[bytes, bytes]] = {}
-        # Scopes of open learned blocks: their lines are always stamped (``at``), so the
-        # server learns their real durations whatever its read pace.
-        self._learned_scopes: set[str] = set()
+        open_scopes: dict[str, tuple[bytes, bytes]] = {}
         # The persistent descriptor (aiotimer server only) and what goes out first.
-        self._link = FifoLink(self._path, self._open_scopes)
+        self._link = FifoLink(self._path, open_scopes)
+        # This process's encoders, its open blocks and the fast path through them.
+        self._blocks = FifoBlocks(
+            self._link, open_scopes, self._signal, os.getpid(), own_start_time()
+        )
+        #: The fast path a block takes directly, unless a subclass replaced
+        #: ``send_nowait`` (whose calls must then all go through it).
+        self._block_nowait = (
+            self._blocks if type(self).send_nowait is FifoClient.send_nowait else None
+        )
         _live_fifo_clients.add(self)
 
     @property
@@ -245,50 +222,13 @@ class FifoClient:
         ``cancelled`` at its deadline ends with a release line that says so); a release
         forgets its block whether or not it is delivered.
         """
-        link = self._link
         if expiration_time < 0:  # a release: it forgets its block
-            tracked = self._open_scopes.pop(scope_id, None)
-            learned = self._learned_scopes
-            at = (
-                _monotonic()
-                if link.stamps or (learned and _learned_ended(learned, scope_id))
-                else None
-            )
-            if tracked is None or cancelled:
-                line = encode(Request(self._pid, scope_id, -1, 0, cancelled=cancelled, at=at))
-            else:
-                line = tracked[1] if at is None else stamped(tracked[1], at)
-            lines = None
-            urgent = False
-        else:
-            now = _monotonic()
-            if mono is None or now > link.recheck_at:
-                return False
-            lead = mono - now
-            urgent = lead < link.bell_lead
-            encode_block = (
-                self._encode_block
-                if signal is None and not dump and not kill_after
-                else self._encoder(signal, dump, kill_after)
-            )
-            lines = encode_block(scope_id, expiration_time, mono)
-            line = stamped(lines[0], now) if link.stamps else lines[0]
-        lock = link.lock
-        lock.acquire()  # not `with`: half the cost, and this is the path of every block
-        try:
-            fd = link.fd
-            if fd is None or link.backlog:
-                return False
-            os.write(fd, line)
-            if urgent:
-                link.ring_locked(lead, now)
-        except OSError:
-            return False  # full, or broken: the slow path knows what to do
-        finally:
-            lock.release()
-        if lines is not None:
-            self._open_scopes[scope_id] = lines
-        return True
+            return self._blocks.release(scope_id, cancelled)
+        if mono is None:
+            return False
+        return self._blocks.acquire(
+            scope_id, expiration_time, mono, _monotonic(), signal, dump, kill_after
+        )
 
     def close(self) -> None:
         """Close the persistent descriptor, if any (the client reconnects on next use)."""
@@ -304,14 +244,14 @@ class FifoClient:
 
     def __repr__(self) -> str:
         mode = "persistent" if self._link.fd is not None else "per-request"
-        return f"<FifoClient {self._path!r} {mode}, {len(self._open_scopes)} open scopes>"
+        return f"<FifoClient {self._path!r} {mode}, {len(self._blocks.open_scopes)} open scopes>"
 
     # -- internals --------------------------------------------------------------------
 
     def _send_request_nowait(self, request: Request) -> bool:
         """:meth:`send_nowait` for ``request``, if it is one (a request of this process
         with no other extension): what ``send`` tries first."""
-        if request.pid != self._pid or not fits_block_encoder(request):
+        if request.pid != self._blocks.pid or not fits_block_encoder(request):
             return False
         if request.is_release:
             return (
@@ -328,36 +268,15 @@ class FifoClient:
             request.kill_after or 0.0,
         )
 
-    def _encoder(self, signal: int | None, dump: bool, kill_after: float = 0.0) -> BlockEncoder:
-        """The block encoder of this process's blocks reaped with ``signal`` (``None``:
-        the client's), asking for a stack dump first if ``dump``, with a first tier
-        ``kill_after`` seconds before the reap if ``kill_after > 0``."""
-        if signal == self._signal:
-            signal = None
-        if signal is None and not kill_after:
-            return self._encode_dump_block if dump else self._encode_block
-        key = (signal, dump, kill_after)
-        encoder = self._encoders.get(key)
-        if encoder is None:
-            if len(self._encoders) >= _MAX_ENCODERS:
-                self._encoders.clear()
-            encoder = self._encoders[key] = block_encoder(
-                self._pid,
-                self._signal if signal is None else signal,
-                self._start_time,
-                dump=dump,
-                kill_after=kill_after or None,
-            )
-        return encoder
-
     def _block_lines(self, request: Request) -> tuple[bytes, bytes]:
         """The acquire line of ``request`` and the release line of its block."""
         mono = request.mono
-        if mono is not None and request.pid == self._pid and fits_block_encoder(request):
-            encoder = self._encoder(request.signal, request.dump, request.kill_after or 0.0)
+        blocks = self._blocks
+        if mono is not None and request.pid == blocks.pid and fits_block_encoder(request):
+            encoder = blocks.encoder(request.signal, request.dump, request.kill_after or 0.0)
             return encoder(request.scope_id, request.expiration_time, mono)
-        if request.pid == self._pid and request.start_time is None:  # as the fast path does
-            request = msgspec.structs.replace(request, start_time=self._start_time)
+        if request.pid == blocks.pid and request.start_time is None:  # as the fast path does
+            request = msgspec.structs.replace(request, start_time=blocks.start_time)
         return encode(request), encode(Request(request.pid, request.scope_id, -1, 0))
 
     def _sending(self, request: Request) -> Steps:
@@ -453,26 +372,18 @@ class FifoClient:
             if not persistent:
                 os.close(fd)
         if lines is not None:
-            self._open_scopes[request.scope_id] = lines
+            self._blocks.open_scopes[request.scope_id] = lines
         return None
 
     def _learned(self, request: Request) -> bool:
         """Whether ``request`` is a line of a learned block (always stamped)."""
         if request.learned is not None:
-            self._learned_scopes.add(request.scope_id)
+            self._blocks.learned_scopes.add(request.scope_id)
             return True
-        return request.is_release and _learned_ended(self._learned_scopes, request.scope_id)
+        return request.is_release and learned_ended(self._blocks.learned_scopes, request.scope_id)
 
     def _after_fork_in_child(self) -> None:
-        self._pid = os.getpid()
-        self._start_time = own_start_time()
-        self._encode_block = block_encoder(self._pid, self._signal, self._start_time)
-        self._encode_dump_block = block_encoder(
-            self._pid, self._signal, self._start_time, dump=True
-        )
-        self._encoders.clear()
-        self._open_scopes.clear()  # the parent's blocks are not the child's
-        self._learned_scopes.clear()
+        self._blocks.reset(os.getpid(), own_start_time())  # the parent's blocks are not its
         self._link.reset_in_child()
 
 

@@ -25,6 +25,7 @@ __all__ = [
     "DEFAULT_CONNECT_TIMEOUT",
     "DEFAULT_SIGNAL",
     "DEFAULT_WRITE_TIMEOUT",
+    "BlockNowait",
     "SendNowait",
     "Sleep",
     "Steps",
@@ -68,6 +69,32 @@ class SendNowait(Protocol):
         /,
     ) -> bool:
         """Deliver at once, or return ``False`` having delivered nothing."""
+        ...
+
+
+class BlockNowait(Protocol):
+    """A transport's own fast path for blocks (a client's ``_block_nowait``, ``None`` when
+    it has none): what its ``send_nowait`` does, minus the generic argument handling.
+    A client offers it only while ``send_nowait`` is its own, so a subclass that wraps
+    ``send_nowait`` sees every call of a block."""
+
+    def acquire(  # noqa: PLR0917 (positional: the hot path)
+        self,
+        scope_id: str,
+        expiration_time: float,
+        mono: float,
+        now: float,
+        signal: int | None = None,
+        dump: bool = False,
+        kill_after: float = 0.0,
+        /,
+    ) -> bool:
+        """``send_nowait`` of an acquire, ``now`` being ``time.monotonic()`` as read by
+        the block."""
+        ...
+
+    def release(self, scope_id: str, cancelled: bool = False, /) -> bool:
+        """``send_nowait`` of a release."""
         ...
 
 
