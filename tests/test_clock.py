@@ -94,6 +94,8 @@ async def test_monotonic_clock_sleep_until_is_cancellable() -> None:
 async def test_monotonic_alarm_follows_its_deadline_and_never_fires_early() -> None:
     # The expiry task's alarm: moved later (the earliest timer was released) it does
     # not fire at the old deadline; moved earlier it fires at the new one; never early.
+    # The old deadline leaves the waiter 0.3 s to start waiting, so a loaded host does
+    # not let it pass before it is moved.
     woke: list[float] = []
     with open_alarm(MonotonicClock()) as alarm:
 
@@ -102,15 +104,17 @@ async def test_monotonic_alarm_follows_its_deadline_and_never_fires_early() -> N
             woke.append(time.monotonic())
 
         start = time.monotonic()
-        alarm.set(start + 0.02)
+        alarm.set(start + 0.3)
         async with anyio.create_task_group() as tg:
             tg.start_soon(waiter)
             await settle()
-            alarm.set(start + 0.2)  # later: the waiter sleeps on
-            await anyio.sleep(0.05)
+            alarm.set(start + 60)  # later: the waiter sleeps on
+            assert time.monotonic() < start + 0.3, "moved only after the old deadline"
+            await anyio.sleep(start + 0.4 - time.monotonic())  # past the old deadline
             assert woke == []
-            alarm.set(start + 0.06)  # earlier than the last one
-        assert woke and woke[0] >= start + 0.06
+            earlier = time.monotonic() + 0.02
+            alarm.set(earlier)  # earlier than the last one
+        assert woke and woke[0] >= earlier
         alarm.set(math.inf)
         with anyio.move_on_after(0.05) as scope:
             await alarm.wait()
