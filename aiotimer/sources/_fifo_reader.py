@@ -26,6 +26,7 @@ from aiotimer.sources._fifo_path import PIPE_SIZE
 from aiotimer.sources._pipepeek import open_peek, read_exactly
 from aiotimer.sources._trickle import (
     EMPTY_READS,
+    LEAD_SHARE,
     Leads,
     next_interval,
     paced,
@@ -85,6 +86,7 @@ class FifoReader:
         "_leads",
         "_limit",
         "_lines",
+        "_pause_end",
         "_peek",
         "_pids",
         "_pipe_done",
@@ -125,6 +127,9 @@ class FifoReader:
         self._read_at = math.inf
         # The bell rang since the last read began: the pipe holds an acquire due soon.
         self._rung = False
+        # When the read loop's pause between the reads of a trickle ends (monotonic;
+        # math.inf: it is not pausing).
+        self._pause_end = math.inf
         self._sink = sink
         self.name = name  # the source's, which its batches are applied under
         self._chunk_size = chunk_size
@@ -380,18 +385,27 @@ class FifoReader:
             return
         self._waiting = waiting = loop.create_future()
         timer = loop.call_later(interval, self._wake_loop)
+        self._pause_end = time.monotonic() + interval
         try:
             await waiting
         finally:
             timer.cancel()
             self._waiting = None
+            self._pause_end = math.inf
 
     def ring(self, lead: float | None) -> None:
         """A client rang the bell after writing an acquire due in ``lead`` seconds
         (``None``: it did not say): note the lead, and read the pipe now (see
-        :mod:`aiotimer.sources._bell`)."""
+        :mod:`aiotimer.sources._bell`), unless the reader pauses and its pause ends
+        within :data:`~aiotimer.sources._trickle.LEAD_SHARE` of that lead: the acquire
+        is then read at the end of the pause with the rest, with as large a share of
+        its lead to spare as the pacing leaves any acquire (a ring in a steady job
+        costs no read of its own)."""
         if lead is not None:
-            self._leads.note(lead, time.monotonic())
+            now = time.monotonic()
+            self._leads.note(lead, now)
+            if self._pause_end - now <= lead * LEAD_SHARE:
+                return
         self._rung = True
         self._wake_loop()
 

@@ -25,9 +25,9 @@ What that interval may cost:
   acquire with a lead under :func:`bell_lead` of the longest interval, a byte that
   says its lead (:mod:`aiotimer._edges.ring`), unless it rang for a lead as short in
   the last :data:`LEAD_WINDOW` (the server still paces by it): the ring ends the
-  interval at once and the lead it says bounds the intervals that follow, so its
-  acquires are read in time from the first one on, and a steady job rings about once
-  a minute per client.
+  interval at once (unless it ends within :data:`LEAD_SHARE` of the lead anyway) and
+  the lead it says bounds the intervals that follow, so its acquires are read in time
+  from the first one on, and a steady job rings about once a minute per client.
 * **Durations** (the scope statistics) are timed by when the server applies the
   acquire and the release, so while input trickles in each is off by up to an
   interval.

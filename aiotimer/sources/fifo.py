@@ -27,8 +27,9 @@ How it works:
   interval bounded by how soon the acquires it read fall due
   (:mod:`aiotimer.sources._trickle`); the drain below keeps releases from being late.
   An acquire due sooner than the interval could allow comes with a ring of the bell
-  beside the FIFO (:mod:`aiotimer.sources._bell`), which ends the pause at once and
-  says the acquire's lead; while every acquire read lately came from a client that
+  beside the FIFO (:mod:`aiotimer.sources._bell`), which ends the pause at once
+  (unless it ends within ``LEAD_SHARE`` of that lead anyway) and says the acquire's
+  lead; while every acquire read lately came from a client that
   rings, the interval may grow to ``bell_interval`` (2 s), else ``read_interval``.
 * **A flood of garbage.** Once a chunk held :data:`FLOODED` bad lines, the reader sets
   aside, in the next ones, the lines that cannot be requests (no ``scope_id`` key, see
@@ -91,12 +92,17 @@ __all__ = [
     "grow_pipe",
 ]
 
-#: Bytes per ``read(2)``: also the most input decoded before other work gets a turn.
+#: Bytes per ``read(2)``: also the most input decoded before other work gets a turn
+#: (and at most ``LINES_PER_STEP`` lines, so garbage costs a step what valid lines do).
 #: Each read and batch has a fixed cost (the syscall, a loop iteration, the batch's
-#: bookkeeping), so bigger reads cost less per line; but 32 KiB of garbage lines
-#: costs a few milliseconds to reject (valid lines under 1 ms), and twice that at 64 KiB.
-#: See ``python -m benchmarks.bench_ingest_cpu --chunk 16384,32768,65536``.
-CHUNK_SIZE: Final[int] = 32768
+#: bookkeeping), so bigger reads cost less per line; and a block whose acquire and
+#: release come in one batch never reaches the table (:mod:`aiotimer.core._fold`), so
+#: a paced read taken in one batch costs less again: 64 workers timing 10 blocks a
+#: second write ~45 KiB between two reads, which 32 KiB chunks cut in two (half of
+#: the blocks then reached the table; a quarter in one batch). 64 KiB of valid lines
+#: is 1-1.5 ms of one loop step. See ``python -m benchmarks.bench_ingest_cpu --chunk
+#: 32768,65536``.
+CHUNK_SIZE: Final[int] = 65536
 logger = logging.getLogger("aiotimer")
 
 
