@@ -157,7 +157,7 @@ def test_a_full_disk_under_the_event_log_never_stops_reaping(
 ) -> None:
     fifo, log, stderr = tmp_path / "t.fifo", tiny_tmpfs / "events.jsonl", tmp_path / "stderr"
     with stderr.open("wb") as err, serving(fifo, "--event-log", str(log), stderr=err) as server:
-        # ~300 bytes of log per rejection event, 64 events per 64 KiB read (the rest of a
+        # ~300 bytes of log per rejection event, 64 events per 32 KiB read (the rest of a
         # read is one more): 400 KiB of 200-byte lines overflow 64 KiB.
         send(fifo, b"".join(b"junk %04d %s\n" % (i, b"x" * 190) for i in range(2_000)))
         deadline = time.monotonic() + BOUND

@@ -454,7 +454,8 @@ async def test_a_trickle_is_read_once_per_interval_capped_by_its_leads(
 async def test_a_paced_read_of_a_busy_job_is_one_batch(fifo_path: pathlib.Path) -> None:
     # 64 workers timing 10 blocks a second write ~45 KiB between two paced reads; in
     # one batch, a block whose acquire and release both came in it never reaches the
-    # table (aiotimer.core._fold), which halves the server's work on such a job.
+    # table (aiotimer.core._fold), which halves the server's work on such a job. (The
+    # pipe is 1 MiB: root, or pipe-max-size's default.)
     interval = 5.0
     sink = RecordingSink()
     async with running_source(FifoSource(fifo_path, read_interval=interval), sink):
@@ -462,7 +463,8 @@ async def test_a_paced_read_of_a_busy_job_is_one_batch(fifo_path: pathlib.Path) 
             os.write(fd, torch_line(3, "first"))  # read at once; the reader then paces
             await wait_until(lambda: len(sink.requests) == 1)
             lines = [torch_line(1000 + i % 64, f"b{i}") for i in range(600)]
-            assert 45 * 1024 <= sum(map(len, lines)) <= CHUNK_SIZE
+            # More than a chunk, less than a sixteenth of the pipe (a paced read's most).
+            assert CHUNK_SIZE < sum(map(len, lines)) <= PIPE_SIZE // 16
             for line in lines:
                 os.write(fd, line)
             with anyio.move_on_after(interval / 4):

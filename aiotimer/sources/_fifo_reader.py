@@ -222,11 +222,12 @@ class FifoReader:
             self._backlog.append(taken)
             self._wake_loop()  # the backlog is to read
 
-    def _feed(self, chunk: bytes) -> bool:
-        """Decode ``chunk`` and submit what it held; ``True`` if it held anything."""
+    def _feed(self, chunk: bytes, size: int) -> bool:
+        """Decode ``chunk`` (read ``size`` bytes at a time) and submit what it held;
+        ``True`` if it held anything."""
         batch = self._decode(chunk)
         if batch.requests or batch.rejections:
-            if len(chunk) < self._chunk_size and self._interval > 0:
+            if len(chunk) < size and self._interval > 0:
                 # A short read (a trickle, maybe): how soon its acquires fall due.
                 lead, mute = shortest_lead(batch.requests, self._last_read)
                 self._leads.note(lead, time.monotonic(), mute=mute)
@@ -309,7 +310,7 @@ class FifoReader:
                 finally:
                     self._waiting = None
                 self._read_at = math.inf  # woken by the input: it was written just now
-            if self._trickle(await self._read_available()):
+            if self._trickle(await self._read_available(self._chunk_size)):
                 await self._coalesce(loop)
 
     def _trickle(self, read: int | None) -> bool:
@@ -319,11 +320,11 @@ class FifoReader:
         so close to its deadline that reading later could miss it."""
         return read is not None and 0 < read <= self._trickle_max and self._next_interval() > 0
 
-    async def _read_available(self) -> int | None:
-        """Decode the backlog, then what the pipe holds, a chunk at a time, each handed
-        to the sink as one batch, up to ``MAX_READS_PER_WAKE`` chunks: the bytes read
-        from the pipe if that emptied it, else ``None``."""
-        fd, chunk_size, read = self._fd, self._chunk_size, os.read
+    async def _read_available(self, chunk_size: int) -> int | None:
+        """Decode the backlog, then what the pipe holds, ``chunk_size`` bytes at a time,
+        each handed to the sink as one batch, up to ``MAX_READS_PER_WAKE`` chunks: the
+        bytes read from the pipe if that emptied it, else ``None``."""
+        fd, read = self._fd, os.read
         backlog = self._backlog
         self._rung = False  # what a ring so far was for is in the pipe: read below
         self._last_read, self._read_at = self._read_at, time.monotonic()
@@ -345,7 +346,7 @@ class FifoReader:
                     backlog.append(chunk[end:])
                     chunk = chunk[:end]
             emptied = short and not backlog
-            if self._feed(chunk) and not emptied:
+            if self._feed(chunk, chunk_size) and not emptied:
                 # One chunk at a time: the sink handles the deadlines that fell
                 # meanwhile, and the loop runs other work, before the next chunk.
                 await asyncio.sleep(0)
@@ -357,8 +358,12 @@ class FifoReader:
         """Input trickles in: read it every ``interval`` seconds rather than at each
         line, until a read finds the pipe empty, or more than a trickle (see the
         module docs); sooner when the input's rate would fill a sixteenth of the pipe
-        (writers keep room for a burst)."""
+        (writers keep room for a burst). Each such read takes up to that sixteenth in
+        one chunk (at least ``chunk_size``), so that what came in over an interval is
+        one batch, whose blocks begun and ended in it never reach the timer table
+        (:mod:`aiotimer.core._fold`)."""
         fd, room = self._fd, self._trickle_max // 4
+        size = max(self._chunk_size, room)
         loop.remove_reader(fd)
         try:
             empty = 0  # reads in a row that found nothing
@@ -366,7 +371,7 @@ class FifoReader:
             while empty < EMPTY_READS:
                 slept = loop.time()
                 await self._pause(loop, min(self._next_interval(), pace))
-                read = await self._read_available()
+                read = await self._read_available(size)
                 if read:
                     pace = paced(loop.time() - slept, read, room)
                 if read == 0:

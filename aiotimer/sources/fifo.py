@@ -26,6 +26,9 @@ How it works:
   every line and reads the pipe once per interval while input keeps trickling in, an
   interval bounded by how soon the acquires it read fall due
   (:mod:`aiotimer.sources._trickle`); the drain below keeps releases from being late.
+  Each such read takes up to a sixteenth of the pipe at once (the most the pacing lets
+  pile up), so what came in over an interval is one batch, whose blocks begun and
+  ended in it never reach the timer table.
   An acquire due sooner than the interval could allow comes with a ring of the bell
   beside the FIFO (:mod:`aiotimer.sources._bell`), which ends the pause at once
   (unless it ends within ``LEAD_SHARE`` of that lead anyway) and says the acquire's
@@ -92,17 +95,13 @@ __all__ = [
     "grow_pipe",
 ]
 
-#: Bytes per ``read(2)``: also the most input decoded before other work gets a turn
-#: (and at most ``LINES_PER_STEP`` lines, so garbage costs a step what valid lines do).
+#: Bytes per ``read(2)``: also the most input decoded before other work gets a turn.
 #: Each read and batch has a fixed cost (the syscall, a loop iteration, the batch's
-#: bookkeeping), so bigger reads cost less per line; and a block whose acquire and
-#: release come in one batch never reaches the table (:mod:`aiotimer.core._fold`), so
-#: a paced read taken in one batch costs less again: 64 workers timing 10 blocks a
-#: second write ~45 KiB between two reads, which 32 KiB chunks cut in two (half of
-#: the blocks then reached the table; a quarter in one batch). 64 KiB of valid lines
-#: is 1-1.5 ms of one loop step. See ``python -m benchmarks.bench_ingest_cpu --chunk
-#: 32768,65536``.
-CHUNK_SIZE: Final[int] = 65536
+#: bookkeeping), so bigger reads cost less per line; but 32 KiB of garbage lines
+#: costs a few milliseconds to reject (valid lines under 1 ms), and twice that at 64 KiB.
+#: See ``python -m benchmarks.bench_ingest_cpu --chunk 16384,32768,65536``. The paced
+#: reads of a trickle take up to a sixteenth of the pipe at once (see ``FifoReader``).
+CHUNK_SIZE: Final[int] = 32768
 logger = logging.getLogger("aiotimer")
 
 
