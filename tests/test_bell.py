@@ -155,6 +155,39 @@ async def test_a_ring_s_lead_paces_the_reads_that_follow(tmp_path: pathlib.Path)
 
 
 @pytest.mark.asyncio
+async def test_a_ring_the_pause_already_serves_waits_for_its_end(tmp_path: pathlib.Path) -> None:
+    # A steady job rings for leads the reader already paces by: such a ring costs no
+    # read of its own (the pause ends within LEAD_SHARE of its lead); a plain ring, even
+    # among others in one read of the bell, still ends the pause.
+    fifo = tmp_path / "timer.fifo"
+    sink = RecordingSink()
+    source = FifoSource(fifo, read_interval=0.25, bell_interval=30.0)
+    async with running_source(source, sink):
+        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        bell = os.open(str(fifo) + BELL_SUFFIX, os.O_WRONLY | os.O_NONBLOCK)
+        try:
+            os.write(fd, line("first", 60))  # read at once; the reader then paces (30 s)
+            await wait_until(lambda: len(sink.requests) == 1)
+            await anyio.sleep(0.2)  # input this slow paces no read sooner (see paced())
+            os.write(fd, line("rung", 60))
+            os.write(bell, ring_byte(20.0))  # ends the pause: the next ones last ~15 s
+            await wait_until(lambda: len(sink.requests) == 2)
+            os.write(fd, line("served", 60))
+            os.write(bell, ring_byte(60.0))  # 0.8 of its lead is past the pause's end
+            with anyio.move_on_after(2.0):
+                await wait_until(lambda: len(sink.requests) == 3)
+            assert len(sink.requests) == 2, "a ring the pause serves made a read"
+            rung = time.monotonic()
+            os.write(bell, ring_byte(60.0) + PLAIN_RING)  # one read of the bell, two rings
+            await wait_until(lambda: len(sink.requests) == 3)
+            assert time.monotonic() - rung < PROMPT
+        finally:
+            os.close(fd)
+            os.close(bell)
+    assert [r.scope_id for r in sink.requests] == ["first", "rung", "served"]
+
+
+@pytest.mark.asyncio
 async def test_the_client_rings_after_an_acquire_due_sooner_than_the_bell_lead(
     tmp_path: pathlib.Path,
 ) -> None:

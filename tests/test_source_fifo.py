@@ -19,7 +19,7 @@ import pytest
 from aiotimer.errors import SourceError
 from aiotimer.sources._budget import LINES_PER_STEP
 from aiotimer.sources._trickle import EMPTY_READS, LEAD_SHARE
-from aiotimer.sources.fifo import MAX_READS_PER_WAKE, PIPE_SIZE, FifoSource
+from aiotimer.sources.fifo import CHUNK_SIZE, MAX_READS_PER_WAKE, PIPE_SIZE, FifoSource
 from aiotimer.testing import RecordingSink, running_source, wait_until
 from aiotimer.wire import MARKER_SUFFIX
 
@@ -448,3 +448,27 @@ async def test_a_trickle_is_read_once_per_interval_capped_by_its_leads(
             await wait_until(lambda: len(sink.requests) == 3)
             assert time.monotonic() - sent < LEAD_SHARE * 0.5 + interval / 4
     assert [r.scope_id for r in sink.requests] == ["first", "second", "third"]
+
+
+@pytest.mark.asyncio
+async def test_a_paced_read_of_a_busy_job_is_one_batch(fifo_path: pathlib.Path) -> None:
+    # 64 workers timing 10 blocks a second write ~45 KiB between two paced reads; in
+    # one batch, a block whose acquire and release both came in it never reaches the
+    # table (aiotimer.core._fold), which halves the server's work on such a job. (The
+    # pipe is 1 MiB: root, or pipe-max-size's default.)
+    interval = 5.0
+    sink = RecordingSink()
+    async with running_source(FifoSource(fifo_path, read_interval=interval), sink):
+        with writer(fifo_path) as fd:
+            os.write(fd, torch_line(3, "first"))  # read at once; the reader then paces
+            await wait_until(lambda: len(sink.requests) == 1)
+            lines = [torch_line(1000 + i % 64, f"b{i}") for i in range(600)]
+            # More than a chunk, less than a sixteenth of the pipe (a paced read's most).
+            assert CHUNK_SIZE < sum(map(len, lines)) <= PIPE_SIZE // 16
+            for line in lines:
+                os.write(fd, line)
+            with anyio.move_on_after(interval / 4):
+                await wait_until(lambda: len(sink.requests) > 1)
+            assert len(sink.requests) == 1, "the reader woke at a line of a trickle"
+            await wait_until(lambda: len(sink.requests) == 1 + len(lines), timeout=2 * interval)
+    assert len(sink.batches) == 2

@@ -5,9 +5,11 @@ from __future__ import annotations
 import math
 import time
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import aiotimer.sources._trickle as trickle
 from aiotimer.sources._trickle import (
     BELL_INTERVAL,
     LEAD_SHARE,
@@ -55,6 +57,71 @@ def test_shortest_lead_counts_acquires_not_yet_due() -> None:
     lead, mute = shortest_lead(requests)
     assert 1.5 < lead <= 2.0 and mute
     assert shortest_lead([_release("a"), _acquire("late", -1.0)]) == (math.inf, False)
+
+
+class _FixedTime:
+    """Stands in for the ``time`` module in aiotimer.sources._trickle: fixed readings."""
+
+    def __init__(self, mono: float, wall: float) -> None:
+        self._mono, self._wall = mono, wall
+
+    def monotonic(self) -> float:
+        return self._mono
+
+    def time(self) -> float:
+        return self._wall
+
+
+def _naive_shortest_lead(
+    requests: list[Request], since: float, mono: float, wall: float
+) -> tuple[float, bool]:
+    """shortest_lead as its docs say it, request by request."""
+    lead, mute = math.inf, False
+    for req in requests:
+        if not req.is_release:
+            deadline = req.deadline(mono, wall)
+            if deadline > mono:
+                if req.mono is None:
+                    mute = True
+                    lead = min(lead, deadline - mono)
+                else:
+                    lead = min(lead, deadline - min(since, mono))
+    return lead, mute
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    lines=st.lists(
+        st.tuples(
+            st.sampled_from(["release", "mute", "rings"]),
+            st.floats(-10.0, 100.0),  # seconds from now to the deadline
+        ),
+        max_size=20,
+    ),
+    since=st.floats(-5.0, 5.0) | st.just(math.inf),  # the last read, seconds from now
+)
+def test_shortest_lead_agrees_with_the_request_by_request_rule(
+    lines: list[tuple[str, float]], since: float
+) -> None:
+    mono, wall = 1000.0, 1.7e9
+    requests = [
+        Request(fake_pid(1), f"s{i}", -1, 0)
+        if kind == "release"
+        else Request(
+            fake_pid(1),
+            f"s{i}",
+            wall + after,
+            9,
+            mono=mono + after if kind == "rings" else None,
+        )
+        for i, (kind, after) in enumerate(lines)
+    ]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(trickle, "time", _FixedTime(mono, wall))
+        lead, mute = shortest_lead(requests, mono + since)
+    want_lead, want_mute = _naive_shortest_lead(requests, mono + since, mono, wall)
+    assert mute == want_mute
+    assert lead == pytest.approx(want_lead, abs=1e-6)
 
 
 def test_an_acquire_without_the_mono_key_is_from_a_client_that_does_not_ring() -> None:

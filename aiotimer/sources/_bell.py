@@ -17,7 +17,10 @@ the marker with the lead below which a client rings and how long a ring's lead i
 is read within one interval with ``1 - LEAD_SHARE`` of its lead to spare. aiotimer's
 client writes such an acquire to the FIFO as usual, then one byte to the bell that says
 its lead (:mod:`aiotimer._edges.ring`); the ring ends the reader's pause, so the
-acquire is read as soon as the loop runs, and the reader paces its reads by the lead
+acquire is read as soon as the loop runs (unless the pause ends within ``LEAD_SHARE``
+of that lead anyway: then it is read at its end, with the rest, as an acquire the
+pacing saw coming would be; a ring in a steady job costs no read of its own; a plain
+ring always ends the pause), and the reader paces its reads by the lead
 for at least ``bell_window`` (:class:`~aiotimer.sources._trickle.Leads`), during which
 the client does not ring again for a lead as long or longer. The line itself stays in
 the FIFO, in order with the worker's other lines: the release can never overtake its
@@ -86,16 +89,21 @@ class Bell:
 
     def listen(self, loop: asyncio.AbstractEventLoop, rung: Callable[[float | None], None]) -> None:
         """Call ``rung(lead)`` in ``loop`` whenever a client rings (rings that arrive
-        together are one call): ``lead``, the shortest lead the rings say
-        (:mod:`aiotimer._edges.ring`), or ``None`` if none says one."""
+        together are at most two calls): ``lead``, the shortest lead the rings say
+        (:mod:`aiotimer._edges.ring`), then ``None`` if one of them says none (a plain
+        ring: read now)."""
         fd = self._fifo.read_fd
 
         def ringing() -> None:
             rings = b""
             with contextlib.suppress(BlockingIOError):
                 rings = os.read(fd, _READ)
-            leads = [lead for lead in map(ring_lead, set(rings)) if lead is not None]
-            rung(min(leads) if leads else None)
+            said = [ring_lead(code) for code in set(rings)]
+            leads = [lead for lead in said if lead is not None]
+            if leads:
+                rung(min(leads))
+            if len(leads) < len(said) or not said:
+                rung(None)
 
         self._loop = loop
         loop.add_reader(fd, ringing)

@@ -26,6 +26,7 @@ from aiotimer.sources._fifo_path import PIPE_SIZE
 from aiotimer.sources._pipepeek import open_peek, read_exactly
 from aiotimer.sources._trickle import (
     EMPTY_READS,
+    LEAD_SHARE,
     Leads,
     next_interval,
     paced,
@@ -85,6 +86,7 @@ class FifoReader:
         "_leads",
         "_limit",
         "_lines",
+        "_pause_end",
         "_peek",
         "_pids",
         "_pipe_done",
@@ -125,6 +127,9 @@ class FifoReader:
         self._read_at = math.inf
         # The bell rang since the last read began: the pipe holds an acquire due soon.
         self._rung = False
+        # When the read loop's pause between the reads of a trickle ends (monotonic;
+        # math.inf: it is not pausing).
+        self._pause_end = math.inf
         self._sink = sink
         self.name = name  # the source's, which its batches are applied under
         self._chunk_size = chunk_size
@@ -217,11 +222,12 @@ class FifoReader:
             self._backlog.append(taken)
             self._wake_loop()  # the backlog is to read
 
-    def _feed(self, chunk: bytes) -> bool:
-        """Decode ``chunk`` and submit what it held; ``True`` if it held anything."""
+    def _feed(self, chunk: bytes, size: int) -> bool:
+        """Decode ``chunk`` (read ``size`` bytes at a time) and submit what it held;
+        ``True`` if it held anything."""
         batch = self._decode(chunk)
         if batch.requests or batch.rejections:
-            if len(chunk) < self._chunk_size and self._interval > 0:
+            if len(chunk) < size and self._interval > 0:
                 # A short read (a trickle, maybe): how soon its acquires fall due.
                 lead, mute = shortest_lead(batch.requests, self._last_read)
                 self._leads.note(lead, time.monotonic(), mute=mute)
@@ -304,7 +310,7 @@ class FifoReader:
                 finally:
                     self._waiting = None
                 self._read_at = math.inf  # woken by the input: it was written just now
-            if self._trickle(await self._read_available()):
+            if self._trickle(await self._read_available(self._chunk_size)):
                 await self._coalesce(loop)
 
     def _trickle(self, read: int | None) -> bool:
@@ -314,11 +320,11 @@ class FifoReader:
         so close to its deadline that reading later could miss it."""
         return read is not None and 0 < read <= self._trickle_max and self._next_interval() > 0
 
-    async def _read_available(self) -> int | None:
-        """Decode the backlog, then what the pipe holds, a chunk at a time, each handed
-        to the sink as one batch, up to ``MAX_READS_PER_WAKE`` chunks: the bytes read
-        from the pipe if that emptied it, else ``None``."""
-        fd, chunk_size, read = self._fd, self._chunk_size, os.read
+    async def _read_available(self, chunk_size: int) -> int | None:
+        """Decode the backlog, then what the pipe holds, ``chunk_size`` bytes at a time,
+        each handed to the sink as one batch, up to ``MAX_READS_PER_WAKE`` chunks: the
+        bytes read from the pipe if that emptied it, else ``None``."""
+        fd, read = self._fd, os.read
         backlog = self._backlog
         self._rung = False  # what a ring so far was for is in the pipe: read below
         self._last_read, self._read_at = self._read_at, time.monotonic()
@@ -340,7 +346,7 @@ class FifoReader:
                     backlog.append(chunk[end:])
                     chunk = chunk[:end]
             emptied = short and not backlog
-            if self._feed(chunk) and not emptied:
+            if self._feed(chunk, chunk_size) and not emptied:
                 # One chunk at a time: the sink handles the deadlines that fell
                 # meanwhile, and the loop runs other work, before the next chunk.
                 await asyncio.sleep(0)
@@ -352,8 +358,12 @@ class FifoReader:
         """Input trickles in: read it every ``interval`` seconds rather than at each
         line, until a read finds the pipe empty, or more than a trickle (see the
         module docs); sooner when the input's rate would fill a sixteenth of the pipe
-        (writers keep room for a burst)."""
+        (writers keep room for a burst). Each such read takes up to that sixteenth in
+        one chunk (at least ``chunk_size``), so that what came in over an interval is
+        one batch, whose blocks begun and ended in it never reach the timer table
+        (:mod:`aiotimer.core._fold`)."""
         fd, room = self._fd, self._trickle_max // 4
+        size = max(self._chunk_size, room)
         loop.remove_reader(fd)
         try:
             empty = 0  # reads in a row that found nothing
@@ -361,7 +371,7 @@ class FifoReader:
             while empty < EMPTY_READS:
                 slept = loop.time()
                 await self._pause(loop, min(self._next_interval(), pace))
-                read = await self._read_available()
+                read = await self._read_available(size)
                 if read:
                     pace = paced(loop.time() - slept, read, room)
                 if read == 0:
@@ -380,18 +390,27 @@ class FifoReader:
             return
         self._waiting = waiting = loop.create_future()
         timer = loop.call_later(interval, self._wake_loop)
+        self._pause_end = time.monotonic() + interval
         try:
             await waiting
         finally:
             timer.cancel()
             self._waiting = None
+            self._pause_end = math.inf
 
     def ring(self, lead: float | None) -> None:
         """A client rang the bell after writing an acquire due in ``lead`` seconds
         (``None``: it did not say): note the lead, and read the pipe now (see
-        :mod:`aiotimer.sources._bell`)."""
+        :mod:`aiotimer.sources._bell`), unless the reader pauses and its pause ends
+        within :data:`~aiotimer.sources._trickle.LEAD_SHARE` of that lead: the acquire
+        is then read at the end of the pause with the rest, with as large a share of
+        its lead to spare as the pacing leaves any acquire (a ring in a steady job
+        costs no read of its own)."""
         if lead is not None:
-            self._leads.note(lead, time.monotonic())
+            now = time.monotonic()
+            self._leads.note(lead, now)
+            if self._pause_end - now <= lead * LEAD_SHARE:
+                return
         self._rung = True
         self._wake_loop()
 

@@ -26,9 +26,13 @@ How it works:
   every line and reads the pipe once per interval while input keeps trickling in, an
   interval bounded by how soon the acquires it read fall due
   (:mod:`aiotimer.sources._trickle`); the drain below keeps releases from being late.
+  Each such read takes up to a sixteenth of the pipe at once (the most the pacing lets
+  pile up), so what came in over an interval is one batch, whose blocks begun and
+  ended in it never reach the timer table.
   An acquire due sooner than the interval could allow comes with a ring of the bell
-  beside the FIFO (:mod:`aiotimer.sources._bell`), which ends the pause at once and
-  says the acquire's lead; while every acquire read lately came from a client that
+  beside the FIFO (:mod:`aiotimer.sources._bell`), which ends the pause at once
+  (unless it ends within ``LEAD_SHARE`` of that lead anyway) and says the acquire's
+  lead; while every acquire read lately came from a client that
   rings, the interval may grow to ``bell_interval`` (2 s), else ``read_interval``.
 * **A flood of garbage.** Once a chunk held :data:`FLOODED` bad lines, the reader sets
   aside, in the next ones, the lines that cannot be requests (no ``scope_id`` key, see
@@ -95,7 +99,8 @@ __all__ = [
 #: Each read and batch has a fixed cost (the syscall, a loop iteration, the batch's
 #: bookkeeping), so bigger reads cost less per line; but 32 KiB of garbage lines
 #: costs a few milliseconds to reject (valid lines under 1 ms), and twice that at 64 KiB.
-#: See ``python -m benchmarks.bench_ingest_cpu --chunk 16384,32768,65536``.
+#: See ``python -m benchmarks.bench_ingest_cpu --chunk 16384,32768,65536``. The paced
+#: reads of a trickle take up to a sixteenth of the pipe at once (see ``FifoReader``).
 CHUNK_SIZE: Final[int] = 32768
 logger = logging.getLogger("aiotimer")
 
