@@ -8,7 +8,7 @@ becomes a :class:`Rejection` (reason plus a truncated copy of the bytes).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, cast
 
 import msgspec
 
@@ -90,7 +90,9 @@ def _reason(exc: ValueError | RecursionError) -> str:
         if text.endswith("at `$.version`"):
             return f"unsupported protocol version (only {PROTOCOL_VERSION} is known): {text}"
         return f"invalid request: {text}"
-    if isinstance(exc, UnicodeDecodeError):
+    # Invalid UTF-8 inside a string: a UnicodeDecodeError up to msgspec 0.22, a
+    # DecodeError saying "Invalid UTF-8" from 0.23.
+    if isinstance(exc, UnicodeDecodeError) or "UTF-8" in text:
         return f"invalid UTF-8: {text}"
     if isinstance(exc, RecursionError):
         return "malformed JSON: nested too deeply"
@@ -215,7 +217,7 @@ class LineDecoder:
                     and not any(values[1::3])
                     and not any(values[2::3])
                 ):
-                    out.requests.extend(requests)
+                    out.requests.extend(cast("list[Request]", requests))  # no null left
                     return
         limit = self._max_line - 1
         lines = block.split(b"\n")
