@@ -1,8 +1,8 @@
 """An existing asyncio agent that embeds aiotimer's Supervisor (and its TimerServer).
 
 The agent keeps doing its own work in the same event loop (here: a status line every
-half second from ``Supervisor.get_state()``, and a timed stage of its own through the
-embedded server's in-process API), while the supervisor runs two workers, has the timer
+half second from ``Supervisor.get_state(server=False)``, and a timed stage of its own
+through the embedded server's in-process API), while the supervisor runs two workers, has the timer
 server reap the one that hangs, and restarts it. It composes a control plane over the
 supervisor, so ``aiotimer status --control PATH`` shows the run from another shell.
 Exits with the run's outcome: 0 when every worker finished.
@@ -31,7 +31,7 @@ def show(event: Event) -> None:
 async def report_status(supervisor: Supervisor) -> None:
     """The agent's own periodic work: report what the supervisor sees."""
     while True:
-        state = supervisor.get_state()
+        state = supervisor.get_state(server=False)  # the ranks only: no copy of the timers
         workers = ", ".join(f"{w.rank}:{w.state.value}" for w in state.workers)
         print(f"status: {workers} (restarts in window: {state.restarts_in_window})", flush=True)
         await asyncio.sleep(0.5)
