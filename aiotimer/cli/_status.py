@@ -19,14 +19,13 @@ import os
 import stat
 import sys
 import time
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import msgspec
 
 from aiotimer.cli._args import file_path, positive_seconds
 from aiotimer.cluster import add_job_status_arguments, run_job_status
 from aiotimer.control import (
-    ControlPlane,
     HistoryReader,
     format_history,
     format_status,
@@ -35,7 +34,10 @@ from aiotimer.control import (
 from aiotimer.control.client import ControlClient
 from aiotimer.control.snapshot import DEFAULT_LIMIT, MAX_LIMIT, status_snapshot
 from aiotimer.errors import ControlError, ServerUnavailableError
-from aiotimer.server import TimerServer
+
+if TYPE_CHECKING:
+    from aiotimer.control import ControlPlane
+    from aiotimer.server import TimerServer
 
 __all__ = [
     "EXIT_NOT_RUNNING",

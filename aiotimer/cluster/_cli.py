@@ -16,13 +16,16 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from aiotimer.cluster._connect import connect, read_view
 from aiotimer.cluster._hang import read_job_report
 from aiotimer.cluster._publisher import NodePublisher, NodeStatus
 from aiotimer.cluster._view import format_view
 from aiotimer.errors import AiotimerError, ClusterError, StoreUnavailableError
-from aiotimer.server import TimerServer
+
+if TYPE_CHECKING:
+    from aiotimer.server import TimerServer
 
 __all__ = [
     "NodeConfig",
