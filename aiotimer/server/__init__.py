@@ -14,6 +14,9 @@ from aiotimer._faces import face_getattr
 if TYPE_CHECKING:
     from aiotimer.server._document import (
         API_VERSION,
+        DEFAULT_LIMIT,
+        SCOPES_PER_WORKER,
+        WORKER_STATES,
         IncidentInfo,
         ServerInfo,
         StatusSnapshot,
@@ -32,13 +35,7 @@ if TYPE_CHECKING:
         TimerServer,
     )
     from aiotimer.server._thread import LoopName, TimerServerThread, loop_factory
-    from aiotimer.server._view import (
-        DEFAULT_LIMIT,
-        SCOPES_PER_WORKER,
-        WORKER_STATES,
-        EventHistory,
-        ServerSnapshot,
-    )
+    from aiotimer.server._view import EventHistory, ServerSnapshot
 
 __all__ = [
     "API_VERSION",
@@ -72,7 +69,7 @@ __all__ = [
 #: only the document records (``aiotimer status``) never imports the engine.
 _LAZY: Final[dict[str, str]] = {
     "API_VERSION": "aiotimer.server._document",
-    "DEFAULT_LIMIT": "aiotimer.server._view",
+    "DEFAULT_LIMIT": "aiotimer.server._document",
     "EventHistory": "aiotimer.server._view",
     "INCIDENT_KINDS": "aiotimer.server._eventbus",
     "IncidentInfo": "aiotimer.server._document",
@@ -82,7 +79,7 @@ _LAZY: Final[dict[str, str]] = {
     "MAX_TIMERS_PER_WORKER": "aiotimer.server._ingest",
     "RECENT_INCIDENTS": "aiotimer.server._eventbus",
     "ReapRetry": "aiotimer.reapers",
-    "SCOPES_PER_WORKER": "aiotimer.server._view",
+    "SCOPES_PER_WORKER": "aiotimer.server._document",
     "ServerCounters": "aiotimer.events",
     "ServerInfo": "aiotimer.server._document",
     "ServerSnapshot": "aiotimer.server._view",
@@ -92,7 +89,7 @@ _LAZY: Final[dict[str, str]] = {
     "TimerInfo": "aiotimer.server._document",
     "TimerServer": "aiotimer.server._server",
     "TimerServerThread": "aiotimer.server._thread",
-    "WORKER_STATES": "aiotimer.server._view",
+    "WORKER_STATES": "aiotimer.server._document",
     "counters_by_name": "aiotimer.server._document",
     "incident_info": "aiotimer.server._document",
     "loop_factory": "aiotimer.server._thread",
