@@ -2,8 +2,10 @@
 
 Ctrl-C is sent as a terminal sends it, to the command's whole process group (the
 command runs in a session of its own). The first moment is while the command's modules
-load: the test waits until the process has mapped ``_asyncio``, which the subcommands
-load and the bare package does not; the later moments are counted from then. (The
+load: the test waits until the process has mapped ``_lzma``, which building the command
+line's parser loads (argparse's help formatter imports ``shutil``) and the bare package
+does not (a subcommand's own modules load after it, when it is parsed); the later
+moments are counted from then. (The
 interpreter's start and the import of the ``aiotimer`` package itself, ~0.1 s on an idle
 machine, run before any code of the command can: a Ctrl-C there is Python's.)
 """
@@ -51,11 +53,11 @@ def _aiotimer(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 
 def _loading(proc: subprocess.Popen[str]) -> None:
-    """Wait until ``proc`` is loading the subcommands' modules."""
+    """Wait until ``proc`` is loading the command line's modules."""
     deadline = time.monotonic() + BOUND
-    while "_asyncio" not in Path(f"/proc/{proc.pid}/maps").read_text():
-        assert proc.poll() is None, "the command ended before it loaded asyncio"
-        assert time.monotonic() < deadline, "the command did not load asyncio"
+    while "_lzma" not in Path(f"/proc/{proc.pid}/maps").read_text():
+        assert proc.poll() is None, "the command ended before it built its parser"
+        assert time.monotonic() < deadline, "the command did not build its parser"
         time.sleep(0.001)
 
 

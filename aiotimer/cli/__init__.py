@@ -1,7 +1,7 @@
 """The ``aiotimer`` command line.
 
 :func:`main` is the entry point of the ``aiotimer`` command and of ``python -m
-aiotimer``. It imports the subcommands only once it is ready for Ctrl-C: an interrupt
+aiotimer``. It imports the command line only once it is ready for Ctrl-C: an interrupt
 at any moment, while the modules load included, ends the command quietly with exit
 status 130, without a traceback. The subcommands themselves are registered in
 :mod:`aiotimer.cli._commands` (:data:`COMMANDS`, :func:`build_parser`), which this
@@ -25,7 +25,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``aiotimer`` command; returns the exit status (130 when
     interrupted by Ctrl-C, at any moment)."""
     try:
-        from aiotimer.cli._commands import run_command  # noqa: PLC0415 (loads every command)
+        from aiotimer.cli._commands import run_command  # noqa: PLC0415 (then the command run)
 
         return run_command(argv)
     except KeyboardInterrupt:
@@ -40,7 +40,7 @@ _LAZY: Final = ("COMMANDS", "Command", "build_parser")
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        from aiotimer.cli import _commands  # noqa: PLC0415 (heavy: on first use only)
+        from aiotimer.cli import _commands  # noqa: PLC0415 (on first use only)
 
         return getattr(_commands, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -12,12 +12,15 @@ import socket
 import stat
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
+from aiotimer import reapers
 from aiotimer._edges.files import check_private_dir
 from aiotimer.control import MAX_SOCKET_PATH, fits_socket
 from aiotimer.core import ScopeStats, format_summaries
-from aiotimer.reapers import MAX_KEPT_DUMPS, Escalation, KillPolicy, ReapPolicy
+
+if TYPE_CHECKING:
+    from aiotimer.reapers import KillPolicy, ReapPolicy
 
 __all__ = [
     "add_kill_policy_arguments",
@@ -89,7 +92,7 @@ def add_reap_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGro
         "--keep-dumps",
         action="store_true",
         help="keep the dump files that reaped (or otherwise exited) workers leave, the "
-        f"newest {MAX_KEPT_DUMPS} (default: each is removed once its worker is gone; "
+        f"newest {reapers.MAX_KEPT_DUMPS} (default: each is removed once its worker is gone; "
         "run: its workers' dump directory is removed with it)",
     )
     reaping.add_argument(
@@ -156,7 +159,7 @@ def add_kill_policy_arguments(parser: argparse.ArgumentParser, *, descendants_on
 def kill_policy_from_args(args: argparse.Namespace) -> KillPolicy:
     """The kill policy the options of :func:`add_kill_policy_arguments` ask for."""
     uids = None if args.kill_uid is None else frozenset(args.kill_uid)
-    return KillPolicy(uids=uids, descendants_only=args.descendants_only)
+    return reapers.KillPolicy(uids=uids, descendants_only=args.descendants_only)
 
 
 def print_stats(args: argparse.Namespace, summaries: Iterable[ScopeStats]) -> None:
@@ -359,7 +362,7 @@ def policy_from_args(args: argparse.Namespace) -> ReapPolicy:
     dump = bool(args.dump or args.dump_dir)
     ladder = None
     if args.grace is not None or args.group or dump:
-        ladder = Escalation(
+        ladder = reapers.Escalation(
             dump=dump,
             dump_timeout=args.dump_timeout,
             soft_signal=signal.SIGTERM if args.grace is not None else None,
@@ -367,4 +370,4 @@ def policy_from_args(args: argparse.Namespace) -> ReapPolicy:
             kill_signal=signal.SIGKILL,
             group=args.group,
         )
-    return ReapPolicy(ladder, shadow=args.shadow, unkillable_after=args.unkillable_after)
+    return reapers.ReapPolicy(ladder, shadow=args.shadow, unkillable_after=args.unkillable_after)

@@ -8,15 +8,12 @@ one, write both functions and append a :class:`Command`.
 from __future__ import annotations
 
 import argparse
+import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from aiotimer._version import __version__
-from aiotimer.cli import _demo as demo
-from aiotimer.cli import _run as _cli_run
-from aiotimer.cli import _serve as _cli_serve
-from aiotimer.cli._status import configure_parser as status_args
-from aiotimer.cli._status import run_status
 
 __all__ = ["COMMANDS", "Command", "build_parser", "run_command"]
 
@@ -31,25 +28,87 @@ class Command:
     run: Callable[[argparse.Namespace], int]
 
 
-#: Every subcommand, in the order ``--help`` lists them.
+def _configure(module: str, name: str) -> Callable[[argparse.ArgumentParser], None]:
+    """``module.name``, a function that adds a subcommand's arguments, imported when
+    first called."""
+
+    def configure(parser: argparse.ArgumentParser) -> None:
+        getattr(importlib.import_module(module), name)(parser)
+
+    return configure
+
+
+def _run(module: str, name: str) -> Callable[[argparse.Namespace], int]:
+    """``module.name``, a subcommand's entry point, imported when first called."""
+
+    def run(args: argparse.Namespace) -> int:
+        status: int = getattr(importlib.import_module(module), name)(args)
+        return status
+
+    return run
+
+
+#: Every subcommand, in the order ``--help`` lists them. Each is imported only when it is
+#: parsed or run, so ``aiotimer status`` loads neither the server nor the supervisor.
 COMMANDS: list[Command] = [
     Command(
-        "serve", "run a timer server on a FIFO", _cli_serve.configure_serve, _cli_serve.run_serve
+        "serve",
+        "run a timer server on a FIFO",
+        _configure("aiotimer.cli._serve", "configure_serve"),
+        _run("aiotimer.cli._serve", "run_serve"),
     ),
-    Command("status", "show what a running server does", status_args, run_status),
+    Command(
+        "status",
+        "show what a running server does",
+        _configure("aiotimer.cli._status", "configure_parser"),
+        _run("aiotimer.cli._status", "run_status"),
+    ),
     Command(
         "run",
         "supervise workers: restart them when they hang or fail",
-        _cli_run.configure_run,
-        _cli_run.run_run,
+        _configure("aiotimer.cli._run", "configure_run"),
+        _run("aiotimer.cli._run", "run_run"),
     ),
     Command(
         "demo",
         "watch a server reap a stuck worker among healthy ones (about 5 seconds)",
-        demo.configure_parser,
-        demo.run_demo,
+        _configure("aiotimer.cli._demo", "configure_parser"),
+        _run("aiotimer.cli._demo", "run_demo"),
     ),
 ]
+
+
+class _Subcommand(argparse.ArgumentParser):
+    """A subcommand's parser, whose arguments are added (:attr:`Command.configure`) when
+    it first parses or formats its help, so building the whole parser imports no
+    subcommand."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._pending: Callable[[argparse.ArgumentParser], None] | None = None
+
+    def defer(self, configure: Callable[[argparse.ArgumentParser], None]) -> None:
+        """Call ``configure(self)`` before this parser is first used."""
+        self._pending = configure
+
+    def _configured(self) -> None:
+        configure, self._pending = self._pending, None
+        if configure is not None:
+            configure(self)
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        self._configured()
+        return super().parse_known_args(args, namespace)
+
+    def format_usage(self) -> str:
+        self._configured()
+        return super().format_usage()
+
+    def format_help(self) -> str:
+        self._configured()
+        return super().format_help()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,10 +117,12 @@ def build_parser() -> argparse.ArgumentParser:
         prog="aiotimer", description="asyncio-native expiration-timer service (watchdog)"
     )
     parser.add_argument("--version", action="version", version=f"aiotimer {__version__}")
-    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    subparsers = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=_Subcommand
+    )
     for command in COMMANDS:
         sub = subparsers.add_parser(command.name, help=command.help, description=command.help)
-        command.configure(sub)
+        sub.defer(command.configure)
         sub.set_defaults(run=command.run)
     return parser
 

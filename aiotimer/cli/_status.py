@@ -19,23 +19,21 @@ import os
 import stat
 import sys
 import time
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import msgspec
 
+from aiotimer import cluster, control
 from aiotimer.cli._args import file_path, positive_seconds
-from aiotimer.cluster import add_job_status_arguments, run_job_status
-from aiotimer.control import (
-    ControlPlane,
-    HistoryReader,
-    format_history,
-    format_status,
-    history_dict,
-)
+from aiotimer.cluster import add_job_status_arguments
+from aiotimer.control import format_status
 from aiotimer.control.client import ControlClient
 from aiotimer.control.snapshot import DEFAULT_LIMIT, MAX_LIMIT, status_snapshot
 from aiotimer.errors import ControlError, ServerUnavailableError
-from aiotimer.server import TimerServer
+
+if TYPE_CHECKING:
+    from aiotimer.control import ControlPlane, HistoryReader
+    from aiotimer.server import TimerServer
 
 __all__ = [
     "EXIT_NOT_RUNNING",
@@ -107,7 +105,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 def run_status(args: argparse.Namespace) -> int:
     """Print the state once (or every ``--watch`` seconds); return the exit status."""
     if args.etcd is not None:
-        return run_job_status(args)
+        return cluster.run_job_status(args)  # etcd's client loads only when asked for
     if args.event_log is not None:
         return _event_log_status(args)
     if not 0 <= args.limit <= MAX_LIMIT:
@@ -157,7 +155,7 @@ def read_event_log(path: str) -> HistoryReader:
             device is refused at once, never waited on).
     """
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    reader = HistoryReader()
+    reader = control.HistoryReader()  # the event log's reader loads only when asked for
     with os.fdopen(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError(errno.EINVAL, "not a regular file")
@@ -197,9 +195,9 @@ def _event_log_status(args: argparse.Namespace) -> int:
                 last = reports[-1]
                 text = json.dumps(last.to_dict(), indent=1) + "\n" if args.json else last.report
             elif args.json:
-                text = json.dumps(history_dict(reader), indent=1) + "\n"
+                text = json.dumps(control.history_dict(reader), indent=1) + "\n"
             else:
-                text = format_history(reader, args.event_log)
+                text = control.format_history(reader, args.event_log)
             if args.watch is not None and sys.stdout.isatty():
                 text = "\x1b[H\x1b[2J" + text
             sys.stdout.write(text)

@@ -27,9 +27,7 @@ from typing import TYPE_CHECKING, Final
 
 from aiotimer._faces import face_getattr
 from aiotimer.control._paths import default_control_path
-from aiotimer.control._plane import ControlPlane
 from aiotimer.control.client import ControlClient, control_path_for_fifo
-from aiotimer.control.server import ControlServer, Route
 from aiotimer.control.snapshot import (
     API_VERSION,
     EventPage,
@@ -44,6 +42,8 @@ if TYPE_CHECKING:
     from aiotimer.control._format import format_status
     from aiotimer.control._history import HistoryReader, format_history, history_dict
     from aiotimer.control._paths import MAX_SOCKET_PATH, fits_socket
+    from aiotimer.control._plane import ControlPlane
+    from aiotimer.control.server import ControlServer, Route
 
 __all__ = [
     "API_VERSION",
@@ -68,11 +68,14 @@ __all__ = [
 ]
 
 _LAZY: Final[dict[str, str]] = {
+    "ControlPlane": "aiotimer.control._plane",
+    "ControlServer": "aiotimer.control.server",
     "HistoryReader": "aiotimer.control._history",
     "MAX_SOCKET_PATH": "aiotimer.control._paths",
     "fits_socket": "aiotimer.control._paths",
     "format_history": "aiotimer.control._history",
     "format_status": "aiotimer.control._format",
+    "Route": "aiotimer.control.server",
     "history_dict": "aiotimer.control._history",
 }
 

@@ -19,7 +19,7 @@ plane's own ``control`` path.
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 
@@ -29,16 +29,17 @@ from aiotimer.server import (
     DEFAULT_LIMIT,
     SCOPES_PER_WORKER,
     WORKER_STATES,
-    EventHistory,
     IncidentInfo,
     ServerInfo,
-    ServerSnapshot,
     StatusSnapshot,
     SupervisorInfo,
     TimerInfo,
     counters_by_name,
     incident_info,
 )
+
+if TYPE_CHECKING:
+    from aiotimer.server import EventHistory, ServerSnapshot
 
 __all__ = [
     "API_VERSION",

@@ -10,6 +10,8 @@ cluster layer (:mod:`aiotimer.cluster`) builds the same report over every node o
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Final
+
 from aiotimer._faces import face_getattr
 from aiotimer.hang._parse import Frame, ParsedStacks, parse_stacks
 from aiotimer.hang._report import (
@@ -20,13 +22,15 @@ from aiotimer.hang._report import (
     RankStacks,
     build_report,
 )
-from aiotimer.hang._reporter import (
-    DEFAULT_HANG_REPORT_TIMEOUT,
-    DumpFirstPolicy,
-    HangReporter,
-    RankProcess,
-    open_scopes,
-)
+
+if TYPE_CHECKING:
+    from aiotimer.hang._reporter import (
+        DEFAULT_HANG_REPORT_TIMEOUT,
+        DumpFirstPolicy,
+        HangReporter,
+        RankProcess,
+        open_scopes,
+    )
 
 __all__ = [
     "DEFAULT_HANG_REPORT_TIMEOUT",
@@ -45,4 +49,13 @@ __all__ = [
     "parse_stacks",
 ]
 
-__getattr__, __dir__ = face_getattr("aiotimer.hang", globals())
+#: The reporter (anyio, the reapers) loads on first use: reading a report needs none of it.
+_LAZY: Final[dict[str, str]] = {
+    "DEFAULT_HANG_REPORT_TIMEOUT": "aiotimer.hang._reporter",
+    "DumpFirstPolicy": "aiotimer.hang._reporter",
+    "HangReporter": "aiotimer.hang._reporter",
+    "RankProcess": "aiotimer.hang._reporter",
+    "open_scopes": "aiotimer.hang._reporter",
+}
+
+__getattr__, __dir__ = face_getattr("aiotimer.hang", globals(), lazy=_LAZY)

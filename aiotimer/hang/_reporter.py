@@ -31,7 +31,7 @@ import signal
 from collections.abc import Callable, Mapping, Set
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
 import anyio
 import anyio.abc
@@ -51,8 +51,10 @@ from aiotimer.reapers import (
     py_spy_dump_or_why,
     read_dump_or_why,
 )
-from aiotimer.server import TimerServer
 from aiotimer.wire import DEFAULT_DUMP_SIGNAL
+
+if TYPE_CHECKING:
+    from aiotimer.server import TimerServer
 
 
 class RankProcess(Protocol):

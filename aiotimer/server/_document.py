@@ -24,6 +24,9 @@ from aiotimer.wire import Request
 
 __all__ = [
     "API_VERSION",
+    "DEFAULT_LIMIT",
+    "SCOPES_PER_WORKER",
+    "WORKER_STATES",
     "IncidentInfo",
     "ServerInfo",
     "StatusSnapshot",
@@ -36,6 +39,12 @@ __all__ = [
 
 #: The version of the control API; it is the ``/v1/`` of every path.
 API_VERSION: Final[int] = 1
+#: Timers, workers and scope sites listed by default (the totals are always exact).
+DEFAULT_LIMIT: Final[int] = 50
+#: Scope ids listed per worker (its ``timers`` count is exact).
+SCOPES_PER_WORKER: Final[int] = 8
+#: The states of a server's workers.
+WORKER_STATES: Final[tuple[str, ...]] = ("timed", "idle", "reaping")
 
 
 class TimerInfo(msgspec.Struct, frozen=True, kw_only=True, gc=False):

@@ -31,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -40,6 +40,9 @@ from aiotimer.core import LatencyHistogram, ScopeStats, Timer
 from aiotimer.events import Event, ServerCounters, ServerStopped, WorkerInfo
 from aiotimer.reapers import ReapPolicy, format_plan
 from aiotimer.server._document import (
+    DEFAULT_LIMIT,
+    SCOPES_PER_WORKER,
+    WORKER_STATES,
     ServerInfo,
     StatusSnapshot,
     TimerInfo,
@@ -68,13 +71,6 @@ __all__ = [
     "take",
     "watches",
 ]
-
-#: Timers, workers and scope sites listed by default (the totals are always exact).
-DEFAULT_LIMIT: Final[int] = 50
-#: Scope ids listed per worker (its ``timers`` count is exact).
-SCOPES_PER_WORKER: Final[int] = 8
-#: The states of a server's workers.
-WORKER_STATES: Final[tuple[str, ...]] = ("timed", "idle", "reaping")
 
 
 @dataclass(frozen=True, slots=True)
