@@ -6,8 +6,9 @@ Real processes: the server is ``python -m aiotimer serve``; the hung worker is a
 processes timing short blocks through aiotimer's client (their client re-sends its open
 blocks to the new server, so the journal must not speak for them).
 
-Tolerances: the hung worker is reaped within 1.5 s of its original deadline (the claim);
-everything else waits up to 15 s.
+Tolerances: the hung worker is reaped within 1.5 s of its original deadline, or of the
+next server's start if a loaded host started it after that deadline (the claim: the
+restored timer acts at once then); everything else waits up to 15 s.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import json
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -69,7 +71,10 @@ def test_sigterm_keeps_the_journal_and_the_next_server_reaps_the_hung_worker(
                 assert first.returncode == 0
             kept = json.loads(journal.read_bytes()) if journal.exists() else {"entries": []}
             with serving(fifo, "--event-log", str(log)) as second:
-                assert hung.lateness(timeout=5.0) < 1.5
+                # Due from its deadline, or from this start if that came later.
+                assert hung.deadline is not None and hung.wall_deadline is not None
+                late_start = max(0.0, time.monotonic() - hung.deadline)
+                assert hung.lateness(timeout=5.0) - late_start < 1.5
                 for worker in healthy:
                     assert worker.poll() is None, "a healthy worker was signalled"
                 second.send_signal(signal.SIGTERM)
@@ -78,7 +83,7 @@ def test_sigterm_keeps_the_journal_and_the_next_server_reaps_the_hung_worker(
             assert f"the journal {journal} keeps the earliest of 3 worker(s)" in said, said
             assert {e["pid"] for e in kept["entries"]} == {hung.pid, *(w.pid for w in healthy)}
             records = events(log)
-            assert hung.reap_latency(records) < 1.5
+            assert hung.reap_latency(records) - late_start < 1.5
             reaped = {r["pid"] for r in records if r["event"] == "worker_reaped"}
             assert reaped == {hung.pid}
             assert all(worker.poll() is None for worker in healthy)
