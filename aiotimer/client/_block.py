@@ -258,15 +258,12 @@ class Expires:
             learned=learned,
         )
 
-    def _release(self, cancelled: bool, tried: bool = False) -> Request | None:
-        """Send the release at once if the client can (``tried``: its own path declined
-        already), else return it. ``cancelled``: the block's task was cancelled at its
-        deadline (the release says so, so the server can report the first tier)."""
-        blocks = self._blocks
-        if blocks is not None:
-            if not tried and blocks.release(self.scope, cancelled):
-                return None
-        else:
+    def _release(self, cancelled: bool) -> Request | None:
+        """After the client's own block path (if it has one) declined the release: send
+        it through the client's ``send_nowait`` if it can, else return it for ``send()``.
+        ``cancelled``: the block's task was cancelled at its deadline (the release says
+        so, so the server can report the first tier)."""
+        if self._blocks is None:
             nowait = self._nowait
             if nowait is not None and (
                 nowait(self.scope, -1, 0, None, False, 0.0, True)
@@ -329,15 +326,12 @@ class Expires:
             raise self._misuse("exit")
         self._state = EXITED
         try:
-            blocks = self._blocks  # _release(), inlined: this runs for every block
-            if blocks is not None:
-                if blocks.release(self.scope):
-                    return
-            else:
-                nowait = self._nowait
-                if nowait is not None and nowait(self.scope, -1, 0, None, False):
-                    return
-            self._sender().send(Request(current_pid(), self.scope, -1, 0))
+            blocks = self._blocks  # the client's own path first: this runs for every block
+            if blocks is not None and blocks.release(self.scope):
+                return
+            request = self._release(False)
+            if request is not None:
+                self._sender().send(request)
         except Exception as release_exc:
             release_undelivered(self.scope, release_exc, exc)
 
@@ -382,9 +376,9 @@ class Expires:
         if self._task is not None:
             disarm(self)  # the release below may wait: the deadline must not cut it
         try:
-            blocks, cancelled = self._blocks, state is EXPIRING  # its own path, inlined
+            blocks, cancelled = self._blocks, state is EXPIRING  # its own path first
             if blocks is None or not blocks.release(self.scope, cancelled):
-                request = self._release(cancelled, blocks is not None)
+                request = self._release(cancelled)
                 if request is not None:
                     await self._sender().send_async(request)
         except Exception as release_exc:
