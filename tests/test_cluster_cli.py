@@ -14,13 +14,8 @@ import pytest
 from _etcd import EtcdServer, free_port
 
 from aiotimer.cluster import NodePublisher, NodeStatus, connect
-from aiotimer.cluster._cli import (
-    add_job_status_arguments,
-    add_node_arguments,
-    node_config,
-    run_job_status,
-    server_status,
-)
+from aiotimer.cluster._args import add_job_status_arguments, add_node_arguments, node_config
+from aiotimer.cluster._cli import run_job_status, server_status
 from aiotimer.errors import ClusterError, MissingExtraError
 from aiotimer.events import WorkerInfo
 from aiotimer.server import TimerServer

@@ -18,10 +18,6 @@ from typing import TYPE_CHECKING
 
 from aiotimer.cluster._args import (
     NodeConfig,
-    add_job_status_arguments,
-    add_node_arguments,
-    default_job,
-    node_config,
 )
 from aiotimer.cluster._connect import connect, read_view
 from aiotimer.cluster._hang import read_job_report
@@ -33,11 +29,6 @@ if TYPE_CHECKING:
     from aiotimer.server import TimerServer
 
 __all__ = [
-    "NodeConfig",
-    "add_job_status_arguments",
-    "add_node_arguments",
-    "default_job",
-    "node_config",
     "publishing",
     "run_job_status",
     "server_status",

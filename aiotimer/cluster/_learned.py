@@ -31,7 +31,7 @@ import anyio.abc
 import msgspec
 
 from aiotimer._edges.lifecycle import LifecycleState
-from aiotimer.cluster._cli import NodeConfig
+from aiotimer.cluster._args import NodeConfig
 from aiotimer.cluster._record import job_prefix, parse
 from aiotimer.cluster._store import Store
 from aiotimer.errors import LeaseLostError, StoreUnavailableError

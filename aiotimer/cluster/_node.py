@@ -25,7 +25,8 @@ import anyio
 import anyio.abc
 
 from aiotimer._edges.lifecycle import LifecycleState
-from aiotimer.cluster._cli import MAX_RECORD_WORKERS, NodeConfig
+from aiotimer.cluster._args import NodeConfig
+from aiotimer.cluster._cli import MAX_RECORD_WORKERS
 from aiotimer.cluster._connect import connect
 from aiotimer.cluster._generation import GenerationRecord
 from aiotimer.cluster._hang import publish_part
